@@ -1,0 +1,310 @@
+//! The auth API (port 3025, mutual TLS). The caller is whoever the verified client certificate
+//! says: a user (user TLS CA; roles re-read from the backend on every request), the local admin
+//! identity `sallyport start` writes, or a cluster service (host TLS CA). Every admin route is
+//! authorized by role `rules`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use sallyport_core::api::*;
+use sallyport_core::ca::{CaKind, TLS_HOST_CA_CN, TLS_USER_CA_CN};
+use sallyport_core::https::PeerCertificates;
+use sallyport_core::identity::Traits;
+use serde::Deserialize;
+
+use crate::{AuthError, AuthServer};
+
+/// The built-in administrator's user name (no real user name can start with `@`).
+pub const ADMIN: &str = "@admin";
+/// The system role of proxies in their host certificates.
+pub const PROXY_ROLE: &str = "proxy";
+
+impl IntoResponse for AuthError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            AuthError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AuthError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            AuthError::AccessDenied(_) => StatusCode::FORBIDDEN,
+            AuthError::NotFound(_) => StatusCode::NOT_FOUND,
+            AuthError::Conflict(_) => StatusCode::CONFLICT,
+            AuthError::Locked(_) => StatusCode::TOO_MANY_REQUESTS,
+            AuthError::Storage(_) | AuthError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %self, "auth request failed");
+        }
+        (
+            status,
+            Json(ErrorBody {
+                error: self.to_string(),
+            }),
+        )
+            .into_response()
+    }
+}
+
+/// Who is calling, as proven by the TLS handshake.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Admin,
+    User {
+        name: String,
+        roles: Vec<String>,
+        traits: Traits,
+    },
+    Service {
+        name: String,
+        role: String,
+    },
+}
+
+impl Caller {
+    pub fn name(&self) -> &str {
+        match self {
+            Caller::Admin => ADMIN,
+            Caller::User { name, .. } | Caller::Service { name, .. } => name,
+        }
+    }
+}
+
+impl AuthServer {
+    pub async fn caller(&self, peer: &PeerCertificates) -> Result<Caller, AuthError> {
+        let leaf = peer
+            .0
+            .first()
+            .ok_or_else(|| AuthError::Unauthenticated("a client certificate is required".into()))?;
+        let s = sallyport_core::x509::parse_subject(leaf)
+            .map_err(|e| AuthError::Unauthenticated(e.to_string()))?;
+        match s.issuer_common_name.as_str() {
+            TLS_USER_CA_CN if s.common_name == ADMIN => Ok(Caller::Admin),
+            TLS_USER_CA_CN => {
+                let u = self.get_user(&s.common_name).await?.ok_or_else(|| {
+                    AuthError::Unauthenticated(format!("user {} no longer exists", s.common_name))
+                })?;
+                Ok(Caller::User {
+                    name: u.name,
+                    roles: u.roles,
+                    traits: u.traits,
+                })
+            }
+            TLS_HOST_CA_CN => Ok(Caller::Service {
+                name: s.common_name,
+                role: s.organizations.into_iter().next().unwrap_or_default(),
+            }),
+            other => Err(AuthError::Unauthenticated(format!(
+                "certificate from an unknown CA {other:?}"
+            ))),
+        }
+    }
+
+    /// May `caller` use `verb` on `resource`? Explains a refusal.
+    pub async fn authorize(
+        &self,
+        caller: &Caller,
+        resource: &str,
+        verb: &str,
+    ) -> Result<(), AuthError> {
+        match caller {
+            Caller::Admin => Ok(()),
+            Caller::Service { name, .. } => Err(AuthError::AccessDenied(format!(
+                "service {name} cannot `{verb}` on `{resource}`"
+            ))),
+            Caller::User { roles, traits, .. } => {
+                let d = self
+                    .role_set(roles, traits)
+                    .await?
+                    .check_rule(resource, verb);
+                if d.allowed {
+                    Ok(())
+                } else {
+                    Err(AuthError::AccessDenied(d.explanation))
+                }
+            }
+        }
+    }
+}
+
+type Auth = State<Arc<AuthServer>>;
+
+async fn caller_of(auth: &AuthServer, peer: &PeerCertificates) -> Result<Caller, AuthError> {
+    auth.caller(peer).await
+}
+
+async fn require_proxy(auth: &AuthServer, peer: &PeerCertificates) -> Result<(), AuthError> {
+    match caller_of(auth, peer).await? {
+        Caller::Service { role, .. } if role == PROXY_ROLE => Ok(()),
+        c => Err(AuthError::AccessDenied(format!(
+            "{} is not a proxy",
+            c.name()
+        ))),
+    }
+}
+
+pub fn router(auth: Arc<AuthServer>) -> Router {
+    Router::new()
+        .route("/v1/ping", get(ping))
+        .route("/v1/signup/start", post(signup_start))
+        .route("/v1/signup/finish", post(signup_finish))
+        .route("/v1/login", post(login))
+        .route("/v1/status", get(status))
+        .route("/v1/users", get(list_users).post(add_user))
+        .route("/v1/users/{name}", axum::routing::delete(remove_user))
+        .route("/v1/users/{name}/reset", post(reset_user))
+        .route("/v1/ca/{kind}", get(export_ca))
+        .route("/v1/audit", get(audit_search))
+        .route("/v1/audit/verify", get(audit_verify))
+        .with_state(auth)
+}
+
+async fn ping(State(auth): Auth) -> Json<Ping> {
+    Json(auth.ping())
+}
+
+async fn signup_start(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<SignupStart>,
+) -> Result<Json<SignupStarted>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(auth.signup_start(&req).await?))
+}
+
+#[derive(Deserialize)]
+struct Forwarded<T> {
+    #[serde(flatten)]
+    body: T,
+    #[serde(default)]
+    remote_addr: Option<String>,
+}
+
+async fn signup_finish(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<Forwarded<SignupFinish>>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    auth.signup_finish(&req.body, req.remote_addr.as_deref().unwrap_or(""))
+        .await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn login(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<LoginRequest>,
+) -> Result<Json<Certs>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    let remote = req.remote_addr.clone().unwrap_or_default();
+    Ok(Json(auth.login(&req, &remote).await?))
+}
+
+async fn status(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Status>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "cluster", "read").await?;
+    let fps = |k| {
+        auth.authorities
+            .ssh_public_keys(k)
+            .iter()
+            .map(sallyport_core::sshcert::fingerprint)
+            .collect()
+    };
+    Ok(Json(Status {
+        cluster_name: auth.config.cluster_name.clone(),
+        ca_pins: auth.authorities.pins()?,
+        ssh_ca_fingerprints: [
+            ("user".to_string(), fps(CaKind::User)),
+            ("host".to_string(), fps(CaKind::Host)),
+        ]
+        .into(),
+        users: auth.user_count().await?,
+        roles: auth.role_count().await?,
+        audit_events: auth.audit_count().await?,
+    }))
+}
+
+async fn list_users(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<UserInfo>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "user", "list").await?;
+    Ok(Json(auth.list_users().await?))
+}
+
+async fn add_user(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<AddUser>,
+) -> Result<(StatusCode, Json<SignupToken>), AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "user", "create").await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(auth.add_user(&req, caller.name()).await?),
+    ))
+}
+
+async fn remove_user(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "user", "delete").await?;
+    auth.remove_user(&name, caller.name()).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn reset_user(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<SignupToken>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "user", "update").await?;
+    Ok(Json(auth.reset_user(&name, caller.name()).await?))
+}
+
+/// CA public keys are public: any caller the handshake verified may read them.
+async fn export_ca(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(kind): Path<String>,
+) -> Result<Json<CaExport>, AuthError> {
+    caller_of(&auth, &peer).await?;
+    let k = CaKind::parse(&kind).ok_or_else(|| {
+        AuthError::BadRequest(format!(
+            "unknown CA type {kind:?}: use user, host, tls-user or tls-host"
+        ))
+    })?;
+    Ok(Json(CaExport {
+        kind,
+        text: auth.authorities.export(k, &auth.config.cluster_name)?,
+    }))
+}
+
+async fn audit_search(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Query(q): Query<AuditQuery>,
+) -> Result<Json<Vec<serde_json::Value>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "event", "list").await?;
+    Ok(Json(auth.audit_search(&q).await?))
+}
+
+async fn audit_verify(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<AuditVerify>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "event", "read").await?;
+    Ok(Json(auth.audit_verify().await?))
+}

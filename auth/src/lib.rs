@@ -1,0 +1,134 @@
+//! The auth service: owner of the certificate authorities, users, roles, sign-up tokens and the
+//! audit log. It is the only crate that touches the backend; everything else asks it through
+//! its HTTPS API on port 3025 (mutual TLS), or, inside the all-in-one daemon, through
+//! [`AuthServer`] directly.
+
+pub mod api;
+pub mod audit_log;
+pub mod authority;
+pub mod backend;
+pub mod login;
+pub mod roles;
+pub mod users;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sallyport_core::api::Ping;
+
+pub use authority::Authorities;
+pub use backend::Backend;
+
+/// What callers of the auth service match on. Each message is written for the person who will
+/// read it: what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("access denied: {0}")]
+    AccessDenied(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Locked(String),
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<sqlx::Error> for AuthError {
+    fn from(e: sqlx::Error) -> Self {
+        AuthError::Storage(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for AuthError {
+    fn from(e: serde_json::Error) -> Self {
+        AuthError::Internal(format!("json: {e}"))
+    }
+}
+
+/// How the auth service runs.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    pub cluster_name: String,
+    /// `sqlite:PATH` or `postgres://...`.
+    pub storage_url: String,
+    /// Whether local logins need a TOTP code.
+    pub second_factor: bool,
+    /// Failed logins within `lockout_window` that lock an account.
+    pub max_login_attempts: u32,
+    pub lockout_window: Duration,
+    pub lockout_duration: Duration,
+    /// Names the services answer to, for their TLS certificates.
+    pub public_names: Vec<String>,
+}
+
+impl AuthConfig {
+    pub fn new(cluster_name: &str, storage_url: &str) -> Self {
+        AuthConfig {
+            cluster_name: cluster_name.into(),
+            storage_url: storage_url.into(),
+            second_factor: true,
+            max_login_attempts: 5,
+            lockout_window: Duration::from_secs(30 * 60),
+            lockout_duration: Duration::from_secs(30 * 60),
+            public_names: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        }
+    }
+}
+
+/// The auth service's state, shared by its API handlers.
+pub struct AuthServer {
+    pub config: AuthConfig,
+    pub backend: Backend,
+    pub authorities: Authorities,
+    pub(crate) audit_lock: tokio::sync::Mutex<()>,
+    /// A precomputed argon2 hash so that logins for unknown users cost the same.
+    pub(crate) dummy_hash: String,
+}
+
+impl AuthServer {
+    /// Opens the backend, runs migrations, and creates on first start the cluster name, the
+    /// four CAs and the preset roles. A restart finds and keeps all of them.
+    pub async fn open(mut config: AuthConfig) -> Result<Arc<Self>, AuthError> {
+        let backend = Backend::open(&config.storage_url).await?;
+        let stored = backend
+            .init_state("cluster_name", &config.cluster_name)
+            .await?;
+        if stored != config.cluster_name {
+            tracing::warn!(configured = %config.cluster_name, stored = %stored,
+                "the cluster name is fixed at first start; keeping the stored one");
+            config.cluster_name = stored;
+        }
+        let authorities = Authorities::load_or_create(&backend, &config.cluster_name).await?;
+        roles::create_presets(&backend).await?;
+        let dummy_hash =
+            login::hash_password("not a real password; timing equaliser".into()).await?;
+        Ok(Arc::new(AuthServer {
+            config,
+            backend,
+            authorities,
+            audit_lock: tokio::sync::Mutex::new(()),
+            dummy_hash,
+        }))
+    }
+
+    pub fn ping(&self) -> Ping {
+        Ping {
+            cluster_name: self.config.cluster_name.clone(),
+            second_factor: if self.config.second_factor {
+                "otp"
+            } else {
+                "off"
+            }
+            .into(),
+            server_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}

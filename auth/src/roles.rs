@@ -1,0 +1,77 @@
+//! Role storage. Roles are stored as JSON of the validated resource; the evaluator lives in
+//! `sallyport_core::role`.
+
+use sallyport_core::identity::Traits;
+use sallyport_core::role::{Role, RoleSet, presets};
+use sqlx::Row;
+
+use crate::{AuthError, AuthServer, Backend};
+
+pub(crate) async fn create_presets(backend: &Backend) -> Result<(), AuthError> {
+    let now = sallyport_core::unix_now();
+    for role in presets() {
+        sqlx::query("INSERT INTO roles (name, spec, created, updated) VALUES ($1, $2, $3, $3) ON CONFLICT (name) DO NOTHING")
+            .bind(&role.metadata.name)
+            .bind(serde_json::to_string(&role)?)
+            .bind(now)
+            .execute(&backend.pool)
+            .await?;
+    }
+    Ok(())
+}
+
+fn parse(name: &str, spec: &str) -> Result<Role, AuthError> {
+    serde_json::from_str(spec)
+        .map_err(|e| AuthError::Storage(format!("stored role {name} is unreadable: {e}")))
+}
+
+impl AuthServer {
+    pub async fn list_roles(&self) -> Result<Vec<Role>, AuthError> {
+        let rows = sqlx::query("SELECT name, spec FROM roles ORDER BY name")
+            .fetch_all(&self.backend.pool)
+            .await?;
+        rows.iter()
+            .map(|r| parse(&r.try_get::<String, _>(0)?, &r.try_get::<String, _>(1)?))
+            .collect()
+    }
+
+    pub async fn get_role(&self, name: &str) -> Result<Option<Role>, AuthError> {
+        let row = sqlx::query("SELECT spec FROM roles WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        row.map(|r| parse(name, &r.try_get::<String, _>(0)?))
+            .transpose()
+    }
+
+    /// The roles named, in order; a name with no role is an error naming it.
+    pub async fn roles_named(&self, names: &[String]) -> Result<Vec<Role>, AuthError> {
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            match self.get_role(n).await? {
+                Some(r) => out.push(r),
+                None => return Err(AuthError::NotFound(format!("role {n} does not exist"))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The role set of an identity; roles that were deleted since are skipped.
+    pub async fn role_set(&self, names: &[String], traits: &Traits) -> Result<RoleSet, AuthError> {
+        let mut roles = Vec::with_capacity(names.len());
+        for n in names {
+            if let Some(r) = self.get_role(n).await? {
+                roles.push(r);
+            }
+        }
+        Ok(RoleSet::new(&roles, traits))
+    }
+
+    pub async fn role_count(&self) -> Result<u64, AuthError> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM roles")
+            .fetch_one(&self.backend.pool)
+            .await?
+            .try_get(0)?;
+        Ok(n.max(0) as u64)
+    }
+}

@@ -1,0 +1,321 @@
+//! Users and their sign-up tokens. A token is stored only as its SHA-256, expires after an hour
+//! and is spent by the sign-up that uses it.
+
+use std::time::Duration;
+
+use sallyport_core::api::{
+    AddUser, SignupFinish, SignupStart, SignupStarted, SignupToken, UserInfo,
+};
+use sallyport_core::audit::Event;
+use sallyport_core::identity::{Traits, internal_traits};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::login::{check_totp_code, hash_password, new_totp};
+use crate::{AuthError, AuthServer};
+
+pub const SIGNUP_TOKEN_TTL: Duration = Duration::from_secs(3600);
+pub const MIN_PASSWORD_LEN: usize = 8;
+
+/// A user as stored.
+#[derive(Clone)]
+pub struct UserRecord {
+    pub name: String,
+    pub user_type: String,
+    pub roles: Vec<String>,
+    pub traits: Traits,
+    pub password_hash: Option<String>,
+    pub totp_secret: Option<String>,
+    pub totp_last_step: i64,
+    pub created: i64,
+}
+
+impl UserRecord {
+    fn from_row(r: &AnyRow) -> Result<Self, AuthError> {
+        let name: String = r.try_get("name")?;
+        let bad =
+            |e: serde_json::Error| AuthError::Storage(format!("user {name} is unreadable: {e}"));
+        Ok(UserRecord {
+            user_type: r.try_get("user_type")?,
+            roles: serde_json::from_str(&r.try_get::<String, _>("roles")?).map_err(bad)?,
+            traits: serde_json::from_str(&r.try_get::<String, _>("traits")?).map_err(bad)?,
+            password_hash: r.try_get("password_hash")?,
+            totp_secret: r.try_get("totp_secret")?,
+            totp_last_step: r.try_get("totp_last_step")?,
+            created: r.try_get("created")?,
+            name,
+        })
+    }
+
+    pub fn logins(&self) -> Vec<String> {
+        self.traits
+            .get("internal.logins")
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+pub fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn token_hash(token: &str) -> String {
+    hex::encode(sallyport_core::sha256(token.as_bytes()))
+}
+
+impl AuthServer {
+    pub async fn get_user(&self, name: &str) -> Result<Option<UserRecord>, AuthError> {
+        let row = sqlx::query("SELECT name, user_type, roles, traits, password_hash, totp_secret, totp_last_step, created FROM users WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        row.as_ref().map(UserRecord::from_row).transpose()
+    }
+
+    /// Creates a local user and returns its first sign-up token.
+    pub async fn add_user(&self, req: &AddUser, by: &str) -> Result<SignupToken, AuthError> {
+        sallyport_core::names::validate("user", &req.name)
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        for l in &req.logins {
+            sallyport_core::names::validate("login", l)
+                .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        }
+        if req.roles.is_empty() {
+            return Err(AuthError::BadRequest(
+                "a user needs at least one role (--roles)".into(),
+            ));
+        }
+        self.roles_named(&req.roles).await?;
+        let traits = internal_traits(&req.logins, &[], &[]);
+        let inserted = sqlx::query(
+            "INSERT INTO users (name, user_type, roles, traits, created) VALUES ($1, 'local', $2, $3, $4)
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(&req.name)
+        .bind(serde_json::to_string(&req.roles)?)
+        .bind(serde_json::to_string(&traits)?)
+        .bind(sallyport_core::unix_now())
+        .execute(&self.backend.pool)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(AuthError::Conflict(format!(
+                "user {} already exists",
+                req.name
+            )));
+        }
+        self.emit(
+            Event::new("user.create", Some(by))
+                .with("name", req.name.clone())
+                .with("roles", req.roles.clone())
+                .with("logins", req.logins.clone()),
+        )
+        .await?;
+        self.new_signup_token(&req.name).await
+    }
+
+    /// Replaces any earlier token of `user` with a new one.
+    pub async fn new_signup_token(&self, user: &str) -> Result<SignupToken, AuthError> {
+        let token = sallyport_core::random_hex(32);
+        let expires = sallyport_core::unix_now() + SIGNUP_TOKEN_TTL.as_secs() as i64;
+        let mut tx = self.backend.pool.begin().await?;
+        sqlx::query("DELETE FROM signup_tokens WHERE user_name = $1")
+            .bind(user)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO signup_tokens (token_hash, user_name, expires) VALUES ($1, $2, $3)",
+        )
+        .bind(token_hash(&token))
+        .bind(user)
+        .bind(expires)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(SignupToken {
+            user: user.into(),
+            token,
+            expires: rfc3339(expires),
+        })
+    }
+
+    /// `sallyctl users reset`: clears the password and second factor and issues a new token.
+    pub async fn reset_user(&self, name: &str, by: &str) -> Result<SignupToken, AuthError> {
+        let r = sqlx::query("UPDATE users SET password_hash = NULL, totp_secret = NULL, totp_last_step = 0 WHERE name = $1 AND user_type = 'local'")
+            .bind(name)
+            .execute(&self.backend.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(AuthError::NotFound(format!("no local user {name}")));
+        }
+        self.emit(Event::new("user.reset", Some(by)).with("name", name))
+            .await?;
+        self.new_signup_token(name).await
+    }
+
+    pub async fn remove_user(&self, name: &str, by: &str) -> Result<(), AuthError> {
+        let mut tx = self.backend.pool.begin().await?;
+        let r = sqlx::query("DELETE FROM users WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(AuthError::NotFound(format!("user {name} does not exist")));
+        }
+        sqlx::query("DELETE FROM signup_tokens WHERE user_name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM login_failures WHERE user_name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.emit(Event::new("user.delete", Some(by)).with("name", name))
+            .await
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<UserInfo>, AuthError> {
+        let rows = sqlx::query("SELECT name, user_type, roles, traits, password_hash, totp_secret, totp_last_step, created FROM users ORDER BY name")
+            .fetch_all(&self.backend.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let u = UserRecord::from_row(r)?;
+            let locked = self.locked_until(&u.name).await?;
+            out.push(UserInfo {
+                status: if u.password_hash.is_some() || u.user_type == "sso" {
+                    "active"
+                } else {
+                    "pending"
+                }
+                .into(),
+                created: rfc3339(u.created),
+                locked_until: locked.map(rfc3339),
+                name: u.name,
+                user_type: u.user_type,
+                roles: u.roles,
+                traits: u.traits,
+            });
+        }
+        Ok(out)
+    }
+
+    pub async fn user_count(&self) -> Result<u64, AuthError> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM users")
+            .fetch_one(&self.backend.pool)
+            .await?
+            .try_get(0)?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// Looks up a live token: not expired, not spent.
+    async fn signup_token(
+        &self,
+        token: &str,
+    ) -> Result<(String, String, Option<String>), AuthError> {
+        let h = token_hash(token);
+        let row = sqlx::query("SELECT user_name, expires, used, totp_secret FROM signup_tokens WHERE token_hash = $1")
+            .bind(&h)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .ok_or_else(|| {
+                AuthError::Unauthenticated(
+                    "sign-up token not found: it was mistyped, replaced by a newer one, or the user was removed; ask an admin for a new one (`sallyctl users reset NAME`)".into(),
+                )
+            })?;
+        let user: String = row.try_get(0)?;
+        let expires: i64 = row.try_get(1)?;
+        let used: i64 = row.try_get(2)?;
+        if used != 0 {
+            return Err(AuthError::Unauthenticated(format!(
+                "this sign-up token was already used; ask an admin for a new one (`sallyctl users reset {user}`)"
+            )));
+        }
+        if expires <= sallyport_core::unix_now() {
+            return Err(AuthError::Unauthenticated(format!(
+                "this sign-up token expired at {}; ask an admin for a new one (`sallyctl users reset {user}`)",
+                rfc3339(expires)
+            )));
+        }
+        Ok((h, user, row.try_get(3)?))
+    }
+
+    /// First step of sign-up: returns the TOTP enrollment URI (when the cluster needs one).
+    pub async fn signup_start(&self, req: &SignupStart) -> Result<SignupStarted, AuthError> {
+        let (hash, user, existing) = self.signup_token(&req.token).await?;
+        if !self.config.second_factor {
+            return Ok(SignupStarted {
+                user,
+                otpauth_uri: None,
+            });
+        }
+        let secret = match existing {
+            Some(s) => s,
+            None => {
+                let secret = totp_rs::Secret::generate().to_base32();
+                sqlx::query("UPDATE signup_tokens SET totp_secret = $1 WHERE token_hash = $2")
+                    .bind(&secret)
+                    .bind(&hash)
+                    .execute(&self.backend.pool)
+                    .await?;
+                secret
+            }
+        };
+        let totp = new_totp(&secret, &user, &self.config.cluster_name)?;
+        let uri = totp
+            .to_url()
+            .map_err(|e| AuthError::Internal(format!("otpauth URI: {e}")))?;
+        Ok(SignupStarted {
+            user,
+            otpauth_uri: Some(uri),
+        })
+    }
+
+    /// Second step: sets the password and enrolls the authenticator; spends the token.
+    pub async fn signup_finish(&self, req: &SignupFinish, remote: &str) -> Result<(), AuthError> {
+        let (hash, user, secret) = self.signup_token(&req.token).await?;
+        if req.password.chars().count() < MIN_PASSWORD_LEN {
+            return Err(AuthError::BadRequest(format!(
+                "the password must be at least {MIN_PASSWORD_LEN} characters"
+            )));
+        }
+        let mut step = 0i64;
+        if self.config.second_factor {
+            let secret = secret.as_deref().ok_or_else(|| {
+                AuthError::BadRequest(
+                    "start the sign-up first: the authenticator was not enrolled".into(),
+                )
+            })?;
+            let code = req.otp_code.as_deref().unwrap_or("");
+            step = check_totp_code(secret, &user, &self.config.cluster_name, code, 0)?;
+        }
+        let password_hash = hash_password(req.password.clone()).await?;
+        let mut tx = self.backend.pool.begin().await?;
+        let spent =
+            sqlx::query("UPDATE signup_tokens SET used = 1 WHERE token_hash = $1 AND used = 0")
+                .bind(&hash)
+                .execute(&mut *tx)
+                .await?;
+        if spent.rows_affected() != 1 {
+            return Err(AuthError::Unauthenticated(
+                "this sign-up token was already used".into(),
+            ));
+        }
+        sqlx::query("UPDATE users SET password_hash = $1, totp_secret = $2, totp_last_step = $3 WHERE name = $4")
+            .bind(password_hash)
+            .bind(if self.config.second_factor { secret } else { None })
+            .bind(step)
+            .bind(&user)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.emit(Event::new("user.signup", Some(&user)).with("remote_addr", remote))
+            .await
+    }
+}

@@ -1,0 +1,92 @@
+//! JSON over HTTPS to the proxy (3080) or to auth (3025), with errors a person can act on.
+
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use sallyport_core::api::ErrorBody;
+use sallyport_core::tls::{Trust, client_config};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+    /// What to call the other side in errors: "the proxy at 127.0.0.1:3080".
+    what: String,
+}
+
+impl Api {
+    pub fn new(
+        addr: &str,
+        what: &str,
+        trust: Trust,
+        identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+        alpn: Option<&[u8]>,
+    ) -> Result<Self> {
+        let mut tls = client_config(trust, identity)?;
+        if let Some(a) = alpn {
+            // Only HTTP/1.1 runs inside the passthrough; the ALPN picks the route.
+            tls.alpn_protocols = vec![a.to_vec()];
+        }
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Api {
+            http,
+            base: format!("https://{addr}"),
+            what: format!("{what} at {addr}"),
+        })
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.send(self.http.delete(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
+        let resp = req.send().await.map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| format!("{} answered {status}", self.what));
+            return Err(anyhow!(msg));
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow!("{} sent an unreadable answer: {e}", self.what))
+    }
+
+    fn transport_error(&self, e: reqwest::Error) -> anyhow::Error {
+        // The interesting cause (a refused connection, a pin mismatch) is at the bottom.
+        let mut cause: &dyn std::error::Error = &e;
+        while let Some(next) = cause.source() {
+            cause = next;
+        }
+        let text = cause.to_string();
+        if text.contains("--ca-pin")
+            || text.contains("certificate")
+            || text.contains("UnknownIssuer")
+        {
+            anyhow!("cannot trust {}: {text}", self.what)
+        } else if e.is_timeout() {
+            anyhow!("{} did not answer in time", self.what)
+        } else {
+            anyhow!("cannot reach {}: {text}", self.what)
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! What `sally` and `sallyctl` share: the profile under `$SALLY_HOME`, HTTPS clients that trust
+//! the cluster by pin or by saved CA, prompts that work on a terminal and on a pipe, and output.
+
+pub mod http;
+pub mod profile;
+pub mod prompt;
+
+/// Exit codes: 1 for anything that failed at run time; clap uses 2 for bad usage.
+pub const EXIT_FAILURE: u8 = 1;

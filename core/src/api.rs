@@ -1,0 +1,153 @@
+//! The JSON that crosses the wire between the clients, the proxy's web API (3080) and the auth
+//! API (3025). Field names here are a contract with every client version.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The ALPN protocol that asks the proxy's web port to pipe a TLS connection to auth unopened.
+pub const AUTH_ALPN: &[u8] = b"sallyport-auth";
+
+/// Every error body: a message meant for the person at the keyboard.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ping {
+    pub cluster_name: String,
+    /// `otp` or `off`.
+    pub second_factor: String,
+    pub server_version: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SignupStart {
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SignupStarted {
+    pub user: String,
+    /// Present when the cluster requires TOTP: the enrollment URI for an authenticator app.
+    pub otpauth_uri: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SignupFinish {
+    pub token: String,
+    pub password: String,
+    pub otp_code: Option<String>,
+}
+
+/// A login with password and second factor, asking for certificates over `ssh_public_key`.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct LoginRequest {
+    pub user: String,
+    pub password: String,
+    pub otp_code: Option<String>,
+    /// OpenSSH public key (Ed25519) the certificates are bound to.
+    pub ssh_public_key: String,
+    pub ttl_secs: Option<u64>,
+    /// Set by the proxy from the TCP peer; ignored when a client sends it.
+    #[serde(default)]
+    pub remote_addr: Option<String>,
+}
+
+impl std::fmt::Debug for LoginRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoginRequest")
+            .field("user", &self.user)
+            .field("ttl_secs", &self.ttl_secs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Certificates issued at login.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Certs {
+    pub user: String,
+    pub roles: Vec<String>,
+    pub logins: Vec<String>,
+    pub cluster_name: String,
+    pub ssh_cert: String,
+    pub tls_cert_pem: String,
+    /// PEM of the host TLS CA (to trust the proxy) and the user TLS CA.
+    pub tls_host_ca_pem: String,
+    /// `@cert-authority` lines for the host SSH CA.
+    pub known_hosts: Vec<String>,
+    /// RFC 3339.
+    pub valid_until: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UserInfo {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub user_type: String,
+    pub roles: Vec<String>,
+    #[serde(default)]
+    pub traits: BTreeMap<String, Vec<String>>,
+    /// `active` once signed up, `pending` before.
+    pub status: String,
+    pub created: String,
+    pub locked_until: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AddUser {
+    pub name: String,
+    pub roles: Vec<String>,
+    #[serde(default)]
+    pub logins: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SignupToken {
+    pub user: String,
+    pub token: String,
+    /// RFC 3339.
+    pub expires: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub cluster_name: String,
+    /// `sha256:<hex>` pins of the host TLS CA keys (the one clients pass as `--ca-pin` first).
+    pub ca_pins: Vec<String>,
+    /// SHA-256 fingerprints of the SSH CA keys, by CA.
+    pub ssh_ca_fingerprints: BTreeMap<String, Vec<String>>,
+    pub users: u64,
+    pub roles: u64,
+    pub audit_events: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaExport {
+    pub kind: String,
+    /// Exactly what the file or config line needs.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AuditQuery {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuditVerify {
+    pub ok: bool,
+    pub checked: u64,
+    /// The sequence number of the first record that was edited or removed.
+    pub first_bad_seq: Option<i64>,
+    pub message: String,
+}

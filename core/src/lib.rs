@@ -1,0 +1,50 @@
+//! Sallyport's shared vocabulary: identities, certificate authorities and the certificates they
+//! issue, roles, audit records, durations, TLS plumbing and the API types that cross the wire.
+//!
+//! `core` performs no storage I/O and knows nothing about sqlx; every door (auth, proxy, agent,
+//! web) and both clients speak through the types defined here.
+
+pub mod api;
+pub mod audit;
+pub mod ca;
+pub mod duration;
+pub mod https;
+pub mod identity;
+pub mod names;
+pub mod role;
+pub mod sshcert;
+pub mod tls;
+pub mod x509;
+
+/// Installs the one crypto provider compiled into the workspace (aws-lc-rs). Safe to call more
+/// than once; every `main` and test helper calls it before building a rustls config.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+/// Seconds since the Unix epoch, from the system clock.
+pub fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// SHA-256 of `data`, using the crypto provider already in the tree.
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Compares two secrets in constant time.
+pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.ct_eq(b))
+}
+
+/// A fresh random secret of `n` bytes, hex encoded (tokens, nonces).
+pub fn random_hex(n: usize) -> String {
+    use rand::Rng;
+    let mut buf = vec![0u8; n];
+    rand::rng().fill_bytes(&mut buf);
+    hex::encode(buf)
+}

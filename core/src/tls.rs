@@ -1,0 +1,237 @@
+//! rustls configurations for every Sallyport connection: servers that may ask for client
+//! certificates, and clients that trust the cluster either by CA pin (first contact), by the CA
+//! certificates saved at login, or — only when the user says `--insecure` — not at all.
+
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("tls: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("tls: {0}")]
+    Verifier(String),
+    #[error("malformed private key: {0}")]
+    Key(String),
+}
+
+/// Parses a PEM private key (PKCS#8, SEC1 or PKCS#1).
+pub fn private_key_from_pem(pem: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| TlsError::Key(e.to_string()))
+}
+
+fn roots(cas: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsError> {
+    let mut store = RootCertStore::empty();
+    for ca in cas {
+        store.add(ca.clone())?;
+    }
+    Ok(store)
+}
+
+/// Whether a server asks connecting clients for a certificate.
+pub enum ClientAuth {
+    None,
+    /// Verified against these CAs when presented, but not required.
+    Optional(Vec<CertificateDer<'static>>),
+    /// Required and verified against these CAs.
+    Required(Vec<CertificateDer<'static>>),
+}
+
+/// A server config speaking HTTP/2 and HTTP/1.1.
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_auth: ClientAuth,
+) -> Result<ServerConfig, TlsError> {
+    let builder = ServerConfig::builder();
+    let builder = match client_auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::Optional(cas) => builder.with_client_cert_verifier(
+            WebPkiClientVerifier::builder(Arc::new(roots(&cas)?))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::Verifier(e.to_string()))?,
+        ),
+        ClientAuth::Required(cas) => builder.with_client_cert_verifier(
+            WebPkiClientVerifier::builder(Arc::new(roots(&cas)?))
+                .build()
+                .map_err(|e| TlsError::Verifier(e.to_string()))?,
+        ),
+    };
+    let mut cfg = builder.with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// How a client decides to trust the server.
+#[derive(Debug, Clone)]
+pub enum Trust {
+    /// The server's chain must contain a CA whose SubjectPublicKeyInfo hashes to this pin
+    /// (`sha256:<hex>`), and the leaf must verify against that CA.
+    Pin(String),
+    /// The leaf must verify against one of these CAs.
+    Roots(Vec<CertificateDer<'static>>),
+    /// No verification at all (`--insecure`).
+    Insecure,
+}
+
+/// A client config with an optional client certificate.
+pub fn client_config(
+    trust: Trust,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<ClientConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match trust {
+        Trust::Roots(cas) => builder.with_root_certificates(roots(&cas)?),
+        Trust::Pin(pin) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PinVerifier { pin, provider })),
+        Trust::Insecure => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerifier { provider })),
+    };
+    let mut cfg = match identity {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+#[derive(Debug)]
+struct PinVerifier {
+    pin: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut seen = Vec::new();
+        for ca in intermediates {
+            let pin =
+                crate::x509::spki_pin(ca).map_err(|e| rustls::Error::General(e.to_string()))?;
+            if crate::secrets_equal(pin.as_bytes(), self.pin.as_bytes()) {
+                let mut store = RootCertStore::empty();
+                store.add(ca.clone().into_owned())?;
+                let verifier = WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(store),
+                    self.provider.clone(),
+                )
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+                return verifier.verify_server_cert(end_entity, &[], server_name, ocsp, now);
+            }
+            seen.push(pin);
+        }
+        Err(rustls::Error::General(format!(
+            "the server's CA does not match --ca-pin {} (it presented {}); check the pin `sallyport start` printed",
+            self.pin,
+            if seen.is_empty() {
+                "no CA".to_string()
+            } else {
+                seen.join(", ")
+            }
+        )))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[derive(Debug)]
+struct NoVerifier {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for NoVerifier {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

@@ -1,0 +1,396 @@
+//! The `sallyport` configuration file: YAML shaped like Teleport's, every key checked. An
+//! unknown key, a wrong type or a bad address stops the start with the file, line and key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use sallyport_core::duration::HumanDuration;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub version: String,
+    #[serde(default)]
+    pub sallyport: Global,
+    #[serde(default)]
+    pub auth_service: AuthService,
+    #[serde(default)]
+    pub proxy_service: ProxyService,
+    #[serde(default)]
+    pub ssh_service: SshService,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Global {
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    #[serde(default)]
+    pub log: Log,
+    #[serde(default)]
+    pub storage: Storage,
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Global {
+            data_dir: default_data_dir(),
+            log: Log::default(),
+            storage: Storage::default(),
+        }
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("/var/lib/sallyport")
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    #[serde(default = "default_severity")]
+    pub severity: Severity,
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            severity: default_severity(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+fn default_severity() -> Severity {
+    Severity::Info
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Storage {
+    #[serde(rename = "type", default)]
+    pub kind: StorageKind,
+    /// `postgres://user:pass@host/db` when `type: postgres`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conn_string: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageKind {
+    #[default]
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthService {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_auth_addr")]
+    pub listen_addr: SocketAddr,
+    #[serde(default = "default_cluster")]
+    pub cluster_name: String,
+    #[serde(default)]
+    pub authentication: Authentication,
+}
+
+impl Default for AuthService {
+    fn default() -> Self {
+        AuthService {
+            enabled: true,
+            listen_addr: default_auth_addr(),
+            cluster_name: default_cluster(),
+            authentication: Authentication::default(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_auth_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 3025))
+}
+fn default_cluster() -> String {
+    "sallyport".into()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Authentication {
+    #[serde(rename = "type", default)]
+    pub kind: AuthKind,
+    #[serde(default)]
+    pub second_factor: SecondFactor,
+    #[serde(default = "default_attempts")]
+    pub max_login_attempts: u32,
+    #[serde(default = "default_lock")]
+    pub lockout_window: HumanDuration,
+    #[serde(default = "default_lock")]
+    pub lockout_duration: HumanDuration,
+}
+
+impl Default for Authentication {
+    fn default() -> Self {
+        Authentication {
+            kind: AuthKind::Local,
+            second_factor: SecondFactor::Otp,
+            max_login_attempts: default_attempts(),
+            lockout_window: default_lock(),
+            lockout_duration: default_lock(),
+        }
+    }
+}
+
+fn default_attempts() -> u32 {
+    5
+}
+fn default_lock() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(30 * 60))
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthKind {
+    #[default]
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecondFactor {
+    #[default]
+    Otp,
+    Off,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyService {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_web")]
+    pub web_listen_addr: SocketAddr,
+    #[serde(default = "default_ssh")]
+    pub ssh_listen_addr: SocketAddr,
+    #[serde(default = "default_tunnel")]
+    pub tunnel_listen_addr: SocketAddr,
+    #[serde(default = "default_kube")]
+    pub kube_listen_addr: SocketAddr,
+    /// Extra names (DNS or IP) clients use to reach the proxy; they go into its certificate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub public_addr: Vec<String>,
+}
+
+impl Default for ProxyService {
+    fn default() -> Self {
+        ProxyService {
+            enabled: true,
+            web_listen_addr: default_web(),
+            ssh_listen_addr: default_ssh(),
+            tunnel_listen_addr: default_tunnel(),
+            kube_listen_addr: default_kube(),
+            public_addr: vec![],
+        }
+    }
+}
+
+fn default_web() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 3080))
+}
+fn default_ssh() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 3023))
+}
+fn default_tunnel() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 3024))
+}
+fn default_kube() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 3026))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SshService {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<LabelCommand>,
+}
+
+impl Default for SshService {
+    fn default() -> Self {
+        SshService {
+            enabled: true,
+            labels: BTreeMap::new(),
+            commands: vec![],
+        }
+    }
+}
+
+/// A dynamic label: `command` runs every `period` and its output becomes label `name`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelCommand {
+    pub name: String,
+    pub command: Vec<String>,
+    pub period: HumanDuration,
+}
+
+impl Config {
+    /// The all-in-one defaults (`sallyport start` with no config).
+    pub fn all_in_one(data_dir: PathBuf) -> Self {
+        Config {
+            version: "v1".into(),
+            sallyport: Global {
+                data_dir,
+                ..Global::default()
+            },
+            auth_service: AuthService::default(),
+            proxy_service: ProxyService::default(),
+            ssh_service: SshService::default(),
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let cfg: Config = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+        if cfg.version != "v1" {
+            return Err(format!("version: expected v1, got {:?}", cfg.version));
+        }
+        if cfg.sallyport.storage.kind == StorageKind::Postgres
+            && cfg.sallyport.storage.conn_string.is_none()
+        {
+            return Err(
+                "sallyport.storage.conn_string: required when storage type is postgres".into(),
+            );
+        }
+        sallyport_core::names::validate("cluster", &cfg.auth_service.cluster_name)
+            .map_err(|e| format!("auth_service.cluster_name: {e}"))?;
+        Ok(cfg)
+    }
+
+    pub fn storage_url(&self) -> String {
+        match (
+            &self.sallyport.storage.kind,
+            &self.sallyport.storage.conn_string,
+        ) {
+            (StorageKind::Postgres, Some(url)) => url.clone(),
+            _ => format!(
+                "sqlite:{}?mode=rwc",
+                self.sallyport.data_dir.join("sallyport.db").display()
+            ),
+        }
+    }
+}
+
+/// What `sallyport configure` prints.
+pub const DEFAULT_CONFIG: &str = r#"# Sallyport configuration. Every key is shown with its default.
+version: v1
+sallyport:
+  # Where the embedded database, the CA-backed admin identity and recordings live.
+  data_dir: /var/lib/sallyport
+  log:
+    severity: info        # debug | info | warn | error
+    format: text          # text | json
+  storage:
+    type: sqlite          # sqlite (embedded, in data_dir) | postgres
+    # conn_string: "postgres://sallyport:PASSWORD@db.example.com/sallyport"   # with type: postgres
+
+auth_service:
+  enabled: true
+  # mutual-TLS API for the proxies, agents and sallyctl
+  listen_addr: 127.0.0.1:3025
+  # fixed at first start: it names the cluster in certificates and host names (node.CLUSTER)
+  cluster_name: sallyport
+  authentication:
+    type: local
+    second_factor: otp    # otp (password + TOTP authenticator) | off (password only)
+    max_login_attempts: 5 # failed logins within lockout_window that lock an account
+    lockout_window: 30m
+    lockout_duration: 30m
+
+proxy_service:
+  enabled: true
+  web_listen_addr: 127.0.0.1:3080     # HTTPS: login API, web UI
+  ssh_listen_addr: 127.0.0.1:3023     # SSH for users (ProxyJump)
+  tunnel_listen_addr: 127.0.0.1:3024  # reverse tunnels from agents
+  kube_listen_addr: 127.0.0.1:3026    # Kubernetes API for kubectl
+  # public_addr: [proxy.example.com]  # extra names clients use; added to the proxy's certificate
+
+ssh_service:
+  enabled: true
+  labels: {env: dev}
+  # commands:             # dynamic labels, refreshed every period
+  #   - {name: arch, command: [uname, -m], period: 1h}
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_parses() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.auth_service.listen_addr.port(), 3025);
+        assert_eq!(c.proxy_service.kube_listen_addr.port(), 3026);
+        assert_eq!(
+            c.ssh_service.labels.get("env").map(String::as_str),
+            Some("dev")
+        );
+    }
+
+    #[test]
+    fn errors_name_line_and_key() {
+        let cases = [
+            (
+                "version: v1\nauth_service:\n  listen_adr: 127.0.0.1:1\n",
+                "listen_adr",
+                "line 3",
+            ),
+            (
+                "version: v1\nproxy_service:\n  web_listen_addr: nonsense\n",
+                "nonsense",
+                "line 3",
+            ),
+            (
+                "version: v1\nauth_service:\n  enabled: maybe\n",
+                "enabled",
+                "line 3",
+            ),
+        ];
+        for (text, key, line) in cases {
+            let e = Config::parse(text).err().unwrap_or_default();
+            assert!(e.contains(key) && e.contains(line), "{text:?} gave {e:?}");
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! `sallyport start`: checks the config and data dir, opens auth, issues the services their
+//! certificates, writes the local admin identity for `sallyctl`, and serves until a signal.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rcgen::{KeyPair, PublicKeyData};
+use sallyport_auth::{AuthConfig, AuthServer};
+use sallyport_core::ca::CaKind;
+use sallyport_core::tls::{ClientAuth, private_key_from_pem, server_config};
+use sallyport_core::x509::pem_to_ders;
+use sallyport_proxy::ServiceIdentity;
+use tokio::net::TcpListener;
+
+use crate::config::{Config, LogFormat, SecondFactor, Severity};
+
+/// The file `sallyctl --data-dir` reads: the local admin's client certificate and key.
+pub const ADMIN_IDENTITY: &str = "admin-identity.json";
+
+pub async fn run(config_path: Option<PathBuf>, data_dir: Option<PathBuf>) -> Result<()> {
+    let mut cfg = match &config_path {
+        Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
+        None => Config::all_in_one(default_data_dir()),
+    };
+    if let Some(d) = data_dir {
+        cfg.sallyport.data_dir = d;
+    }
+    init_logging(&cfg);
+    let dir = cfg.sallyport.data_dir.clone();
+    prepare_data_dir(&dir)?;
+    if !cfg.auth_service.enabled {
+        bail!(
+            "this build runs auth in every daemon: set auth_service.enabled: true (separate proxies arrive with agent joining)"
+        );
+    }
+
+    let a = &cfg.auth_service;
+    let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
+    auth_cfg.second_factor = a.authentication.second_factor == SecondFactor::Otp;
+    auth_cfg.max_login_attempts = a.authentication.max_login_attempts;
+    auth_cfg.lockout_window = a.authentication.lockout_window.0;
+    auth_cfg.lockout_duration = a.authentication.lockout_duration.0;
+    let auth = AuthServer::open(auth_cfg)
+        .await
+        .context("cannot open the auth service")?;
+    let cluster = auth.config.cluster_name.clone();
+    // The database holds the CA private keys.
+    for f in ["sallyport.db", "sallyport.db-wal", "sallyport.db-shm"] {
+        let _ = std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600));
+    }
+
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    names.extend(cfg.proxy_service.public_addr.iter().cloned());
+    for addr in [a.listen_addr, cfg.proxy_service.web_listen_addr] {
+        if !addr.ip().is_unspecified() {
+            names.push(addr.ip().to_string());
+        }
+    }
+    names.sort();
+    names.dedup();
+
+    // Auth's own API: mutual TLS, users and services both.
+    let auth_id = service_identity(&auth, "auth", "auth", names.clone())?;
+    let auth_listener = bind(a.listen_addr, "auth").await?;
+    let user_roots = pem_to_ders(&auth.authorities.tls_pem(CaKind::TlsUser))?;
+    let host_roots = pem_to_ders(&auth.authorities.tls_pem(CaKind::TlsHost))?;
+    let mut auth_tls = server_config(
+        pem_to_ders(&auth_id.chain_pem)?,
+        private_key_from_pem(&auth_id.key_pem)?,
+        ClientAuth::Required([user_roots, host_roots].concat()),
+    )?;
+    // Clients that reach auth through the proxy's passthrough offer only this protocol.
+    auth_tls
+        .alpn_protocols
+        .push(sallyport_core::api::AUTH_ALPN.to_vec());
+    tokio::spawn(sallyport_core::https::serve(
+        auth_listener,
+        Arc::new(auth_tls),
+        sallyport_auth::api::router(auth.clone()),
+        None,
+    ));
+
+    write_admin_identity(&auth, &dir, a.listen_addr)?;
+
+    let mut lines = vec![format!("auth     {}", a.listen_addr)];
+    if cfg.proxy_service.enabled {
+        let p = &cfg.proxy_service;
+        let proxy_id = service_identity(
+            &auth,
+            "proxy",
+            sallyport_auth::api::PROXY_ROLE,
+            names.clone(),
+        )?;
+        let web_listener = bind(p.web_listen_addr, "proxy web").await?;
+        let client = sallyport_proxy::AuthClient::new(&connect_addr(a.listen_addr), &proxy_id)?;
+        let web_tls = server_config(
+            pem_to_ders(&proxy_id.chain_pem)?,
+            private_key_from_pem(&proxy_id.key_pem)?,
+            ClientAuth::None,
+        )?;
+        // sallyctl reaches auth through this port: its TLS (ALPN sallyport-auth) is piped to auth
+        // unterminated, so the user's client certificate is verified by auth itself.
+        let passthrough = sallyport_core::https::Passthrough {
+            alpn: sallyport_core::api::AUTH_ALPN.to_vec(),
+            target: connect_addr(a.listen_addr),
+        };
+        tokio::spawn(sallyport_core::https::serve(
+            web_listener,
+            Arc::new(web_tls),
+            sallyport_proxy::web::router(client),
+            Some(passthrough),
+        ));
+        lines.push(format!("web      https://{}", p.web_listen_addr));
+        lines.push(format!(
+            "ssh      {} (arrives with SSH access)",
+            p.ssh_listen_addr
+        ));
+        lines.push(format!(
+            "tunnel   {} (arrives with SSH access)",
+            p.tunnel_listen_addr
+        ));
+        lines.push(format!(
+            "kube     {} (arrives with Kubernetes access)",
+            p.kube_listen_addr
+        ));
+    }
+
+    let pin = auth
+        .authorities
+        .pins()?
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "Sallyport {} started", env!("CARGO_PKG_VERSION"))?;
+    writeln!(out, "cluster  {cluster}")?;
+    for l in &lines {
+        writeln!(out, "{l}")?;
+    }
+    writeln!(out, "data     {}", dir.display())?;
+    writeln!(out, "CA pin   {pin}")?;
+    writeln!(out, "admin    sallyctl --data-dir {} status", dir.display())?;
+    out.flush()?;
+    drop(out);
+
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+fn default_data_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".local/share/sallyport"))
+        .unwrap_or_else(|| PathBuf::from("/var/lib/sallyport"))
+}
+
+fn init_logging(cfg: &Config) {
+    let level = match cfg.sallyport.log.severity {
+        Severity::Debug => "debug",
+        Severity::Info => "info",
+        Severity::Warn => "warn",
+        Severity::Error => "error",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SALLYPORT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},sqlx=warn")));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cfg.sallyport.log.format {
+        LogFormat::Json => b.json().try_init(),
+        LogFormat::Text => b.try_init(),
+    };
+}
+
+/// Creates the data dir (0700) and proves it is writable before anything else starts.
+fn prepare_data_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("data dir {} cannot be created", dir.display()))?;
+    let probe = dir.join(".write-test");
+    std::fs::write(&probe, b"ok").with_context(|| {
+        format!(
+            "data dir {} is not writable; pick another with --data-dir",
+            dir.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(probe);
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    Ok(())
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} for {what}; is another sallyport running?")
+    })
+}
+
+/// Where to dial a listener that may be bound to 0.0.0.0.
+fn connect_addr(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("127.0.0.1:{}", addr.port())
+    } else {
+        addr.to_string()
+    }
+}
+
+/// A fresh key for a service of this process, certified by the host TLS CA.
+fn service_identity(
+    auth: &AuthServer,
+    name: &str,
+    role: &str,
+    dns: Vec<String>,
+) -> Result<ServiceIdentity> {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let cert = auth.issue_service_cert(
+        &key.subject_public_key_info(),
+        name,
+        role,
+        dns,
+        Duration::from_secs(365 * 86400),
+        false,
+    )?;
+    let host_ca_pem = auth.authorities.tls_pem(CaKind::TlsHost);
+    Ok(ServiceIdentity {
+        chain_pem: format!("{cert}{}", auth.authorities.tls_host_signer().cert_pem),
+        key_pem: key.serialize_pem(),
+        host_ca_pem,
+        user_ca_pem: auth.authorities.tls_pem(CaKind::TlsUser),
+    })
+}
+
+/// Writes the local admin identity (mode 0600 from creation) that `sallyctl --data-dir` uses.
+fn write_admin_identity(auth: &AuthServer, dir: &Path, auth_addr: SocketAddr) -> Result<()> {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let cert = auth.issue_service_cert(
+        &key.subject_public_key_info(),
+        sallyport_auth::api::ADMIN,
+        "editor",
+        vec![],
+        Duration::from_secs(365 * 86400),
+        true,
+    )?;
+    let doc = serde_json::json!({
+        "auth_addr": connect_addr(auth_addr),
+        "cluster_name": auth.config.cluster_name,
+        "cert_pem": cert,
+        "key_pem": key.serialize_pem(),
+        "host_ca_pem": auth.authorities.tls_pem(CaKind::TlsHost),
+    });
+    write_secret(&dir.join(ADMIN_IDENTITY), doc.to_string().as_bytes())
+}
+
+/// Writes a file that only its owner may read, replacing any earlier one atomically.
+pub fn write_secret(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,100 @@
+//! The proxy's web API on 3080. Unauthenticated users reach the login and sign-up endpoints
+//! here; the proxy adds the TCP peer address (never a client-sent header) and forwards to auth.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use reqwest::Method;
+use sallyport_core::api::ErrorBody;
+use sallyport_core::https::RemoteAddr;
+
+use crate::AuthClient;
+
+/// Largest request body the web API reads.
+const MAX_BODY: usize = 64 * 1024;
+
+pub fn router(auth: AuthClient) -> Router {
+    Router::new()
+        .route("/v1/webapi/ping", get(ping))
+        .route("/v1/webapi/signup/start", post(signup_start))
+        .route("/v1/webapi/signup/finish", post(signup_finish))
+        .route("/v1/webapi/login", post(login))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(Arc::new(auth))
+}
+
+type Auth = State<Arc<AuthClient>>;
+
+async fn forward(
+    auth: &AuthClient,
+    method: Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Response {
+    match auth.call(method, path, body).await {
+        Ok((status, body)) => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "auth unreachable");
+            (
+                StatusCode::BAD_GATEWAY,
+                Json(ErrorBody {
+                    error: "the auth service is unreachable; try again shortly".into(),
+                }),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Replaces whatever `remote_addr` the client sent with the address the connection came from.
+fn with_remote(mut body: serde_json::Value, remote: RemoteAddr) -> serde_json::Value {
+    if let Some(m) = body.as_object_mut() {
+        m.insert("remote_addr".into(), remote.0.to_string().into());
+    }
+    body
+}
+
+async fn ping(State(auth): Auth) -> Response {
+    forward(&auth, Method::GET, "/v1/ping", None).await
+}
+
+async fn signup_start(State(auth): Auth, Json(body): Json<serde_json::Value>) -> Response {
+    forward(&auth, Method::POST, "/v1/signup/start", Some(body)).await
+}
+
+async fn signup_finish(
+    State(auth): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    forward(
+        &auth,
+        Method::POST,
+        "/v1/signup/finish",
+        Some(with_remote(body, remote)),
+    )
+    .await
+}
+
+async fn login(
+    State(auth): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    forward(
+        &auth,
+        Method::POST,
+        "/v1/login",
+        Some(with_remote(body, remote)),
+    )
+    .await
+}

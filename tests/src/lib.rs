@@ -1,0 +1,394 @@
+//! The end-to-end harness: starts the real `sallyport` binary on free loopback ports with a
+//! fresh data dir, and drives it with the real `sally` and `sallyctl` binaries (and OpenSSH's
+//! own tools where they read what we write). `Cluster::start()` is one line per test.
+//!
+//! The binaries come from the workspace target dir; `scripts/test` builds them first.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub use tempfile::TempDir;
+
+/// Where the workspace put its binaries (next to this test executable's `deps/`).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test does)",
+        p.display()
+    );
+    p
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// What a finished command said.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(o: Output) -> Self {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    #[track_caller]
+    pub fn ok(self) -> Self {
+        assert_eq!(
+            self.code, 0,
+            "command failed:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    pub fn fails_with(self, needle: &str) -> Self {
+        assert_ne!(
+            self.code, 0,
+            "command should have failed:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        assert!(
+            self.stderr.contains(needle) || self.stdout.contains(needle),
+            "expected {needle:?} in the output:\nstdout: {}\nstderr: {}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs a command with `stdin` and returns what it said.
+pub fn run(cmd: &mut Command, stdin: &str) -> Run {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(data.as_bytes());
+    });
+    let out = child.wait_with_output().expect("wait");
+    let _ = writer.join();
+    Run::from(out)
+}
+
+/// Options for a test cluster.
+#[derive(Clone)]
+pub struct Options {
+    pub second_factor: bool,
+    pub max_login_attempts: u32,
+    /// `postgres://...` to use PostgreSQL instead of the embedded SQLite.
+    pub postgres: Option<String>,
+    pub cluster_name: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            second_factor: false,
+            max_login_attempts: 5,
+            postgres: None,
+            cluster_name: "test".into(),
+        }
+    }
+}
+
+/// A running all-in-one `sallyport`, killed when dropped.
+pub struct Cluster {
+    pub dir: TempDir,
+    pub config: PathBuf,
+    pub proxy: String,
+    pub auth: String,
+    pub pin: String,
+    pub stdout: String,
+    child: Option<Child>,
+    /// `SALLY_HOME` for the clients this test runs.
+    pub home: PathBuf,
+}
+
+impl Cluster {
+    pub fn start() -> Self {
+        Self::start_with(Options::default())
+    }
+
+    pub fn start_with(o: Options) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (auth, web) = (free_port(), free_port());
+        let storage = match &o.postgres {
+            Some(url) => format!("{{type: postgres, conn_string: \"{url}\"}}"),
+            None => "{type: sqlite}".into(),
+        };
+        let config = dir.path().join("sallyport.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: v1
+sallyport:
+  data_dir: {data}
+  log: {{severity: info, format: text}}
+  storage: {storage}
+auth_service:
+  enabled: true
+  listen_addr: 127.0.0.1:{auth}
+  cluster_name: {cluster}
+  authentication: {{type: local, second_factor: {sf}, max_login_attempts: {max}}}
+proxy_service:
+  enabled: true
+  web_listen_addr: 127.0.0.1:{web}
+  ssh_listen_addr: 127.0.0.1:{ssh}
+  tunnel_listen_addr: 127.0.0.1:{tunnel}
+  kube_listen_addr: 127.0.0.1:{kube}
+ssh_service: {{enabled: true, labels: {{env: dev}}}}
+",
+                data = dir.path().join("data").display(),
+                cluster = o.cluster_name,
+                sf = if o.second_factor { "otp" } else { "off" },
+                max = o.max_login_attempts,
+                ssh = free_port(),
+                tunnel = free_port(),
+                kube = free_port(),
+            ),
+        )
+        .unwrap();
+        let home = dir.path().join("home");
+        let mut c = Cluster {
+            config,
+            proxy: format!("127.0.0.1:{web}"),
+            auth: format!("127.0.0.1:{auth}"),
+            pin: String::new(),
+            stdout: String::new(),
+            child: None,
+            home,
+            dir,
+        };
+        c.boot();
+        c
+    }
+
+    /// Starts (or restarts) the daemon and waits for its banner.
+    pub fn boot(&mut self) {
+        let mut child = Command::new(bin("sallyport"))
+            .args(["start", "--config"])
+            .arg(&self.config)
+            .env("SALLYPORT_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                text.push_str(&line);
+                text.push('\n');
+                if line.starts_with("CA pin") {
+                    let _ = tx.send(text.clone());
+                }
+            }
+        });
+        let banner = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("sallyport did not start");
+            });
+        self.pin = banner
+            .lines()
+            .find_map(|l| l.strip_prefix("CA pin"))
+            .map(|p| p.trim().to_string())
+            .unwrap();
+        self.stdout = banner;
+        self.child = Some(child);
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn sallyctl(&self, args: &[&str]) -> Run {
+        run(
+            Command::new(bin("sallyctl"))
+                .arg("--data-dir")
+                .arg(self.data_dir())
+                .args(args),
+            "",
+        )
+    }
+
+    /// `sallyctl` as the user logged in under `home` (no admin identity).
+    pub fn sallyctl_as(&self, home: &Path, args: &[&str]) -> Run {
+        run(
+            Command::new(bin("sallyctl"))
+                .env("SALLY_HOME", home)
+                .env("HOME", home)
+                .args(args),
+            "",
+        )
+    }
+
+    pub fn sally(&self, home: &Path, args: &[&str], stdin: &str) -> Run {
+        run(
+            Command::new(bin("sally"))
+                .env("SALLY_HOME", home)
+                .env("HOME", home)
+                .args(args),
+            stdin,
+        )
+    }
+
+    /// Creates a user and returns its sign-up token.
+    pub fn add_user(&self, name: &str, roles: &str, logins: &str) -> String {
+        let mut args = vec!["users", "add", name, "--roles", roles, "--format", "json"];
+        if !logins.is_empty() {
+            args.extend(["--logins", logins]);
+        }
+        let out = self.sallyctl(&args).ok();
+        let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    /// Signs up with `password`; returns the TOTP secret (base32) when the cluster asks for one.
+    pub fn signup(&self, token: &str, password: &str) -> Option<String> {
+        let mut child = Command::new(bin("sally"))
+            .env("SALLY_HOME", &self.home)
+            .args([
+                "signup",
+                "--proxy",
+                &self.proxy,
+                "--token",
+                token,
+                "--ca-pin",
+                &self.pin,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{password}").unwrap();
+        let mut secret = None;
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        // With TOTP the URI comes alone on a line, and then the code is read.
+        if out.read_line(&mut line).unwrap() > 0 && line.starts_with("otpauth://") {
+            let totp = totp_rs::Totp::from_url(line.trim()).unwrap();
+            writeln!(stdin, "{}", totp.generate_current()).unwrap();
+            secret = Some(totp.secret().to_base32());
+        }
+        drop(stdin);
+        let status = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&status.stderr);
+        assert!(status.status.success(), "signup failed: {line}{err}");
+        secret
+    }
+
+    /// Logs in as `user` (password only: clusters started with the default options).
+    pub fn login(&self, home: &Path, user: &str, password: &str) -> Run {
+        self.sally(
+            home,
+            &[
+                "login",
+                "--proxy",
+                &self.proxy,
+                "--user",
+                user,
+                "--ca-pin",
+                &self.pin,
+            ],
+            &format!("{password}\n"),
+        )
+    }
+
+    /// A new user, signed up and logged in under a fresh home; returns that home.
+    pub fn user(&self, name: &str, roles: &str, logins: &str) -> PathBuf {
+        let token = self.add_user(name, roles, logins);
+        self.signup(&token, "correct horse battery");
+        let home = self.dir.path().join(format!("home-{name}"));
+        self.login(&home, name, "correct horse battery").ok();
+        home
+    }
+
+    /// Runs SQL against the SQLite backend with Python's sqlite3 (to play the attacker who
+    /// edits the database, or a clock that moved on).
+    pub fn sqlite(&self, sql: &str) {
+        let db = self.data_dir().join("sallyport.db");
+        let out = Command::new("python3")
+            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()"])
+            .arg(db)
+            .arg(sql)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "sqlite: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A TOTP code for `secret` at `offset_steps` from now (1 = the next 30 s step).
+pub fn totp_code(secret: &str, offset_steps: i64) -> String {
+    let totp = totp_rs::Builder::new()
+        .with_secret(totp_rs::Secret::try_from_base32(secret).unwrap())
+        .build()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    totp.generate((now + 30 * offset_steps) as u64).to_string()
+}
+
+/// Waits until `f` returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
