@@ -1,0 +1,75 @@
+//! The backend suite: the same flows against embedded SQLite and against PostgreSQL
+//! (`SALLYPORT_TEST_POSTGRES`, which `scripts/test` sets after starting PostgreSQL).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use russh::keys::ssh_key::{Algorithm, PrivateKey};
+use sallyport_auth::{AuthConfig, AuthError, AuthServer};
+use sallyport_core::api::{AddUser, LoginRequest, SignupFinish, SignupStart};
+
+async fn suite(url: &str) {
+    sallyport_core::install_crypto_provider();
+    let mut cfg = AuthConfig::new("suite", url);
+    cfg.second_factor = false;
+    cfg.max_login_attempts = 2;
+    let auth = AuthServer::open(cfg.clone()).await.unwrap();
+    let pins = auth.authorities.pins().unwrap();
+
+    let t = auth.add_user(&AddUser { name: "u1".into(), roles: vec!["access".into()], logins: vec!["root".into()] }, "test").await.unwrap();
+    assert!(matches!(auth.add_user(&AddUser { name: "u1".into(), roles: vec!["access".into()], logins: vec![] }, "test").await, Err(AuthError::Conflict(_))));
+    let started = auth.signup_start(&SignupStart { token: t.token.clone() }).await.unwrap();
+    assert_eq!(started.user, "u1");
+    assert!(started.otpauth_uri.is_none());
+    auth.signup_finish(&SignupFinish { token: t.token.clone(), password: "password-1".into(), otp_code: None }, "test").await.unwrap();
+    assert!(auth.signup_finish(&SignupFinish { token: t.token, password: "password-2".into(), otp_code: None }, "test").await.is_err());
+
+    let key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
+    let login = |password: &str| LoginRequest {
+        user: "u1".into(),
+        password: password.into(),
+        otp_code: None,
+        ssh_public_key: key.public_key().to_openssh().unwrap(),
+        ttl_secs: Some(3600),
+        remote_addr: None,
+    };
+    let certs = auth.login(&login("password-1"), "127.0.0.1:1").await.unwrap();
+    assert_eq!(certs.logins, vec!["root"]);
+    assert!(auth.login(&login("nope"), "127.0.0.1:1").await.is_err());
+    let locked = auth.login(&login("nope"), "127.0.0.1:1").await;
+    assert!(matches!(locked, Err(AuthError::Locked(_))), "{locked:?}");
+    assert!(matches!(auth.login(&login("password-1"), "127.0.0.1:1").await, Err(AuthError::Locked(_))));
+
+    let v = auth.audit_verify().await.unwrap();
+    assert!(v.ok, "{}", v.message);
+    let n = auth.audit_count().await.unwrap();
+    assert!(n >= 5, "{n}");
+    drop(auth);
+
+    // A second instance on the same storage sees the same CAs, users and chain.
+    let again = AuthServer::open(cfg).await.unwrap();
+    assert_eq!(again.authorities.pins().unwrap(), pins);
+    assert_eq!(again.list_users().await.unwrap().len(), 1);
+    assert!(again.audit_verify().await.unwrap().ok);
+}
+
+#[tokio::test]
+async fn sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    suite(&format!("sqlite:{}?mode=rwc", dir.path().join("s.db").display())).await;
+}
+
+#[tokio::test]
+async fn postgres() {
+    let base = std::env::var("SALLYPORT_TEST_POSTGRES")
+        .expect("set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)");
+    let db = format!("sp_backend_{}", std::process::id());
+    let admin = format!("{base}/postgres");
+    let run = |sql: String| {
+        let out = std::process::Command::new("psql").arg(&admin).args(["-v", "ON_ERROR_STOP=1", "-c", &sql]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(format!("DROP DATABASE IF EXISTS {db}"));
+    run(format!("CREATE DATABASE {db}"));
+    suite(&format!("{base}/{db}")).await;
+    run(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+}
