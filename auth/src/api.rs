@@ -152,11 +152,20 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/login", post(login))
         .route("/v1/status", get(status))
         .route("/v1/users", get(list_users).post(add_user))
-        .route("/v1/users/{name}", axum::routing::delete(remove_user))
+        .route(
+            "/v1/users/{name}",
+            get(get_user).put(update_user).delete(remove_user),
+        )
         .route("/v1/users/{name}/reset", post(reset_user))
         .route("/v1/ca/{kind}", get(export_ca))
         .route("/v1/audit", get(audit_search))
         .route("/v1/audit/verify", get(audit_verify))
+        .route("/v1/roles", get(list_roles).post(put_role))
+        .route("/v1/roles/{name}", get(get_role).delete(delete_role))
+        .route("/v1/tokens", get(list_tokens))
+        .route("/v1/nodes", get(list_nodes).post(add_node))
+        .route("/v1/nodes/{name}", axum::routing::delete(remove_node))
+        .route("/v1/access/check", post(access_check))
         .with_state(auth)
 }
 
@@ -307,4 +316,211 @@ async fn audit_verify(
     let caller = caller_of(&auth, &peer).await?;
     auth.authorize(&caller, "event", "read").await?;
     Ok(Json(auth.audit_verify().await?))
+}
+
+async fn get_user(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<UserInfo>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "user", "read").await?;
+    Ok(Json(auth.user_info(&name).await?))
+}
+
+async fn update_user(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+    Json(req): Json<UpdateUser>,
+) -> Result<Json<UserInfo>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "user", "update").await?;
+    Ok(Json(auth.update_user(&name, &req, caller.name()).await?))
+}
+
+async fn list_roles(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<sallyport_core::role::Role>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "role", "list").await?;
+    Ok(Json(auth.list_roles().await?))
+}
+
+async fn get_role(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<sallyport_core::role::Role>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "role", "read").await?;
+    let role = auth
+        .get_role(&name)
+        .await?
+        .ok_or_else(|| AuthError::NotFound(format!("role {name} does not exist")))?;
+    Ok(Json(role))
+}
+
+async fn put_role(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<PutRole>,
+) -> Result<Json<PutRoleResult>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "role", "create").await?;
+    if req.overwrite {
+        auth.authorize(&caller, "role", "update").await?;
+    }
+    let created = auth
+        .put_role(&req.role, req.overwrite, caller.name())
+        .await?;
+    Ok(Json(PutRoleResult {
+        name: req.role.metadata.name.clone(),
+        created,
+    }))
+}
+
+async fn delete_role(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "role", "delete").await?;
+    auth.delete_role(&name, caller.name()).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn list_tokens(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<TokenInfo>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "token", "list").await?;
+    Ok(Json(auth.list_tokens().await?))
+}
+
+async fn list_nodes(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<NodeInfo>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    let nodes = auth.list_nodes().await?;
+    // Admins with `list` on `node` see every node; everyone else sees what their roles reach.
+    if auth.authorize(&caller, "node", "list").await.is_ok() {
+        return Ok(Json(nodes));
+    }
+    match &caller {
+        Caller::User { roles, traits, .. } => {
+            let set = auth.role_set(roles, traits).await?;
+            Ok(Json(
+                nodes
+                    .into_iter()
+                    .filter(|n| set.can_see_node(&node_labels(n)))
+                    .collect(),
+            ))
+        }
+        _ => Err(AuthError::AccessDenied(format!(
+            "{} cannot list nodes",
+            caller.name()
+        ))),
+    }
+}
+
+/// The labels a node is matched by: its own, plus `hostname` and `id` as Teleport does.
+pub fn node_labels(n: &NodeInfo) -> std::collections::BTreeMap<String, String> {
+    let mut l = n.labels.clone();
+    l.entry("hostname".into())
+        .or_insert_with(|| n.hostname.clone());
+    l.entry("id".into()).or_insert_with(|| n.id.clone());
+    l
+}
+
+async fn add_node(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<AddNode>,
+) -> Result<(StatusCode, Json<NodeInfo>), AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "node", "create").await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(auth.add_node(&req, caller.name()).await?),
+    ))
+}
+
+async fn remove_node(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "node", "delete").await?;
+    auth.remove_node(&name, caller.name()).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn access_check(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<AccessCheck>,
+) -> Result<Json<sallyport_core::role::Decision>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "role", "read").await?;
+    auth.authorize(&caller, "user", "read").await?;
+    Ok(Json(auth.access_check(&req).await?))
+}
+
+impl AuthServer {
+    /// The decision the doors would make for `req`, with the role and rule that decide it.
+    pub async fn access_check(
+        &self,
+        req: &AccessCheck,
+    ) -> Result<sallyport_core::role::Decision, AuthError> {
+        let user = self
+            .get_user(&req.user)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("user {} does not exist", req.user)))?;
+        let set = self.role_set(&user.roles, &user.traits).await?;
+        if let Some(node) = &req.node {
+            let login = req
+                .login
+                .as_deref()
+                .ok_or_else(|| AuthError::BadRequest("--node needs --login".into()))?;
+            let n = self
+                .find_node(node)
+                .await?
+                .ok_or_else(|| AuthError::NotFound(format!("node {node} is not registered")))?;
+            return Ok(set.check_node(login, &node_labels(&n)));
+        }
+        if let Some(resource) = &req.kube_resource {
+            let parts: Vec<&str> = resource.split('/').collect();
+            let [kind, namespace, name] = parts[..] else {
+                return Err(AuthError::BadRequest(format!(
+                    "--kube-resource {resource:?} must be kind/namespace/name"
+                )));
+            };
+            let verb = req
+                .verb
+                .as_deref()
+                .ok_or_else(|| AuthError::BadRequest("--kube-resource needs --verb".into()))?;
+            let mut labels = req.kube_labels.clone();
+            if let Some(c) = &req.kube_cluster {
+                labels
+                    .entry("kube_cluster".into())
+                    .or_insert_with(|| c.clone());
+            }
+            return Ok(set.check_kube(
+                &labels,
+                &sallyport_core::role::KubeRequest {
+                    kind,
+                    namespace,
+                    name,
+                    verb,
+                },
+            ));
+        }
+        Err(AuthError::BadRequest("say what to check: --node NODE --login LOGIN, or --kube-resource kind/ns/name --verb VERB".into()))
+    }
 }

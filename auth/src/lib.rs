@@ -8,6 +8,7 @@ pub mod audit_log;
 pub mod authority;
 pub mod backend;
 pub mod login;
+pub mod nodes;
 pub mod roles;
 pub mod users;
 

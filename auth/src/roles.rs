@@ -1,13 +1,19 @@
 //! Role storage. Roles are stored as JSON of the validated resource; the evaluator lives in
 //! `sallyport_core::role`.
 
+use sallyport_core::audit::Event;
 use sallyport_core::identity::Traits;
 use sallyport_core::role::{Role, RoleSet, presets};
 use sqlx::Row;
 
 use crate::{AuthError, AuthServer, Backend};
 
+/// Creates the preset roles once, at the cluster's first start; an admin may change or delete
+/// them afterwards and a restart does not bring them back.
 pub(crate) async fn create_presets(backend: &Backend) -> Result<(), AuthError> {
+    if backend.get_state("presets_created").await?.is_some() {
+        return Ok(());
+    }
     let now = sallyport_core::unix_now();
     for role in presets() {
         sqlx::query("INSERT INTO roles (name, spec, created, updated) VALUES ($1, $2, $3, $3) ON CONFLICT (name) DO NOTHING")
@@ -17,6 +23,7 @@ pub(crate) async fn create_presets(backend: &Backend) -> Result<(), AuthError> {
             .execute(&backend.pool)
             .await?;
     }
+    backend.init_state("presets_created", "1").await?;
     Ok(())
 }
 
@@ -73,5 +80,75 @@ impl AuthServer {
             .await?
             .try_get(0)?;
         Ok(n.max(0) as u64)
+    }
+
+    /// Creates a role, or replaces it when `overwrite` is set.
+    pub async fn put_role(
+        &self,
+        role: &Role,
+        overwrite: bool,
+        by: &str,
+    ) -> Result<bool, AuthError> {
+        role.validate()
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let name = role.name();
+        let spec = serde_json::to_string(role)?;
+        let now = sallyport_core::unix_now();
+        let created = sqlx::query("INSERT INTO roles (name, spec, created, updated) VALUES ($1, $2, $3, $3) ON CONFLICT (name) DO NOTHING")
+            .bind(name)
+            .bind(&spec)
+            .bind(now)
+            .execute(&self.backend.pool)
+            .await?
+            .rows_affected()
+            == 1;
+        if !created {
+            if !overwrite {
+                return Err(AuthError::Conflict(format!(
+                    "role {name} already exists; use `sallyctl create -f` to overwrite it"
+                )));
+            }
+            sqlx::query("UPDATE roles SET spec = $1, updated = $2 WHERE name = $3")
+                .bind(&spec)
+                .bind(now)
+                .bind(name)
+                .execute(&self.backend.pool)
+                .await?;
+        }
+        let event = if created {
+            "role.created"
+        } else {
+            "role.updated"
+        };
+        self.emit(Event::new(event, Some(by)).with("name", name))
+            .await?;
+        Ok(created)
+    }
+
+    /// Deletes a role no user holds.
+    pub async fn delete_role(&self, name: &str, by: &str) -> Result<(), AuthError> {
+        let holders: Vec<String> = self
+            .list_users()
+            .await?
+            .into_iter()
+            .filter(|u| u.roles.iter().any(|r| r == name))
+            .map(|u| u.name)
+            .collect();
+        if !holders.is_empty() {
+            return Err(AuthError::Conflict(format!(
+                "role {name} is held by {} {}; take it away first (`sallyctl users update NAME --set-roles ...`)",
+                if holders.len() == 1 { "user" } else { "users" },
+                holders.join(", ")
+            )));
+        }
+        let r = sqlx::query("DELETE FROM roles WHERE name = $1")
+            .bind(name)
+            .execute(&self.backend.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(AuthError::NotFound(format!("role {name} does not exist")));
+        }
+        self.emit(Event::new("role.deleted", Some(by)).with("name", name))
+            .await
     }
 }

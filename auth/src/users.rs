@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use sallyport_core::api::{
-    AddUser, SignupFinish, SignupStart, SignupStarted, SignupToken, UserInfo,
+    AddUser, SignupFinish, SignupStart, SignupStarted, SignupToken, TokenInfo, UpdateUser, UserInfo,
 };
 use sallyport_core::audit::Event;
 use sallyport_core::identity::{Traits, internal_traits};
@@ -317,5 +317,74 @@ impl AuthServer {
         tx.commit().await?;
         self.emit(Event::new("user.signup", Some(&user)).with("remote_addr", remote))
             .await
+    }
+
+    pub async fn user_info(&self, name: &str) -> Result<UserInfo, AuthError> {
+        self.list_users()
+            .await?
+            .into_iter()
+            .find(|u| u.name == name)
+            .ok_or_else(|| AuthError::NotFound(format!("user {name} does not exist")))
+    }
+
+    /// `sallyctl users update`: replaces roles and/or logins; the user's next login (and every
+    /// admin request at once) sees them.
+    pub async fn update_user(
+        &self,
+        name: &str,
+        req: &UpdateUser,
+        by: &str,
+    ) -> Result<UserInfo, AuthError> {
+        let mut user = self
+            .get_user(name)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("user {name} does not exist")))?;
+        if let Some(roles) = &req.roles {
+            if roles.is_empty() {
+                return Err(AuthError::BadRequest(
+                    "a user needs at least one role".into(),
+                ));
+            }
+            self.roles_named(roles).await?;
+            user.roles = roles.clone();
+        }
+        if let Some(logins) = &req.logins {
+            for l in logins {
+                sallyport_core::names::validate("login", l)
+                    .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+            }
+            user.traits.insert("internal.logins".into(), logins.clone());
+        }
+        sqlx::query("UPDATE users SET roles = $1, traits = $2 WHERE name = $3")
+            .bind(serde_json::to_string(&user.roles)?)
+            .bind(serde_json::to_string(&user.traits)?)
+            .bind(name)
+            .execute(&self.backend.pool)
+            .await?;
+        self.emit(
+            Event::new("user.update", Some(by))
+                .with("name", name)
+                .with("roles", user.roles.clone())
+                .with("logins", user.logins()),
+        )
+        .await?;
+        self.user_info(name).await
+    }
+
+    /// Pending sign-up tokens (their secrets are never stored, so never shown).
+    pub async fn list_tokens(&self) -> Result<Vec<TokenInfo>, AuthError> {
+        let rows = sqlx::query("SELECT user_name, expires FROM signup_tokens WHERE used = 0 AND expires > $1 ORDER BY expires")
+            .bind(sallyport_core::unix_now())
+            .fetch_all(&self.backend.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TokenInfo {
+                    kind: "signup".into(),
+                    user: Some(r.try_get::<String, _>(0)?),
+                    expires: rfc3339(r.try_get::<i64, _>(1)?),
+                })
+            })
+            .collect()
     }
 }

@@ -15,13 +15,59 @@ async fn suite(url: &str) {
     let auth = AuthServer::open(cfg.clone()).await.unwrap();
     let pins = auth.authorities.pins().unwrap();
 
-    let t = auth.add_user(&AddUser { name: "u1".into(), roles: vec!["access".into()], logins: vec!["root".into()] }, "test").await.unwrap();
-    assert!(matches!(auth.add_user(&AddUser { name: "u1".into(), roles: vec!["access".into()], logins: vec![] }, "test").await, Err(AuthError::Conflict(_))));
-    let started = auth.signup_start(&SignupStart { token: t.token.clone() }).await.unwrap();
+    let t = auth
+        .add_user(
+            &AddUser {
+                name: "u1".into(),
+                roles: vec!["access".into()],
+                logins: vec!["root".into()],
+            },
+            "test",
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        auth.add_user(
+            &AddUser {
+                name: "u1".into(),
+                roles: vec!["access".into()],
+                logins: vec![]
+            },
+            "test"
+        )
+        .await,
+        Err(AuthError::Conflict(_))
+    ));
+    let started = auth
+        .signup_start(&SignupStart {
+            token: t.token.clone(),
+        })
+        .await
+        .unwrap();
     assert_eq!(started.user, "u1");
     assert!(started.otpauth_uri.is_none());
-    auth.signup_finish(&SignupFinish { token: t.token.clone(), password: "password-1".into(), otp_code: None }, "test").await.unwrap();
-    assert!(auth.signup_finish(&SignupFinish { token: t.token, password: "password-2".into(), otp_code: None }, "test").await.is_err());
+    auth.signup_finish(
+        &SignupFinish {
+            token: t.token.clone(),
+            password: "password-1".into(),
+            otp_code: None,
+        },
+        "test",
+    )
+    .await
+    .unwrap();
+    assert!(
+        auth.signup_finish(
+            &SignupFinish {
+                token: t.token,
+                password: "password-2".into(),
+                otp_code: None
+            },
+            "test"
+        )
+        .await
+        .is_err()
+    );
 
     let key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
     let login = |password: &str| LoginRequest {
@@ -32,12 +78,18 @@ async fn suite(url: &str) {
         ttl_secs: Some(3600),
         remote_addr: None,
     };
-    let certs = auth.login(&login("password-1"), "127.0.0.1:1").await.unwrap();
+    let certs = auth
+        .login(&login("password-1"), "127.0.0.1:1")
+        .await
+        .unwrap();
     assert_eq!(certs.logins, vec!["root"]);
     assert!(auth.login(&login("nope"), "127.0.0.1:1").await.is_err());
     let locked = auth.login(&login("nope"), "127.0.0.1:1").await;
     assert!(matches!(locked, Err(AuthError::Locked(_))), "{locked:?}");
-    assert!(matches!(auth.login(&login("password-1"), "127.0.0.1:1").await, Err(AuthError::Locked(_))));
+    assert!(matches!(
+        auth.login(&login("password-1"), "127.0.0.1:1").await,
+        Err(AuthError::Locked(_))
+    ));
 
     let v = auth.audit_verify().await.unwrap();
     assert!(v.ok, "{}", v.message);
@@ -55,18 +107,31 @@ async fn suite(url: &str) {
 #[tokio::test]
 async fn sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    suite(&format!("sqlite:{}?mode=rwc", dir.path().join("s.db").display())).await;
+    suite(&format!(
+        "sqlite:{}?mode=rwc",
+        dir.path().join("s.db").display()
+    ))
+    .await;
 }
 
 #[tokio::test]
 async fn postgres() {
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES")
-        .expect("set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)");
+    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
+        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
+    );
     let db = format!("sp_backend_{}", std::process::id());
     let admin = format!("{base}/postgres");
     let run = |sql: String| {
-        let out = std::process::Command::new("psql").arg(&admin).args(["-v", "ON_ERROR_STOP=1", "-c", &sql]).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("psql")
+            .arg(&admin)
+            .args(["-v", "ON_ERROR_STOP=1", "-c", &sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     run(format!("DROP DATABASE IF EXISTS {db}"));
     run(format!("CREATE DATABASE {db}"));

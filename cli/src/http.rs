@@ -52,6 +52,11 @@ impl Api {
             .await
     }
 
+    pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+        self.send(self.http.put(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         self.send(self.http.delete(format!("{}{path}", self.base)))
             .await

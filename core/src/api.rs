@@ -151,3 +151,72 @@ pub struct AuditVerify {
     pub first_bad_seq: Option<i64>,
     pub message: String,
 }
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UpdateUser {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logins: Option<Vec<String>>,
+}
+
+/// A role sent to auth; auth validates it again whatever the client checked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutRole {
+    pub role: crate::role::Role,
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutRoleResult {
+    pub name: String,
+    pub created: bool,
+}
+
+/// A pending token (never its secret).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenInfo {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub user: Option<String>,
+    pub expires: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: String,
+    pub hostname: String,
+    #[serde(default)]
+    pub addr: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// `agentless` or `agent`.
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AddNode {
+    pub name: String,
+    pub addr: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `sallyctl access check`: would `user` be let in?
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AccessCheck {
+    pub user: String,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub login: Option<String>,
+    #[serde(default)]
+    pub kube_cluster: Option<String>,
+    #[serde(default)]
+    pub kube_labels: BTreeMap<String, String>,
+    /// `kind/namespace/name`.
+    #[serde(default)]
+    pub kube_resource: Option<String>,
+    #[serde(default)]
+    pub verb: Option<String>,
+}

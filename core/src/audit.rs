@@ -78,9 +78,8 @@ pub fn chain_hash(record: &Map<String, Value>) -> String {
 /// Walks records in sequence order and reports the first that breaks the chain.
 pub fn verify<'a>(records: impl IntoIterator<Item = &'a Value>) -> crate::api::AuditVerify {
     let mut prev = GENESIS.to_string();
-    let mut expect_seq = 1i64;
     let mut checked = 0u64;
-    for r in records {
+    for (expect_seq, r) in (1i64..).zip(records) {
         let Some(m) = r.as_object() else {
             return bad(checked, expect_seq, "record is not a JSON object".into());
         };
@@ -104,7 +103,6 @@ pub fn verify<'a>(records: impl IntoIterator<Item = &'a Value>) -> crate::api::A
             return bad(checked, seq, format!("record {seq} was edited"));
         }
         prev = hash;
-        expect_seq += 1;
         checked += 1;
     }
     crate::api::AuditVerify {

@@ -11,6 +11,7 @@ pub mod duration;
 pub mod https;
 pub mod identity;
 pub mod names;
+pub mod resource;
 pub mod role;
 pub mod sshcert;
 pub mod tls;

@@ -5,7 +5,7 @@
 //! Matchers (globs, regular expressions) are compiled once when a [`RoleSet`] is built.
 //! Deny always beats allow.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use regex::Regex;
@@ -94,13 +94,13 @@ pub enum RecordMode {
 #[serde(deny_unknown_fields)]
 pub struct Conditions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub logins: Vec<String>,
+    pub logins: Vec<Pattern>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_labels: BTreeMap<String, LabelValues>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kubernetes_groups: Vec<String>,
+    pub kubernetes_groups: Vec<Pattern>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kubernetes_users: Vec<String>,
+    pub kubernetes_users: Vec<Pattern>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kubernetes_labels: BTreeMap<String, LabelValues>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -113,15 +113,54 @@ pub struct Conditions {
 }
 
 /// A label value: one string or a list of alternatives.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum LabelValues {
-    One(String),
-    Many(Vec<String>),
+    One(Pattern),
+    Many(Vec<Pattern>),
+}
+
+// By hand rather than `untagged`, so that a bad pattern's own message (and its line and column)
+// reaches the admin instead of "did not match any variant".
+impl<'de> Deserialize<'de> for LabelValues {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = LabelValues;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a label value or a list of label values")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LabelValues, E> {
+                Pattern::try_from(v.to_string())
+                    .map(LabelValues::One)
+                    .map_err(E::custom)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<LabelValues, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<LabelValues, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<LabelValues, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<LabelValues, A::Error> {
+                let mut out = Vec::new();
+                while let Some(p) = seq.next_element::<Pattern>()? {
+                    out.push(p);
+                }
+                Ok(LabelValues::Many(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl LabelValues {
-    pub fn values(&self) -> &[String] {
+    pub fn values(&self) -> &[Pattern] {
         match self {
             LabelValues::One(v) => std::slice::from_ref(v),
             LabelValues::Many(v) => v,
@@ -132,54 +171,195 @@ impl LabelValues {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubeResource {
-    pub kind: String,
+    pub kind: Word<KubeKind>,
     #[serde(default = "star")]
-    pub namespace: String,
+    pub namespace: Pattern,
     #[serde(default = "star")]
-    pub name: String,
+    pub name: Pattern,
     #[serde(default)]
-    pub verbs: Vec<String>,
+    pub verbs: Vec<Word<KubeVerb>>,
 }
 
-fn star() -> String {
-    "*".into()
+fn star() -> Pattern {
+    Pattern("*".into())
 }
 
 /// An admin API permission: verbs on kinds of resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
-    pub resources: Vec<String>,
-    pub verbs: Vec<String>,
+    pub resources: Vec<Word<RuleResource>>,
+    pub verbs: Vec<Word<RuleVerb>>,
 }
 
-pub const RULE_RESOURCES: &[&str] = &[
-    "role",
-    "user",
-    "token",
-    "node",
-    "session",
-    "event",
-    "connector",
-    "lock",
-    "cluster_auth_preference",
-    "cluster",
-    "kube_cluster",
-    "*",
-];
-pub const RULE_VERBS: &[&str] = &["list", "read", "create", "update", "delete", "*"];
-pub const KUBE_VERBS: &[&str] = &[
-    "get",
-    "list",
-    "watch",
-    "create",
-    "update",
-    "patch",
-    "delete",
-    "exec",
-    "portforward",
-    "*",
-];
+/// A string that must be one of a fixed vocabulary, checked while the YAML is read so that a
+/// typo is reported at its line and column.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Word<V: Vocabulary>(String, std::marker::PhantomData<V>);
+
+pub trait Vocabulary: Clone {
+    const WHAT: &'static str;
+    const WORDS: &'static [&'static str];
+}
+
+impl<V: Vocabulary> Word<V> {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    pub fn new(s: &str) -> Result<Self, String> {
+        Self::try_from(s.to_string())
+    }
+}
+
+impl<V: Vocabulary> TryFrom<String> for Word<V> {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if V::WORDS.contains(&s.as_str()) {
+            Ok(Word(s, std::marker::PhantomData))
+        } else {
+            Err(format!(
+                "unknown {} {s:?}: use one of {}",
+                V::WHAT,
+                V::WORDS.join(", ")
+            ))
+        }
+    }
+}
+
+impl<V: Vocabulary> From<Word<V>> for String {
+    fn from(w: Word<V>) -> String {
+        w.0
+    }
+}
+
+impl<V: Vocabulary> PartialEq<str> for Word<V> {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl<V: Vocabulary> PartialEq<&str> for Word<V> {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+macro_rules! vocabulary {
+    ($name:ident, $what:literal, [$($w:literal),* $(,)?]) => {
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name;
+        impl Vocabulary for $name {
+            const WHAT: &'static str = $what;
+            const WORDS: &'static [&'static str] = &[$($w),*];
+        }
+    };
+}
+
+vocabulary!(
+    RuleResource,
+    "resource",
+    [
+        "role",
+        "user",
+        "token",
+        "node",
+        "session",
+        "event",
+        "connector",
+        "lock",
+        "cluster_auth_preference",
+        "cluster",
+        "kube_cluster",
+        "*",
+    ]
+);
+vocabulary!(
+    RuleVerb,
+    "verb",
+    ["list", "read", "create", "update", "delete", "*"]
+);
+vocabulary!(
+    KubeVerb,
+    "kubernetes verb",
+    [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "exec",
+        "portforward",
+        "*",
+    ]
+);
+vocabulary!(
+    KubeKind,
+    "kubernetes kind",
+    [
+        "pod",
+        "service",
+        "deployment",
+        "statefulset",
+        "daemonset",
+        "replicaset",
+        "job",
+        "cronjob",
+        "configmap",
+        "secret",
+        "namespace",
+        "node",
+        "persistentvolume",
+        "persistentvolumeclaim",
+        "serviceaccount",
+        "ingress",
+        "role",
+        "rolebinding",
+        "clusterrole",
+        "clusterrolebinding",
+        "*",
+    ]
+);
+
+/// A label value, login or resource name as written: a literal, `*`, a glob, a `^...$`
+/// regular expression, or a `{{...}}` template. Checked (and regexes compiled to check them)
+/// while the YAML is read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Pattern(String);
+
+impl Pattern {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Pattern {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s.contains("{{") {
+            template::parse(&s)?;
+        } else {
+            LabelMatcher::compile(&s)?;
+        }
+        Ok(Pattern(s))
+    }
+}
+
+impl From<Pattern> for String {
+    fn from(p: Pattern) -> String {
+        p.0
+    }
+}
+
+impl From<&str> for Pattern {
+    /// For literals in code; a bad pattern here is a programming error caught by the tests.
+    fn from(s: &str) -> Self {
+        Pattern(s.to_string())
+    }
+}
 
 /// What is wrong with a role, for the admin who wrote it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -191,11 +371,11 @@ pub struct RoleError {
 }
 
 impl Role {
-    /// Checks everything serde cannot: kind and version, names, verbs, resources, patterns.
+    /// Checks what the types cannot: kind, version and name. Everything else (verbs, resources,
+    /// patterns, templates, durations) is checked while the YAML or JSON is read.
     pub fn validate(&self) -> Result<(), RoleError> {
-        let name = self.metadata.name.clone();
         let err = |field: &str, message: String| RoleError {
-            role: name.clone(),
+            role: self.metadata.name.clone(),
             field: field.to_string(),
             message,
         };
@@ -210,63 +390,23 @@ impl Role {
         }
         crate::names::validate("role", &self.metadata.name)
             .map_err(|e| err("metadata.name", e.to_string()))?;
-        for (side, c) in [("allow", &self.spec.allow), ("deny", &self.spec.deny)] {
-            for (field, labels) in [
-                ("node_labels", &c.node_labels),
-                ("kubernetes_labels", &c.kubernetes_labels),
-            ] {
-                for (k, vs) in labels {
-                    for v in vs.values() {
-                        LabelMatcher::compile(v)
-                            .map_err(|e| err(&format!("spec.{side}.{field}.{k}"), e))?;
-                    }
-                }
-            }
-            for (i, r) in c.rules.iter().enumerate() {
-                for res in &r.resources {
-                    if !RULE_RESOURCES.contains(&res.as_str()) {
-                        return Err(err(
-                            &format!("spec.{side}.rules[{i}].resources"),
-                            format!(
-                                "unknown resource {res:?} (one of {})",
-                                RULE_RESOURCES.join(", ")
-                            ),
-                        ));
-                    }
-                }
-                for v in &r.verbs {
-                    if !RULE_VERBS.contains(&v.as_str()) {
-                        return Err(err(
-                            &format!("spec.{side}.rules[{i}].verbs"),
-                            format!("unknown verb {v:?} (one of {})", RULE_VERBS.join(", ")),
-                        ));
-                    }
-                }
-            }
-            for (i, r) in c.kubernetes_resources.iter().enumerate() {
-                for v in &r.verbs {
-                    if !KUBE_VERBS.contains(&v.as_str()) {
-                        return Err(err(
-                            &format!("spec.{side}.kubernetes_resources[{i}].verbs"),
-                            format!("unknown verb {v:?} (one of {})", KUBE_VERBS.join(", ")),
-                        ));
-                    }
-                }
-                for (f, pat) in [
-                    ("kind", &r.kind),
-                    ("namespace", &r.namespace),
-                    ("name", &r.name),
-                ] {
-                    LabelMatcher::compile(pat).map_err(|e| {
-                        err(&format!("spec.{side}.kubernetes_resources[{i}].{f}"), e)
-                    })?;
-                }
-            }
-            for l in &c.logins {
-                template::parse(l).map_err(|e| err(&format!("spec.{side}.logins"), e))?;
-            }
+        if let Some(l) = self
+            .spec
+            .allow
+            .logins
+            .iter()
+            .find(|l| !l.as_str().contains("{{") && l.as_str().contains(['*', '^']))
+        {
+            return Err(err(
+                "spec.allow.logins",
+                format!("{:?}: allowed logins are names, not patterns", l.as_str()),
+            ));
         }
         Ok(())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.metadata.name
     }
 }
 
@@ -284,13 +424,13 @@ pub fn presets() -> Vec<Role> {
     };
     let all_labels = || BTreeMap::from([("*".to_string(), LabelValues::One("*".into()))]);
     let rule = |resources: &[&str], verbs: &[&str]| Rule {
-        resources: resources.iter().map(|s| s.to_string()).collect(),
-        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        resources: resources.iter().filter_map(|s| Word::new(s).ok()).collect(),
+        verbs: verbs.iter().filter_map(|s| Word::new(s).ok()).collect(),
     };
     vec![
         role(
             "access",
-            "reach every node as the user's own logins",
+            "reach every node and cluster as the user's own logins and groups",
             RoleSpec {
                 options: RoleOptions {
                     port_forwarding: Some(true),
@@ -401,6 +541,22 @@ impl LabelSelector {
         self.terms.is_empty()
     }
 
+    /// A term every matching node must satisfy with one of a few exact values, if there is one:
+    /// what [`LabelIndex`] files the selector under.
+    fn exact_term(&self) -> Option<(&str, Vec<&str>)> {
+        self.terms.iter().find_map(|(key, matchers)| {
+            let key = key.as_deref()?;
+            let values: Option<Vec<&str>> = matchers
+                .iter()
+                .map(|m| match m {
+                    LabelMatcher::Exact(v) => Some(v.as_str()),
+                    _ => None,
+                })
+                .collect();
+            values.filter(|v| !v.is_empty()).map(|v| (key, v))
+        })
+    }
+
     /// True when every key matches; an empty selector matches nothing.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         if self.terms.is_empty() {
@@ -421,6 +577,42 @@ impl LabelSelector {
             .map(|(k, vs)| format!("{k}={}", vs.join("|")))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// Selectors filed by one of their exact `key=value` terms, so that finding the selectors a node
+/// might match costs a few hash lookups instead of one match per role.
+#[derive(Debug, Clone, Default)]
+struct LabelIndex {
+    by_exact: HashMap<String, HashMap<String, Vec<usize>>>,
+    /// Selectors with no exact term (globs, regexes, wildcards everywhere).
+    rest: Vec<usize>,
+}
+
+impl LabelIndex {
+    fn insert(&mut self, i: usize, selector: &LabelSelector) {
+        match selector.exact_term() {
+            Some((key, values)) => {
+                let by_value = self.by_exact.entry(key.to_string()).or_default();
+                for v in values {
+                    by_value.entry(v.to_string()).or_default().push(i);
+                }
+            }
+            None => self.rest.push(i),
+        }
+    }
+
+    /// Indices (ascending, so the first role in order decides) of selectors that may match.
+    fn candidates(&self, labels: &BTreeMap<String, String>) -> Vec<usize> {
+        let mut out: Vec<usize> = self.rest.clone();
+        for (k, by_value) in &self.by_exact {
+            if let Some(hits) = labels.get(k).and_then(|v| by_value.get(v)) {
+                out.extend_from_slice(hits);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 }
 
@@ -543,47 +735,109 @@ pub mod template {
     }
 }
 
-/// A role with its templates expanded for one identity and its matchers compiled.
+/// One side of a role with templates expanded for one identity and matchers compiled.
+#[derive(Debug, Clone, Default)]
+struct CompiledConditions {
+    logins: BTreeSet<String>,
+    node_labels: LabelSelector,
+    kubernetes_groups: BTreeSet<String>,
+    kubernetes_users: BTreeSet<String>,
+    kubernetes_labels: LabelSelector,
+    kubernetes_resources: Vec<CompiledKubeResource>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone)]
+struct CompiledKubeResource {
+    kind: String,
+    namespace: LabelMatcher,
+    name: LabelMatcher,
+    verbs: Vec<String>,
+    source: String,
+}
+
+impl CompiledKubeResource {
+    fn matches(&self, r: &KubeRequest<'_>) -> bool {
+        (self.kind == "*" || self.kind == r.kind)
+            && self.namespace.matches(r.namespace)
+            && self.name.matches(r.name)
+            && self.verbs.iter().any(|v| v == "*" || v == r.verb)
+    }
+}
+
+fn expand_all(values: &[Pattern], traits: &Traits) -> BTreeSet<String> {
+    values
+        .iter()
+        .flat_map(|v| template::expand(v.as_str(), traits))
+        .collect()
+}
+
+fn selector(labels: &BTreeMap<String, LabelValues>, traits: &Traits) -> LabelSelector {
+    let expanded = labels
+        .iter()
+        .map(|(k, vs)| {
+            (
+                k.clone(),
+                vs.values()
+                    .iter()
+                    .flat_map(|v| template::expand(v.as_str(), traits))
+                    .collect(),
+            )
+        })
+        .collect();
+    LabelSelector::compile(&expanded)
+}
+
+impl CompiledConditions {
+    fn compile(c: &Conditions, traits: &Traits, allow: bool) -> Self {
+        let mut kubernetes_resources: Vec<CompiledKubeResource> = c
+            .kubernetes_resources
+            .iter()
+            .filter_map(|r| {
+                let ns = template::expand(r.namespace.as_str(), traits)
+                    .into_iter()
+                    .next()?;
+                let name = template::expand(r.name.as_str(), traits)
+                    .into_iter()
+                    .next()?;
+                Some(CompiledKubeResource {
+                    kind: r.kind.as_str().to_string(),
+                    namespace: LabelMatcher::compile(&ns).ok()?,
+                    name: LabelMatcher::compile(&name).ok()?,
+                    verbs: r.verbs.iter().map(|v| v.as_str().to_string()).collect(),
+                    source: format!("{}/{}/{}", r.kind.as_str(), ns, name),
+                })
+            })
+            .collect();
+        // An allow side that grants clusters but names no resources grants every resource on
+        // them (Kubernetes RBAC still decides); a deny side with none denies none.
+        if allow && kubernetes_resources.is_empty() && !c.kubernetes_labels.is_empty() {
+            kubernetes_resources.push(CompiledKubeResource {
+                kind: "*".into(),
+                namespace: LabelMatcher::Any,
+                name: LabelMatcher::Any,
+                verbs: vec!["*".into()],
+                source: "*/*/*".into(),
+            });
+        }
+        CompiledConditions {
+            logins: expand_all(&c.logins, traits),
+            node_labels: selector(&c.node_labels, traits),
+            kubernetes_groups: expand_all(&c.kubernetes_groups, traits),
+            kubernetes_users: expand_all(&c.kubernetes_users, traits),
+            kubernetes_labels: selector(&c.kubernetes_labels, traits),
+            kubernetes_resources,
+            rules: c.rules.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct CompiledRole {
     name: String,
     options: RoleOptions,
     allow: CompiledConditions,
     deny: CompiledConditions,
-}
-
-#[derive(Debug, Clone, Default)]
-struct CompiledConditions {
-    logins: BTreeSet<String>,
-    node_labels: LabelSelector,
-    rules: Vec<Rule>,
-}
-
-impl CompiledConditions {
-    fn compile(c: &Conditions, traits: &Traits) -> Self {
-        let logins = c
-            .logins
-            .iter()
-            .flat_map(|l| template::expand(l, traits))
-            .collect();
-        let node_labels = c
-            .node_labels
-            .iter()
-            .map(|(k, vs)| {
-                let values = vs
-                    .values()
-                    .iter()
-                    .flat_map(|v| template::expand(v, traits))
-                    .collect();
-                (k.clone(), values)
-            })
-            .collect();
-        CompiledConditions {
-            logins,
-            node_labels: LabelSelector::compile(&node_labels),
-            rules: c.rules.clone(),
-        }
-    }
 }
 
 /// The outcome of an access check, with the role and rule that decided it.
@@ -608,24 +862,69 @@ impl Decision {
     }
 }
 
-/// All the roles one identity holds, ready to answer access questions.
+/// A Kubernetes request as the evaluator sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct KubeRequest<'a> {
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub verb: &'a str,
+}
+
+/// All the roles one identity holds, compiled once and indexed so that a decision costs about
+/// the same with ten roles or ten thousand.
 #[derive(Debug, Clone)]
 pub struct RoleSet {
     roles: Vec<CompiledRole>,
+    /// Denied login → first role denying it.
+    deny_logins: HashMap<String, usize>,
+    /// The first role denying every login (`deny: logins: ['*']`).
+    deny_all_logins: Option<usize>,
+    /// Allowed login → roles allowing it, in order.
+    allow_by_login: HashMap<String, Vec<usize>>,
+    /// Deny-side node selectors, indexed.
+    deny_nodes: LabelIndex,
+    /// Allow-side node selectors, indexed.
+    allow_nodes: LabelIndex,
 }
 
 impl RoleSet {
     pub fn new(roles: &[Role], traits: &Traits) -> Self {
-        let roles = roles
+        let roles: Vec<CompiledRole> = roles
             .iter()
             .map(|r| CompiledRole {
                 name: r.metadata.name.clone(),
                 options: r.spec.options.clone(),
-                allow: CompiledConditions::compile(&r.spec.allow, traits),
-                deny: CompiledConditions::compile(&r.spec.deny, traits),
+                allow: CompiledConditions::compile(&r.spec.allow, traits, true),
+                deny: CompiledConditions::compile(&r.spec.deny, traits, false),
             })
             .collect();
-        RoleSet { roles }
+        let mut deny_logins = HashMap::new();
+        let mut allow_by_login: HashMap<String, Vec<usize>> = HashMap::new();
+        let (mut deny_nodes, mut allow_nodes) = (LabelIndex::default(), LabelIndex::default());
+        for (i, r) in roles.iter().enumerate() {
+            for l in &r.deny.logins {
+                deny_logins.entry(l.clone()).or_insert(i);
+            }
+            for l in &r.allow.logins {
+                allow_by_login.entry(l.clone()).or_default().push(i);
+            }
+            if !r.deny.node_labels.is_empty() {
+                deny_nodes.insert(i, &r.deny.node_labels);
+            }
+            if !r.allow.node_labels.is_empty() {
+                allow_nodes.insert(i, &r.allow.node_labels);
+            }
+        }
+        let deny_all_logins = deny_logins.get("*").copied();
+        RoleSet {
+            roles,
+            deny_logins,
+            deny_all_logins,
+            allow_by_login,
+            deny_nodes,
+            allow_nodes,
+        }
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -634,13 +933,17 @@ impl RoleSet {
 
     /// Logins any role allows and no role denies: the principals of a user certificate.
     pub fn logins(&self) -> Vec<String> {
-        let denied: BTreeSet<&String> = self.roles.iter().flat_map(|r| &r.deny.logins).collect();
-        let allowed: BTreeSet<&String> = self.roles.iter().flat_map(|r| &r.allow.logins).collect();
-        allowed
-            .into_iter()
-            .filter(|l| !denied.contains(l))
+        if self.deny_all_logins.is_some() {
+            return Vec::new();
+        }
+        let mut out: Vec<String> = self
+            .allow_by_login
+            .keys()
+            .filter(|l| !self.deny_logins.contains_key(*l))
             .cloned()
-            .collect()
+            .collect();
+        out.sort();
+        out
     }
 
     /// The shortest `max_session_ttl` of any role (default 12h).
@@ -650,6 +953,14 @@ impl RoleSet {
             .filter_map(|r| r.options.max_session_ttl.map(|d| d.0))
             .min()
             .unwrap_or(DEFAULT_SESSION_TTL)
+    }
+
+    /// The shortest `client_idle_timeout` of any role, if any sets one.
+    pub fn client_idle_timeout(&self) -> Option<Duration> {
+        self.roles
+            .iter()
+            .filter_map(|r| r.options.client_idle_timeout.map(|d| d.0))
+            .min()
     }
 
     pub fn port_forwarding(&self) -> bool {
@@ -668,6 +979,47 @@ impl RoleSet {
         self.roles
             .iter()
             .any(|r| r.options.permit_x11_forwarding == Some(true))
+    }
+
+    /// Every role must allow file copy (the default is to allow).
+    pub fn ssh_file_copy(&self) -> bool {
+        self.roles
+            .iter()
+            .all(|r| r.options.ssh_file_copy != Some(false))
+    }
+
+    pub fn disconnect_expired_cert(&self) -> bool {
+        self.roles
+            .iter()
+            .any(|r| r.options.disconnect_expired_cert == Some(true))
+    }
+
+    pub fn max_sessions(&self) -> Option<u32> {
+        self.roles
+            .iter()
+            .filter_map(|r| r.options.max_sessions)
+            .min()
+    }
+
+    pub fn max_connections(&self) -> Option<u32> {
+        self.roles
+            .iter()
+            .filter_map(|r| r.options.max_connections)
+            .min()
+    }
+
+    /// The strictest SSH recording mode of any role (default best effort).
+    pub fn record_ssh(&self) -> RecordMode {
+        self.roles
+            .iter()
+            .filter_map(|r| {
+                r.options
+                    .record_session
+                    .as_ref()
+                    .and_then(|s| s.ssh.or(s.default))
+            })
+            .max()
+            .unwrap_or(RecordMode::BestEffort)
     }
 
     /// May this identity `verb` a `resource` of the admin API? Deny rules win.
@@ -695,108 +1047,134 @@ impl RoleSet {
         ))
     }
 
+    fn denied_node(&self, labels: &BTreeMap<String, String>) -> Option<&CompiledRole> {
+        self.deny_nodes
+            .candidates(labels)
+            .into_iter()
+            .map(|i| &self.roles[i])
+            .find(|r| r.deny.node_labels.matches(labels))
+    }
+
     /// May this identity log in as `login` on a node with these labels? Deny beats allow.
     pub fn check_node(&self, login: &str, labels: &BTreeMap<String, String>) -> Decision {
-        for r in &self.roles {
-            if r.deny.logins.contains(login) {
-                return Decision::deny(format!("role {} denies login {login}", r.name));
-            }
-            if !r.deny.node_labels.is_empty() && r.deny.node_labels.matches(labels) {
-                return Decision::deny(format!(
-                    "role {} denies nodes with labels {}",
+        if let Some(&i) = self
+            .deny_logins
+            .get(login)
+            .or(self.deny_all_logins.as_ref())
+        {
+            return Decision::deny(format!("role {} denies login {login}", self.roles[i].name));
+        }
+        if let Some(r) = self.denied_node(labels) {
+            return Decision::deny(format!(
+                "role {} denies nodes with labels {}",
+                r.name,
+                r.deny.node_labels.describe()
+            ));
+        }
+        let Some(candidates) = self.allow_by_login.get(login) else {
+            return Decision::deny(format!("no role allows login {login}"));
+        };
+        for i in self.allow_nodes.candidates(labels) {
+            let r = &self.roles[i];
+            if r.allow.logins.contains(login) && r.allow.node_labels.matches(labels) {
+                return Decision::allow(format!(
+                    "role {} allows login {login} on nodes with labels {}",
                     r.name,
-                    r.deny.node_labels.describe()
+                    r.allow.node_labels.describe()
                 ));
             }
         }
-        let mut login_ok = None;
+        let mut names: Vec<&str> = candidates
+            .iter()
+            .take(3)
+            .map(|&i| self.roles[i].name.as_str())
+            .collect();
+        if candidates.len() > 3 {
+            names.push("...");
+        }
+        Decision::deny(format!(
+            "login {login} is allowed by role {} only on nodes with other labels",
+            names.join(", ")
+        ))
+    }
+
+    /// Is a node with these labels listed to this identity (`sally ls`)?
+    pub fn can_see_node(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.denied_node(labels).is_none()
+            && self
+                .allow_nodes
+                .candidates(labels)
+                .into_iter()
+                .any(|i| self.roles[i].allow.node_labels.matches(labels))
+    }
+
+    /// May this identity make `req` on a cluster with these labels? Deny beats allow.
+    pub fn check_kube(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+        req: &KubeRequest<'_>,
+    ) -> Decision {
         for r in &self.roles {
-            if r.allow.logins.contains(login) {
-                login_ok.get_or_insert(&r.name);
-                if r.allow.node_labels.matches(labels) {
+            if !r.deny.kubernetes_labels.is_empty()
+                && r.deny.kubernetes_labels.matches(cluster_labels)
+            {
+                return Decision::deny(format!(
+                    "role {} denies clusters with labels {}",
+                    r.name,
+                    r.deny.kubernetes_labels.describe()
+                ));
+            }
+            if let Some(k) = r.deny.kubernetes_resources.iter().find(|k| k.matches(req)) {
+                return Decision::deny(format!(
+                    "role {} denies `{}` on {}",
+                    r.name, req.verb, k.source
+                ));
+            }
+        }
+        let mut cluster_ok = false;
+        for r in &self.roles {
+            if r.allow.kubernetes_labels.matches(cluster_labels) {
+                cluster_ok = true;
+                if let Some(k) = r.allow.kubernetes_resources.iter().find(|k| k.matches(req)) {
                     return Decision::allow(format!(
-                        "role {} allows login {login} on nodes with labels {}",
-                        r.name,
-                        r.allow.node_labels.describe()
+                        "role {} allows `{}` on {}",
+                        r.name, req.verb, k.source
                     ));
                 }
             }
         }
-        match login_ok {
-            Some(_) => Decision::deny(format!(
-                "no role allows login {login} on a node with these labels"
-            )),
-            None => Decision::deny(format!("no role allows login {login}")),
+        let what = format!("{}/{}/{}", req.kind, req.namespace, req.name);
+        if cluster_ok {
+            Decision::deny(format!("no role allows `{}` on {what}", req.verb))
+        } else {
+            Decision::deny("no role allows a cluster with these labels".into())
         }
+    }
+
+    /// The groups and users to impersonate on a cluster with these labels.
+    pub fn kube_principals(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut groups = BTreeSet::new();
+        let mut users = BTreeSet::new();
+        for r in &self.roles {
+            if r.allow.kubernetes_labels.matches(cluster_labels) {
+                groups.extend(r.allow.kubernetes_groups.iter().cloned());
+                users.extend(r.allow.kubernetes_users.iter().cloned());
+            }
+        }
+        for r in &self.roles {
+            for g in &r.deny.kubernetes_groups {
+                groups.remove(g);
+            }
+            for u in &r.deny.kubernetes_users {
+                users.remove(u);
+            }
+        }
+        (groups.into_iter().collect(), users.into_iter().collect())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::identity::internal_traits;
-
-    fn traits(logins: &[&str]) -> Traits {
-        let logins: Vec<String> = logins.iter().map(|s| s.to_string()).collect();
-        internal_traits(&logins, &[], &[])
-    }
-
-    #[test]
-    fn presets_validate() {
-        for r in presets() {
-            r.validate()
-                .map_err(|e| e.to_string())
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
-
-    #[test]
-    fn access_preset_expands_logins() {
-        let set = RoleSet::new(&presets()[..1], &traits(&["root", "ubuntu"]));
-        assert_eq!(set.logins(), vec!["root", "ubuntu"]);
-        assert_eq!(set.max_session_ttl(), DEFAULT_SESSION_TTL);
-        assert!(set.port_forwarding());
-    }
-
-    #[test]
-    fn rules() {
-        let p = presets();
-        let editor = RoleSet::new(&p[1..2], &Traits::new());
-        assert!(editor.check_rule("role", "create").allowed);
-        let auditor = RoleSet::new(&p[2..3], &Traits::new());
-        assert!(auditor.check_rule("event", "list").allowed);
-        let d = auditor.check_rule("role", "create");
-        assert!(!d.allowed);
-        assert_eq!(d.explanation, "role auditor lacks `create` on `role`");
-    }
-
-    #[test]
-    fn templates() {
-        let mut t = Traits::new();
-        t.insert("external.email".into(), vec!["alice@example.com".into()]);
-        t.insert(
-            "external.groups".into(),
-            vec!["team-db".into(), "admins".into()],
-        );
-        assert_eq!(
-            template::expand("{{email.local(external.email)}}", &t),
-            vec!["alice"]
-        );
-        assert_eq!(
-            template::expand(
-                r#"{{regexp.replace(external.groups, "^team-(.*)$", "$1")}}"#,
-                &t
-            ),
-            vec!["db"]
-        );
-        assert_eq!(
-            template::expand("{{external.missing}}", &t),
-            Vec::<String>::new()
-        );
-        assert_eq!(
-            template::expand("x-{{external.email}}", &t),
-            vec!["x-alice@example.com"]
-        );
-        assert!(template::parse("{{bogus.x}}").is_err());
-    }
-}
+mod tests;

@@ -394,3 +394,13 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod example_tests {
+    #[test]
+    fn shipped_example_parses() {
+        let text = include_str!("../../config/sallyport.yaml");
+        let c = super::Config::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.auth_service.cluster_name, "example");
+    }
+}

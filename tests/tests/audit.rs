@@ -7,18 +7,32 @@ use sallyport_tests::*;
 fn events(c: &Cluster, args: &[&str]) -> Vec<serde_json::Value> {
     let mut all = vec!["audit", "search"];
     all.extend_from_slice(args);
-    c.sallyctl(&all).ok().stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    c.sallyctl(&all)
+        .ok()
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
 fn search_filters_and_record_shape() {
     let c = Cluster::start();
     let home = c.user("alice", "access", "alice");
-    c.login(&home, "alice", "wrong password").fails_with("invalid");
+    c.login(&home, "alice", "wrong password")
+        .fails_with("invalid");
     let all = events(&c, &[]);
     assert!(all.len() >= 4, "{all:?}");
     for e in &all {
-        for field in ["event", "time", "uid", "cluster_name", "seq", "hash", "prev_hash"] {
+        for field in [
+            "event",
+            "time",
+            "uid",
+            "cluster_name",
+            "seq",
+            "hash",
+            "prev_hash",
+        ] {
             assert!(!e[field].is_null(), "{field} missing in {e}");
         }
         assert_eq!(e["cluster_name"], "test");
@@ -27,12 +41,24 @@ fn search_filters_and_record_shape() {
     assert_eq!(logins.len(), 2, "{logins:?}");
     assert_eq!(logins[0]["success"], true);
     assert_eq!(logins[1]["success"], false);
-    assert!(logins[1]["error"].as_str().unwrap().contains("invalid user name or password"));
+    assert!(
+        logins[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid user name or password")
+    );
     assert!(events(&c, &["--user", "nobody"]).is_empty());
     assert_eq!(events(&c, &["--since", "1h"]).len(), all.len());
-    c.sallyctl(&["audit", "search", "--since", "yesterday"]).fails_with("--since");
-    let text = c.sallyctl(&["audit", "search", "--format", "text"]).ok().stdout;
-    assert!(text.contains("user.login") && text.contains("FAILED"), "{text}");
+    c.sallyctl(&["audit", "search", "--since", "yesterday"])
+        .fails_with("--since");
+    let text = c
+        .sallyctl(&["audit", "search", "--format", "text"])
+        .ok()
+        .stdout;
+    assert!(
+        text.contains("user.login") && text.contains("FAILED"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -42,13 +68,21 @@ fn verify_finds_edits_and_deletions() {
         c.add_user(name, "access", "");
     }
     let ok = c.sallyctl(&["audit", "verify"]).ok();
-    assert!(ok.stdout.contains("4 records, chain intact"), "{}", ok.stdout);
+    assert!(
+        ok.stdout.contains("4 records, chain intact"),
+        "{}",
+        ok.stdout
+    );
 
     // An attacker with the database rewrites who did something.
     c.sqlite("UPDATE audit_events SET record = replace(record, '\"a2\"', '\"zz\"') WHERE seq = 2;");
     let r = c.sallyctl(&["audit", "verify"]);
     assert_eq!(r.code, 1);
-    assert!(r.stdout.contains("record 2 was edited") && r.stdout.contains("first bad record: 2"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("record 2 was edited") && r.stdout.contains("first bad record: 2"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]

@@ -11,8 +11,17 @@ fn start_with_config(text: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("bad.yaml");
     std::fs::write(&cfg, text).unwrap();
-    let r = run(Command::new(bin("sallyport")).args(["start", "--config"]).arg(&cfg), "");
-    assert!(r.stderr.contains(&cfg.display().to_string()), "the file is named: {}", r.stderr);
+    let r = run(
+        Command::new(bin("sallyport"))
+            .args(["start", "--config"])
+            .arg(&cfg),
+        "",
+    );
+    assert!(
+        r.stderr.contains(&cfg.display().to_string()),
+        "the file is named: {}",
+        r.stderr
+    );
     r
 }
 
@@ -28,7 +37,8 @@ fn malformed_config_is_refused_with_file_line_and_key() {
         .fails_with("sms")
         .fails_with("line 4");
     start_with_config("version: v2\n").fails_with("version");
-    start_with_config("version: v1\nsallyport:\n  storage: {type: postgres}\n").fails_with("conn_string");
+    start_with_config("version: v1\nsallyport:\n  storage: {type: postgres}\n")
+        .fails_with("conn_string");
 }
 
 #[test]
@@ -36,18 +46,31 @@ fn unusable_data_dir_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
-    let r = run(Command::new(bin("sallyport")).args(["start", "--data-dir"]).arg(file.join("data")), "");
+    let r = run(
+        Command::new(bin("sallyport"))
+            .args(["start", "--data-dir"])
+            .arg(file.join("data")),
+        "",
+    );
     r.fails_with("data dir").fails_with("cannot be created");
 }
 
 #[test]
 fn configure_prints_a_config_that_starts() {
-    let out = run(Command::new(bin("sallyport")).arg("configure"), "").ok().stdout;
+    let out = run(Command::new(bin("sallyport")).arg("configure"), "")
+        .ok()
+        .stdout;
     assert!(out.contains("# "), "commented");
     let dir = tempfile::tempdir().unwrap();
-    let mut text = out.replace("/var/lib/sallyport", &dir.path().join("data").display().to_string());
+    let mut text = out.replace(
+        "/var/lib/sallyport",
+        &dir.path().join("data").display().to_string(),
+    );
     for port in ["3025", "3080", "3023", "3024", "3026"] {
-        text = text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", free_port()));
+        text = text.replace(
+            &format!("127.0.0.1:{port}"),
+            &format!("127.0.0.1:{}", free_port()),
+        );
     }
     let cfg = dir.path().join("sallyport.yaml");
     std::fs::write(&cfg, text).unwrap();
@@ -69,7 +92,10 @@ fn configure_prints_a_config_that_starts() {
     assert!(text.contains("cluster  sallyport"), "{text}");
     assert!(text.contains("CA pin   sha256:"), "{text}");
     for name in ["auth ", "web ", "ssh ", "tunnel ", "kube "] {
-        assert!(text.lines().any(|l| l.starts_with(name)), "{name} missing: {text}");
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "{name} missing: {text}"
+        );
     }
 }
 
@@ -84,33 +110,57 @@ fn restart_keeps_cas_users_and_tokens() {
     c.stop();
     c.boot();
     assert_eq!(c.pin, pin, "the host TLS CA survived the restart");
-    assert_eq!(c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout, ca);
+    assert_eq!(
+        c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout,
+        ca
+    );
     let home = c.dir.path().join("alice");
     c.login(&home, "alice", "correct horse battery").ok();
     c.signup(&pending, "another good password");
     c.sallyctl(&["audit", "verify"]).ok();
     let db = c.data_dir().join("sallyport.db");
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&db).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&db).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let id = c.data_dir().join("admin-identity.json");
-    assert_eq!(std::fs::metadata(&id).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&id).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
 }
 
 /// The same flows on PostgreSQL (`scripts/test` starts it and sets SALLYPORT_TEST_POSTGRES to a
 /// URL whose role may create databases).
 #[test]
 fn postgres_storage_end_to_end() {
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES")
-        .expect("set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)");
+    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
+        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
+    );
     let db = format!("sp_e2e_{}", std::process::id());
     let psql = |sql: &str| {
-        let out = Command::new("psql").arg(format!("{base}/postgres")).args(["-v", "ON_ERROR_STOP=1", "-c", sql]).output().unwrap();
-        assert!(out.status.success(), "psql: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("psql")
+            .arg(format!("{base}/postgres"))
+            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     psql(&format!("DROP DATABASE IF EXISTS {db}"));
     psql(&format!("CREATE DATABASE {db}"));
-    let mut c = Cluster::start_with(Options { postgres: Some(format!("{base}/{db}")), ..Options::default() });
-    assert!(!c.data_dir().join("sallyport.db").exists(), "no SQLite file when PostgreSQL is configured");
+    let mut c = Cluster::start_with(Options {
+        postgres: Some(format!("{base}/{db}")),
+        ..Options::default()
+    });
+    assert!(
+        !c.data_dir().join("sallyport.db").exists(),
+        "no SQLite file when PostgreSQL is configured"
+    );
     let home = c.user("pat", "access,auditor", "pat");
     let pin = c.pin.clone();
     c.stop();
@@ -119,8 +169,18 @@ fn postgres_storage_end_to_end() {
     c.login(&home, "pat", "correct horse battery").ok();
     let v = c.sallyctl(&["audit", "verify"]).ok();
     assert!(v.stdout.contains("intact"));
-    let events = c.sallyctl_as(&home, &["audit", "search", "--user", "pat"]).ok().stdout;
-    assert!(events.lines().filter(|l| l.contains("\"user.login\"")).count() >= 2, "{events}");
+    let events = c
+        .sallyctl_as(&home, &["audit", "search", "--user", "pat"])
+        .ok()
+        .stdout;
+    assert!(
+        events
+            .lines()
+            .filter(|l| l.contains("\"user.login\""))
+            .count()
+            >= 2,
+        "{events}"
+    );
     c.stop();
     psql(&format!("DROP DATABASE IF EXISTS {db}"));
 }

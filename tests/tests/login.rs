@@ -11,11 +11,21 @@ use sallyport_tests::*;
 const PW: &str = "correct horse battery";
 
 fn otp_cluster(max_attempts: u32) -> Cluster {
-    Cluster::start_with(Options { second_factor: true, max_login_attempts: max_attempts, ..Options::default() })
+    Cluster::start_with(Options {
+        second_factor: true,
+        max_login_attempts: max_attempts,
+        ..Options::default()
+    })
 }
 
 fn login_otp(c: &Cluster, home: &std::path::Path, user: &str, password: &str, code: &str) -> Run {
-    c.sally(home, &["login", "--proxy", &c.proxy, "--user", user, "--ca-pin", &c.pin], &format!("{password}\n{code}\n"))
+    c.sally(
+        home,
+        &[
+            "login", "--proxy", &c.proxy, "--user", user, "--ca-pin", &c.pin,
+        ],
+        &format!("{password}\n{code}\n"),
+    )
 }
 
 #[test]
@@ -40,7 +50,10 @@ fn signup_and_login_with_totp_issue_certs_openssh_reads() {
 
     // OpenSSH reads the certificate: key id, principals, extensions, ~12h validity.
     let cert = s["ssh_cert_path"].as_str().unwrap();
-    let out = Command::new("ssh-keygen").args(["-L", "-f", cert]).output().unwrap();
+    let out = Command::new("ssh-keygen")
+        .args(["-L", "-f", cert])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("user certificate"), "{text}");
@@ -55,32 +68,72 @@ fn signup_and_login_with_totp_issue_certs_openssh_reads() {
         .split_whitespace()
         .collect();
     assert_eq!(principals, ["root", "ubuntu"]);
-    for ext in ["permit-pty", "permit-port-forwarding", "sallyport-user@sallyport", "sallyport-roles@sallyport"] {
+    for ext in [
+        "permit-pty",
+        "permit-port-forwarding",
+        "sallyport-user@sallyport",
+        "sallyport-roles@sallyport",
+    ] {
         assert!(text.contains(ext), "{ext} missing: {text}");
     }
     // The signing CA is the one `sallyctl auth export --type=user` publishes.
     let ca = c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout;
     let ca_file = c.dir.path().join("user_ca.pub");
     std::fs::write(&ca_file, ca).unwrap();
-    let fp = Command::new("ssh-keygen").args(["-l", "-f"]).arg(&ca_file).output().unwrap();
-    let fp = String::from_utf8_lossy(&fp.stdout).split_whitespace().nth(1).unwrap().to_string();
-    assert!(text.contains(&format!("Signing CA: ED25519 {fp}")), "{text} vs {fp}");
+    let fp = Command::new("ssh-keygen")
+        .args(["-l", "-f"])
+        .arg(&ca_file)
+        .output()
+        .unwrap();
+    let fp = String::from_utf8_lossy(&fp.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains(&format!("Signing CA: ED25519 {fp}")),
+        "{text} vs {fp}"
+    );
     let valid = s["valid_until"].as_str().unwrap();
     let hours_left = (time_of(valid) - now()) as f64 / 3600.0;
     assert!((11.9..=12.01).contains(&hours_left), "{hours_left}");
 
     // The X.509 certificate carries the same identity and chains to the user TLS CA.
     let tls = s["tls_cert_path"].as_str().unwrap();
-    let subj = Command::new("openssl").args(["x509", "-noout", "-subject", "-in", tls]).output().unwrap();
+    let subj = Command::new("openssl")
+        .args(["x509", "-noout", "-subject", "-in", tls])
+        .output()
+        .unwrap();
     let subj = String::from_utf8_lossy(&subj.stdout);
-    assert!(subj.contains("CN = alice") && subj.contains("O = access"), "{subj}");
+    assert!(
+        subj.contains("CN = alice") && subj.contains("O = access"),
+        "{subj}"
+    );
     let ca_pem = c.dir.path().join("tls_user_ca.pem");
-    std::fs::write(&ca_pem, c.sallyctl(&["auth", "export", "--type=tls-user"]).ok().stdout).unwrap();
-    let verify = Command::new("openssl").args(["verify", "-CAfile"]).arg(&ca_pem).arg(tls).output().unwrap();
-    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    std::fs::write(
+        &ca_pem,
+        c.sallyctl(&["auth", "export", "--type=tls-user"])
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    let verify = Command::new("openssl")
+        .args(["verify", "-CAfile"])
+        .arg(&ca_pem)
+        .arg(tls)
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
 
     // Private keys are the owner's alone.
-    for p in [s["key_path"].as_str().unwrap().to_string(), tls.replace("-x509.pem", ".key.pem")] {
+    for p in [
+        s["key_path"].as_str().unwrap().to_string(),
+        tls.replace("-x509.pem", ".key.pem"),
+    ] {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{p}");
     }
@@ -89,11 +142,17 @@ fn signup_and_login_with_totp_issue_certs_openssh_reads() {
 }
 
 fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
 }
 
 fn time_of(rfc3339: &str) -> i64 {
-    let out = Command::new("date").args(["-d", rfc3339, "+%s"]).output().unwrap();
+    let out = Command::new("date")
+        .args(["-d", rfc3339, "+%s"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
@@ -103,8 +162,10 @@ fn wrong_password_wrong_code_and_replayed_code_are_refused() {
     let token = c.add_user("bob", "access", "bob");
     let secret = c.signup(&token, PW).unwrap();
     let home = c.dir.path().join("bob");
-    login_otp(&c, &home, "bob", "not the password", &totp_code(&secret, 1)).fails_with("invalid user name or password");
-    login_otp(&c, &home, "nobody", PW, &totp_code(&secret, 1)).fails_with("invalid user name or password");
+    login_otp(&c, &home, "bob", "not the password", &totp_code(&secret, 1))
+        .fails_with("invalid user name or password");
+    login_otp(&c, &home, "nobody", PW, &totp_code(&secret, 1))
+        .fails_with("invalid user name or password");
     login_otp(&c, &home, "bob", PW, "000000").fails_with("invalid one-time code");
     login_otp(&c, &home, "bob", PW, "12ab").fails_with("6 digits");
     // The code of the sign-up step was spent by the sign-up itself.
@@ -117,11 +178,28 @@ fn wrong_password_wrong_code_and_replayed_code_are_refused() {
     assert!(s.stdout.contains("\"bob\""));
 
     // Failed logins are audited, with the reason and without the secrets.
-    let events = c.sallyctl(&["audit", "search", "--type", "user.login", "--user", "bob"]).ok().stdout;
-    let lines: Vec<serde_json::Value> = events.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert!(lines.iter().filter(|e| e["success"] == false).count() >= 4, "{events}");
-    assert!(lines.iter().any(|e| e["success"] == true && e["method"] == "local"));
-    assert!(lines.iter().all(|e| e["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:")));
+    let events = c
+        .sallyctl(&["audit", "search", "--type", "user.login", "--user", "bob"])
+        .ok()
+        .stdout;
+    let lines: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines.iter().filter(|e| e["success"] == false).count() >= 4,
+        "{events}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|e| e["success"] == true && e["method"] == "local")
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|e| e["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:"))
+    );
     for secret_text in ["not the password", PW, &code] {
         assert!(!events.contains(secret_text), "audit leaked {secret_text}");
     }
@@ -139,7 +217,11 @@ fn failed_logins_lock_the_account() {
     // Even the right password and code are refused while locked, with the reason.
     login_otp(&c, &home, "carol", PW, &totp_code(&secret, 1)).fails_with("account carol is locked");
     let ls = c.sallyctl(&["users", "ls"]).ok().stdout;
-    assert!(ls.lines().any(|l| l.starts_with("carol") && l.contains("locked")), "{ls}");
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with("carol") && l.contains("locked")),
+        "{ls}"
+    );
     // The lock is held by the server: an unknown name behaves the same way.
     for _ in 0..3 {
         let _ = login_otp(&c, &home, "ghost", "x", "123456");
@@ -153,26 +235,53 @@ fn signup_tokens_are_single_use_and_expire() {
     let token = c.add_user("dave", "access", "");
     c.signup(&token, PW);
     let home = c.dir.path().join("dave");
-    let again = c.sally(&home, &["signup", "--proxy", &c.proxy, "--token", &token, "--ca-pin", &c.pin], "another password\n");
+    let again = c.sally(
+        &home,
+        &[
+            "signup", "--proxy", &c.proxy, "--token", &token, "--ca-pin", &c.pin,
+        ],
+        "another password\n",
+    );
     again.fails_with("already used");
-    c.sally(&home, &["signup", "--proxy", &c.proxy, "--token", "deadbeef", "--ca-pin", &c.pin], "pw\n")
-        .fails_with("sign-up token not found");
+    c.sally(
+        &home,
+        &[
+            "signup", "--proxy", &c.proxy, "--token", "deadbeef", "--ca-pin", &c.pin,
+        ],
+        "pw\n",
+    )
+    .fails_with("sign-up token not found");
     // A token whose hour has passed.
     let token = c.add_user("erin", "access", "");
     c.sqlite("UPDATE signup_tokens SET expires = 1000 WHERE user_name = 'erin';");
-    c.sally(&home, &["signup", "--proxy", &c.proxy, "--token", &token, "--ca-pin", &c.pin], "long enough pw\n")
-        .fails_with("expired");
+    c.sally(
+        &home,
+        &[
+            "signup", "--proxy", &c.proxy, "--token", &token, "--ca-pin", &c.pin,
+        ],
+        "long enough pw\n",
+    )
+    .fails_with("expired");
     // A reset issues a working token and the old password stops working.
     c.login(&home, "dave", PW).ok();
-    let out = c.sallyctl(&["users", "reset", "dave", "--format", "json"]).ok();
+    let out = c
+        .sallyctl(&["users", "reset", "dave", "--format", "json"])
+        .ok();
     let t: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    c.login(&home, "dave", PW).fails_with("invalid user name or password");
+    c.login(&home, "dave", PW)
+        .fails_with("invalid user name or password");
     c.signup(t["token"].as_str().unwrap(), "a brand new password");
     c.login(&home, "dave", "a brand new password").ok();
     // Too-short passwords are refused at sign-up.
     let token = c.add_user("frank", "access", "");
-    c.sally(&home, &["signup", "--proxy", &c.proxy, "--token", &token, "--ca-pin", &c.pin], "short\n")
-        .fails_with("at least 8 characters");
+    c.sally(
+        &home,
+        &[
+            "signup", "--proxy", &c.proxy, "--token", &token, "--ca-pin", &c.pin,
+        ],
+        "short\n",
+    )
+    .fails_with("at least 8 characters");
 }
 
 #[test]
@@ -182,24 +291,74 @@ fn proxy_trust_pin_insecure_and_unreachable() {
     c.signup(&token, PW);
     let home = c.dir.path().join("gina");
     let wrong = format!("sha256:{}", "ab".repeat(32));
-    c.sally(&home, &["login", "--proxy", &c.proxy, "--user", "gina", "--ca-pin", &wrong], &format!("{PW}\n"))
-        .fails_with("does not match --ca-pin");
-    c.sally(&home, &["login", "--proxy", &c.proxy, "--user", "gina", "--ca-pin", "sha256:xyz"], &format!("{PW}\n"))
-        .fails_with("--ca-pin must look like");
-    c.sally(&home, &["login", "--proxy", &c.proxy, "--user", "gina"], &format!("{PW}\n")).fails_with("first contact");
+    c.sally(
+        &home,
+        &[
+            "login", "--proxy", &c.proxy, "--user", "gina", "--ca-pin", &wrong,
+        ],
+        &format!("{PW}\n"),
+    )
+    .fails_with("does not match --ca-pin");
+    c.sally(
+        &home,
+        &[
+            "login",
+            "--proxy",
+            &c.proxy,
+            "--user",
+            "gina",
+            "--ca-pin",
+            "sha256:xyz",
+        ],
+        &format!("{PW}\n"),
+    )
+    .fails_with("--ca-pin must look like");
+    c.sally(
+        &home,
+        &["login", "--proxy", &c.proxy, "--user", "gina"],
+        &format!("{PW}\n"),
+    )
+    .fails_with("first contact");
     let closed = format!("127.0.0.1:{}", free_port());
-    c.sally(&home, &["login", "--proxy", &closed, "--user", "gina", "--insecure"], &format!("{PW}\n"))
-        .fails_with("cannot reach the proxy");
-    let r = c.sally(&home, &["login", "--proxy", &c.proxy, "--user", "gina", "--insecure"], &format!("{PW}\n")).ok();
+    c.sally(
+        &home,
+        &["login", "--proxy", &closed, "--user", "gina", "--insecure"],
+        &format!("{PW}\n"),
+    )
+    .fails_with("cannot reach the proxy");
+    let r = c
+        .sally(
+            &home,
+            &["login", "--proxy", &c.proxy, "--user", "gina", "--insecure"],
+            &format!("{PW}\n"),
+        )
+        .ok();
     assert!(r.stderr.contains("WARNING: --insecure"));
     // After a login, the saved CA is trusted without a pin.
-    c.sally(&home, &["login", "--proxy", &c.proxy, "--user", "gina", "--ttl", "1h"], &format!("{PW}\n")).ok();
-    let s: serde_json::Value =
-        serde_json::from_str(&c.sally(&home, &["status", "--format", "json"], "").ok().stdout).unwrap();
+    c.sally(
+        &home,
+        &[
+            "login", "--proxy", &c.proxy, "--user", "gina", "--ttl", "1h",
+        ],
+        &format!("{PW}\n"),
+    )
+    .ok();
+    let s: serde_json::Value = serde_json::from_str(
+        &c.sally(&home, &["status", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .unwrap();
     let left = time_of(s["valid_until"].as_str().unwrap()) - now();
     assert!((3500..=3600).contains(&left), "--ttl 1h gave {left}s");
-    c.sally(&home, &["login", "--proxy", &c.proxy, "--user", "gina", "--ttl", "forever"], &format!("{PW}\n"))
-        .fails_with("--ttl");
+    c.sally(
+        &home,
+        &[
+            "login", "--proxy", &c.proxy, "--user", "gina", "--ttl", "forever",
+        ],
+        &format!("{PW}\n"),
+    )
+    .fails_with("--ttl");
     let out = c.sally(&home, &["logout"], "").ok();
     assert!(out.stdout.contains("Logged out"));
     assert!(!home.join("keys").exists());

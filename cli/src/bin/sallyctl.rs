@@ -59,6 +59,85 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Create resources (roles) from a YAML file with one or more documents.
+    Create {
+        /// Overwrite resources that already exist.
+        #[arg(short = 'f', long = "force")]
+        force: bool,
+        file: PathBuf,
+    },
+    /// Show resources: roles, role/NAME, users, user/NAME, tokens, nodes.
+    Get {
+        what: String,
+        #[arg(long, value_enum, default_value = "text")]
+        format: GetFormat,
+    },
+    /// Delete a resource: role/NAME, user/NAME or node/NAME.
+    Rm { what: String },
+    /// Edit a role in $EDITOR; it is validated before it is saved.
+    Edit { what: String },
+    /// Would a user be let in? Prints allowed or denied and the role and rule that decided.
+    Access {
+        #[command(subcommand)]
+        command: AccessCommand,
+    },
+    /// Servers: register agentless OpenSSH nodes, list, remove.
+    Nodes {
+        #[command(subcommand)]
+        command: NodesCommand,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum GetFormat {
+    Text,
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum AccessCommand {
+    Check {
+        #[arg(long)]
+        user: String,
+        /// A node's hostname or id.
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        login: Option<String>,
+        #[arg(long)]
+        kube_cluster: Option<String>,
+        /// The cluster's labels, k=v,k2=v2.
+        #[arg(long)]
+        kube_labels: Option<String>,
+        /// kind/namespace/name, e.g. pod/staging-web/web-1.
+        #[arg(long)]
+        kube_resource: Option<String>,
+        #[arg(long)]
+        verb: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodesCommand {
+    /// Register an OpenSSH server that trusts `sallyctl auth export --type=user`.
+    Add {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        addr: String,
+        #[arg(long, default_value = "")]
+        labels: String,
+    },
+    Ls {
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    Rm {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -80,6 +159,14 @@ enum UsersCommand {
     },
     /// Remove a user.
     Rm { name: String },
+    /// Replace a user's roles and/or logins.
+    Update {
+        name: String,
+        #[arg(long, value_delimiter = ',')]
+        set_roles: Option<Vec<String>>,
+        #[arg(long, value_delimiter = ',', num_args = 0..)]
+        set_logins: Option<Vec<String>>,
+    },
     /// Clear a user's password and authenticator and print a new sign-up token.
     Reset {
         name: String,
@@ -250,6 +337,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             print!("{}", e.text);
         }
         Command::Audit { command } => return audit(&api, command).await,
+        Command::Create { force, file } => create(&api, file, *force).await?,
+        Command::Get { what, format } => get(&api, what, *format).await?,
+        Command::Rm { what } => rm(&api, what).await?,
+        Command::Edit { what } => edit(&api, what).await?,
+        Command::Access { command } => return access(&api, command).await,
+        Command::Nodes { command } => nodes(&api, command).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -331,6 +424,35 @@ async fn users(api: &Api, cmd: &UsersCommand) -> Result<()> {
         UsersCommand::Rm { name } => {
             let _: serde_json::Value = api.delete(&format!("/v1/users/{name}")).await?;
             println!("User {name} removed.");
+        }
+        UsersCommand::Update {
+            name,
+            set_roles,
+            set_logins,
+        } => {
+            if set_roles.is_none() && set_logins.is_none() {
+                bail!("nothing to update: give --set-roles and/or --set-logins");
+            }
+            let u: UserInfo = api
+                .put(
+                    &format!("/v1/users/{name}"),
+                    &UpdateUser {
+                        roles: set_roles.clone(),
+                        logins: set_logins.clone(),
+                    },
+                )
+                .await?;
+            let logins = u
+                .traits
+                .get("internal.logins")
+                .map(|l| l.join(","))
+                .unwrap_or_default();
+            println!(
+                "User {} updated: roles {}; logins {}",
+                u.name,
+                u.roles.join(","),
+                if logins.is_empty() { "(none)" } else { &logins }
+            );
         }
         UsersCommand::Reset { name, format } => {
             let t: SignupToken = api
@@ -421,4 +543,343 @@ fn urlencode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+async fn create(api: &Api, file: &std::path::Path, force: bool) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let resources = sallyport_core::resource::parse_all(&text, &file.display().to_string())
+        .map_err(anyhow::Error::msg)?;
+    for r in resources {
+        match r {
+            sallyport_core::resource::Resource::Role(role) => {
+                let res: PutRoleResult = api
+                    .post(
+                        "/v1/roles",
+                        &PutRole {
+                            role,
+                            overwrite: force,
+                        },
+                    )
+                    .await?;
+                println!(
+                    "role {} {}",
+                    res.name,
+                    if res.created { "created" } else { "updated" }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `role/NAME` → ("role", Some("NAME")); `roles` → ("role", None).
+fn parse_target(what: &str) -> Result<(&'static str, Option<&str>)> {
+    let (kind, name) = match what.split_once('/') {
+        Some((k, n)) if !n.is_empty() => (k, Some(n)),
+        Some(_) => bail!("{what:?}: give a name after the slash"),
+        None => (what, None),
+    };
+    let kind = match kind {
+        "role" | "roles" => "role",
+        "user" | "users" => "user",
+        "token" | "tokens" => "token",
+        "node" | "nodes" => "node",
+        other => bail!(
+            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens or nodes"
+        ),
+    };
+    Ok((kind, name))
+}
+
+fn print_yaml<T: serde::Serialize>(items: &[T]) -> Result<()> {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            println!("---");
+        }
+        print!(
+            "{}",
+            serde_saphyr::to_string(item).map_err(|e| anyhow!("yaml: {e}"))?
+        );
+    }
+    Ok(())
+}
+
+fn print_json<T: serde::Serialize>(items: &[T], single: bool) -> Result<()> {
+    if single {
+        if let Some(first) = items.first() {
+            println!("{}", serde_json::to_string_pretty(first)?);
+        }
+    } else {
+        println!("{}", serde_json::to_string_pretty(items)?);
+    }
+    Ok(())
+}
+
+async fn get(api: &Api, what: &str, format: GetFormat) -> Result<()> {
+    let (kind, name) = parse_target(what)?;
+    match kind {
+        "role" => {
+            let roles: Vec<sallyport_core::role::Role> = match name {
+                Some(n) => vec![api.get(&format!("/v1/roles/{n}")).await?],
+                None => api.get("/v1/roles").await?,
+            };
+            match format {
+                GetFormat::Yaml => print_yaml(&roles)?,
+                GetFormat::Json => print_json(&roles, name.is_some())?,
+                GetFormat::Text => {
+                    println!("{:<24} DESCRIPTION", "ROLE");
+                    for r in &roles {
+                        println!(
+                            "{:<24} {}",
+                            r.metadata.name,
+                            r.metadata.description.as_deref().unwrap_or("")
+                        );
+                    }
+                }
+            }
+        }
+        "user" => {
+            let users: Vec<UserInfo> = match name {
+                Some(n) => vec![api.get(&format!("/v1/users/{n}")).await?],
+                None => api.get("/v1/users").await?,
+            };
+            match format {
+                GetFormat::Yaml => print_yaml(&users)?,
+                GetFormat::Json => print_json(&users, name.is_some())?,
+                GetFormat::Text => {
+                    println!("{:<24} {:<6} {:<8} ROLES", "USER", "TYPE", "STATUS");
+                    for u in &users {
+                        println!(
+                            "{:<24} {:<6} {:<8} {}",
+                            u.name,
+                            u.user_type,
+                            u.status,
+                            u.roles.join(",")
+                        );
+                    }
+                }
+            }
+        }
+        "token" => {
+            let tokens: Vec<TokenInfo> = api.get("/v1/tokens").await?;
+            match format {
+                GetFormat::Yaml => print_yaml(&tokens)?,
+                GetFormat::Json => print_json(&tokens, false)?,
+                GetFormat::Text => {
+                    println!("{:<8} {:<24} EXPIRES", "TYPE", "USER");
+                    for t in &tokens {
+                        println!(
+                            "{:<8} {:<24} {}",
+                            t.kind,
+                            t.user.as_deref().unwrap_or("-"),
+                            t.expires
+                        );
+                    }
+                }
+            }
+        }
+        _ => {
+            let nodes: Vec<NodeInfo> = api.get("/v1/nodes").await?;
+            let nodes: Vec<NodeInfo> = nodes
+                .into_iter()
+                .filter(|n| name.is_none_or(|x| n.hostname == x || n.id == x))
+                .collect();
+            if let Some(n) = name
+                && nodes.is_empty()
+            {
+                bail!("node {n} does not exist");
+            }
+            match format {
+                GetFormat::Yaml => print_yaml(&nodes)?,
+                GetFormat::Json => print_json(&nodes, name.is_some())?,
+                GetFormat::Text => print_nodes(&nodes),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_nodes(nodes: &[NodeInfo]) {
+    println!("{:<24} {:<36} {:<22} LABELS", "NODE", "ID", "ADDRESS");
+    for n in nodes {
+        let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<24} {:<36} {:<22} {}",
+            n.hostname,
+            n.id,
+            n.addr.as_deref().unwrap_or("(tunnel)"),
+            labels.join(",")
+        );
+    }
+}
+
+async fn rm(api: &Api, what: &str) -> Result<()> {
+    let (kind, name) = parse_target(what)?;
+    let name = name.ok_or_else(|| anyhow!("say which one: {kind}/NAME"))?;
+    let path = match kind {
+        "role" => format!("/v1/roles/{name}"),
+        "user" => format!("/v1/users/{name}"),
+        "node" => format!("/v1/nodes/{name}"),
+        _ => bail!("tokens expire on their own; `sallyctl users reset` replaces a sign-up token"),
+    };
+    let _: serde_json::Value = api.delete(&path).await?;
+    println!("{kind} {name} deleted");
+    Ok(())
+}
+
+async fn edit(api: &Api, what: &str) -> Result<()> {
+    let (kind, name) = parse_target(what)?;
+    let (Some(name), "role") = (name, kind) else {
+        bail!("only role/NAME can be edited")
+    };
+    let role: sallyport_core::role::Role = api.get(&format!("/v1/roles/{name}")).await?;
+    let original = serde_saphyr::to_string(&role).map_err(|e| anyhow!("yaml: {e}"))?;
+    let path =
+        std::env::temp_dir().join(format!("sallyctl-role-{name}-{}.yaml", std::process::id()));
+    sallyport_cli::profile::write_file(&path, original.as_bytes(), 0o600)?;
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .unwrap_or_else(|_| "vi".into());
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{editor} \"$1\""))
+        .arg("sh")
+        .arg(&path)
+        .status()
+        .with_context(|| format!("cannot run the editor {editor:?}"))?;
+    if !status.success() {
+        bail!(
+            "the editor {editor:?} failed; nothing was saved (your edit is in {})",
+            path.display()
+        );
+    }
+    let edited = std::fs::read_to_string(&path)?;
+    if edited == original {
+        let _ = std::fs::remove_file(&path);
+        println!("role {name}: no changes");
+        return Ok(());
+    }
+    let parsed = sallyport_core::resource::parse_all(&edited, &path.display().to_string());
+    let keep = |e: String| {
+        anyhow!(
+            "{e}\nnothing was saved; your edit is kept in {} (fix it, then `sallyctl create -f` it)",
+            path.display()
+        )
+    };
+    let mut resources = parsed.map_err(keep)?;
+    let Some(sallyport_core::resource::Resource::Role(new)) =
+        resources.pop().filter(|_| resources.is_empty())
+    else {
+        return Err(keep("the file must hold exactly one role".into()));
+    };
+    if new.metadata.name != name {
+        return Err(keep(format!(
+            "the role's name cannot change in an edit ({name} → {})",
+            new.metadata.name
+        )));
+    }
+    let _: PutRoleResult = api
+        .post(
+            "/v1/roles",
+            &PutRole {
+                role: new,
+                overwrite: true,
+            },
+        )
+        .await
+        .map_err(|e| keep(e.to_string()))?;
+    let _ = std::fs::remove_file(&path);
+    println!("role {name} updated");
+    Ok(())
+}
+
+async fn access(api: &Api, cmd: &AccessCommand) -> Result<ExitCode> {
+    let AccessCommand::Check {
+        user,
+        node,
+        login,
+        kube_cluster,
+        kube_labels,
+        kube_resource,
+        verb,
+        format,
+    } = cmd;
+    let kube_labels = match kube_labels {
+        Some(l) => parse_labels(l)?,
+        None => Default::default(),
+    };
+    let d: sallyport_core::role::Decision = api
+        .post(
+            "/v1/access/check",
+            &AccessCheck {
+                user: user.clone(),
+                node: node.clone(),
+                login: login.clone(),
+                kube_cluster: kube_cluster.clone(),
+                kube_labels,
+                kube_resource: kube_resource.clone(),
+                verb: verb.clone(),
+            },
+        )
+        .await?;
+    if *format == Format::Json {
+        println!("{}", serde_json::to_string(&d)?);
+    } else {
+        println!(
+            "{}: {}",
+            if d.allowed { "allowed" } else { "denied" },
+            d.explanation
+        );
+    }
+    Ok(if d.allowed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(sallyport_cli::EXIT_FAILURE)
+    })
+}
+
+fn parse_labels(text: &str) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| anyhow!("label {pair:?} is not key=value"))?;
+        if k.is_empty() {
+            bail!("label {pair:?} has an empty key");
+        }
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+async fn nodes(api: &Api, cmd: &NodesCommand) -> Result<()> {
+    match cmd {
+        NodesCommand::Add { name, addr, labels } => {
+            let n: NodeInfo = api
+                .post(
+                    "/v1/nodes",
+                    &AddNode {
+                        name: name.clone(),
+                        addr: addr.clone(),
+                        labels: parse_labels(labels)?,
+                    },
+                )
+                .await?;
+            println!("node {} registered at {} (id {})", n.hostname, addr, n.id);
+        }
+        NodesCommand::Ls { format } => {
+            let nodes: Vec<NodeInfo> = api.get("/v1/nodes").await?;
+            if *format == Format::Json {
+                println!("{}", serde_json::to_string_pretty(&nodes)?);
+            } else {
+                print_nodes(&nodes);
+            }
+        }
+        NodesCommand::Rm { name } => {
+            let _: serde_json::Value = api.delete(&format!("/v1/nodes/{name}")).await?;
+            println!("node {name} removed");
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,116 @@
+//! The node registry. This slice holds agentless nodes registered by admins; agents that dial
+//! in register themselves here when SSH access lands.
+
+use std::collections::BTreeMap;
+
+use sallyport_core::api::{AddNode, NodeInfo};
+use sallyport_core::audit::Event;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::{AuthError, AuthServer};
+
+fn node_from_row(r: &AnyRow) -> Result<NodeInfo, AuthError> {
+    let labels: String = r.try_get("labels")?;
+    Ok(NodeInfo {
+        id: r.try_get("id")?,
+        hostname: r.try_get("hostname")?,
+        addr: r.try_get("addr")?,
+        labels: serde_json::from_str(&labels)?,
+        kind: r.try_get("kind")?,
+    })
+}
+
+/// Parses `k=v,k2=v2` label lists.
+pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("label {pair:?} is not key=value"))?;
+        if k.is_empty() {
+            return Err(format!("label {pair:?} has an empty key"));
+        }
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+impl AuthServer {
+    pub async fn add_node(&self, req: &AddNode, by: &str) -> Result<NodeInfo, AuthError> {
+        sallyport_core::names::validate("node", &req.name)
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        if req.addr.parse::<std::net::SocketAddr>().is_err() && !req.addr.contains(':') {
+            return Err(AuthError::BadRequest(format!(
+                "node address {:?} must be HOST:PORT",
+                req.addr
+            )));
+        }
+        let node = NodeInfo {
+            id: uuid::Uuid::new_v4().to_string(),
+            hostname: req.name.clone(),
+            addr: Some(req.addr.clone()),
+            labels: req.labels.clone(),
+            kind: "agentless".into(),
+        };
+        let now = sallyport_core::unix_now();
+        let r = sqlx::query(
+            "INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated) VALUES ($1, $2, $3, $4, $5, $6, $6)
+             ON CONFLICT (hostname) DO NOTHING",
+        )
+        .bind(&node.id)
+        .bind(&node.hostname)
+        .bind(req.addr.clone())
+        .bind(serde_json::to_string(&node.labels)?)
+        .bind(&node.kind)
+        .bind(now)
+        .execute(&self.backend.pool)
+        .await?;
+        if r.rows_affected() == 0 {
+            return Err(AuthError::Conflict(format!(
+                "a node named {} already exists",
+                req.name
+            )));
+        }
+        self.emit(
+            Event::new("node.create", Some(by))
+                .with("name", req.name.clone())
+                .with("addr", req.addr.clone()),
+        )
+        .await?;
+        Ok(node)
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<NodeInfo>, AuthError> {
+        let rows =
+            sqlx::query("SELECT id, hostname, addr, labels, kind FROM nodes ORDER BY hostname")
+                .fetch_all(&self.backend.pool)
+                .await?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    /// A node by hostname or id.
+    pub async fn find_node(&self, name_or_id: &str) -> Result<Option<NodeInfo>, AuthError> {
+        let row = sqlx::query(
+            "SELECT id, hostname, addr, labels, kind FROM nodes WHERE hostname = $1 OR id = $1",
+        )
+        .bind(name_or_id)
+        .fetch_optional(&self.backend.pool)
+        .await?;
+        row.as_ref().map(node_from_row).transpose()
+    }
+
+    pub async fn remove_node(&self, name_or_id: &str, by: &str) -> Result<(), AuthError> {
+        let r = sqlx::query("DELETE FROM nodes WHERE hostname = $1 OR id = $1")
+            .bind(name_or_id)
+            .execute(&self.backend.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(AuthError::NotFound(format!(
+                "node {name_or_id} does not exist"
+            )));
+        }
+        self.emit(Event::new("node.delete", Some(by)).with("name", name_or_id))
+            .await
+    }
+}

@@ -1,0 +1,607 @@
+//! The evaluator as data: tables of cases, then properties (proptest) checked against a simple
+//! reference implementation.
+
+use super::*;
+use crate::identity::internal_traits;
+
+fn traits(logins: &[&str]) -> Traits {
+    let logins: Vec<String> = logins.iter().map(|s| s.to_string()).collect();
+    internal_traits(&logins, &["devs".to_string()], &[])
+}
+
+fn role(yaml: &str) -> Role {
+    let r: Role = serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
+    r.validate().unwrap_or_else(|e| panic!("{e}"));
+    r
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+const STAGING: &str = "
+kind: role
+version: v1
+metadata: {name: staging}
+spec:
+  options: {max_session_ttl: 8h}
+  allow:
+    logins: ['{{internal.logins}}', ubuntu]
+    node_labels: {env: [staging, dev], team: '*'}
+  deny:
+    node_labels: {env: prod}
+";
+
+const NO_ROOT: &str = "
+kind: role
+version: v1
+metadata: {name: no-root}
+spec:
+  deny:
+    logins: [root]
+";
+
+const PROD_REGEX: &str = "
+kind: role
+version: v1
+metadata: {name: oncall}
+spec:
+  options: {max_session_ttl: 1h}
+  allow:
+    logins: [root]
+    node_labels: {env: '^prod-(eu|us)$', team: 'db-*'}
+";
+
+#[test]
+fn presets_validate() {
+    for r in presets() {
+        r.validate().unwrap_or_else(|e| panic!("{e}"));
+        let back: Role = serde_json::from_str(&serde_json::to_string(&r).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, r, "presets round-trip through JSON");
+    }
+}
+
+#[test]
+fn node_decisions() {
+    let set = RoleSet::new(
+        &[role(STAGING), role(NO_ROOT), role(PROD_REGEX)],
+        &traits(&["alice", "root"]),
+    );
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str);
+    let cases: &[Case<'_>] = &[
+        (
+            "alice",
+            &[("env", "staging"), ("team", "web")],
+            true,
+            "role staging allows login alice",
+        ),
+        (
+            "ubuntu",
+            &[("env", "dev"), ("team", "x")],
+            true,
+            "role staging allows login ubuntu",
+        ),
+        (
+            "alice",
+            &[("env", "staging")],
+            false,
+            "only on nodes with other labels",
+        ),
+        (
+            "alice",
+            &[("env", "qa"), ("team", "web")],
+            false,
+            "only on nodes with other labels",
+        ),
+        (
+            "alice",
+            &[("env", "prod"), ("team", "web")],
+            false,
+            "role staging denies nodes with labels env=prod",
+        ),
+        (
+            "root",
+            &[("env", "prod-eu"), ("team", "db-main")],
+            false,
+            "role no-root denies login root",
+        ),
+        (
+            "bob",
+            &[("env", "staging"), ("team", "web")],
+            false,
+            "no role allows login bob",
+        ),
+    ];
+    for (login, l, allowed, why) in cases {
+        let d = set.check_node(login, &labels(l));
+        assert_eq!(d.allowed, *allowed, "{login} {l:?}: {}", d.explanation);
+        assert!(
+            d.explanation.contains(why),
+            "{login} {l:?}: {}",
+            d.explanation
+        );
+    }
+    assert_eq!(
+        set.logins(),
+        vec!["alice", "ubuntu"],
+        "root is denied, so it is no principal"
+    );
+    assert_eq!(
+        set.max_session_ttl(),
+        Duration::from_secs(3600),
+        "the shortest TTL wins"
+    );
+}
+
+#[test]
+fn regex_and_glob_labels() {
+    let set = RoleSet::new(&[role(PROD_REGEX)], &Traits::new());
+    assert!(
+        set.check_node("root", &labels(&[("env", "prod-us"), ("team", "db-x")]))
+            .allowed
+    );
+    assert!(
+        !set.check_node("root", &labels(&[("env", "prod-asia"), ("team", "db-x")]))
+            .allowed
+    );
+    assert!(
+        !set.check_node("root", &labels(&[("env", "xprod-us"), ("team", "db-x")]))
+            .allowed
+    );
+    assert!(
+        !set.check_node("root", &labels(&[("env", "prod-us"), ("team", "web")]))
+            .allowed
+    );
+    assert!(set.can_see_node(&labels(&[("env", "prod-eu"), ("team", "db-1")])));
+    assert!(!set.can_see_node(&labels(&[("env", "staging"), ("team", "db-1")])));
+}
+
+#[test]
+fn options_combine() {
+    let a = role(
+        "kind: role\nversion: v1\nmetadata: {name: a}\nspec:\n  options: {port_forwarding: false, ssh_file_copy: true, max_sessions: 5, record_session: {ssh: best_effort}}\n",
+    );
+    let b = role(
+        "kind: role\nversion: v1\nmetadata: {name: b}\nspec:\n  options: {port_forwarding: true, ssh_file_copy: false, max_sessions: 3, client_idle_timeout: 15m, record_session: {ssh: strict}}\n",
+    );
+    let set = RoleSet::new(&[a, b], &Traits::new());
+    assert!(set.port_forwarding(), "any allows");
+    assert!(!set.ssh_file_copy(), "all must allow");
+    assert_eq!(set.max_sessions(), Some(3), "lowest wins");
+    assert_eq!(set.client_idle_timeout(), Some(Duration::from_secs(900)));
+    assert_eq!(set.record_ssh(), RecordMode::Strict, "strictest wins");
+    let none = RoleSet::new(&[], &Traits::new());
+    assert!(none.ssh_file_copy(), "default allows");
+    assert_eq!(none.record_ssh(), RecordMode::BestEffort);
+}
+
+#[test]
+fn kube_decisions() {
+    let dev = role(
+        "kind: role
+version: v1
+metadata: {name: kube-dev}
+spec:
+  allow:
+    kubernetes_groups: ['{{internal.kubernetes_groups}}', viewers]
+    kubernetes_labels: {env: staging}
+    kubernetes_resources:
+      - {kind: pod, namespace: 'staging-*', name: '*', verbs: [get, list, exec]}
+  deny:
+    kubernetes_resources:
+      - {kind: pod, namespace: staging-secure, name: '*', verbs: ['*']}
+",
+    );
+    let set = RoleSet::new(&[dev], &traits(&[]));
+    let staging = labels(&[("env", "staging")]);
+    let req = |ns: &'static str, verb: &'static str| KubeRequest {
+        kind: "pod",
+        namespace: ns,
+        name: "web-1",
+        verb,
+    };
+    assert!(set.check_kube(&staging, &req("staging-a", "exec")).allowed);
+    let d = set.check_kube(&staging, &req("staging-a", "delete"));
+    assert!(
+        !d.allowed && d.explanation.contains("no role allows `delete`"),
+        "{}",
+        d.explanation
+    );
+    let d = set.check_kube(&staging, &req("staging-secure", "get"));
+    assert!(
+        !d.allowed && d.explanation.contains("role kube-dev denies"),
+        "{}",
+        d.explanation
+    );
+    let d = set.check_kube(&labels(&[("env", "prod")]), &req("staging-a", "get"));
+    assert!(
+        !d.allowed && d.explanation.contains("no role allows a cluster"),
+        "{}",
+        d.explanation
+    );
+    assert_eq!(set.kube_principals(&staging).0, vec!["devs", "viewers"]);
+    assert!(
+        set.kube_principals(&labels(&[("env", "prod")]))
+            .0
+            .is_empty()
+    );
+}
+
+#[test]
+fn rules() {
+    let p = presets();
+    let editor = RoleSet::new(&p[1..2], &Traits::new());
+    assert!(editor.check_rule("role", "create").allowed);
+    let auditor = RoleSet::new(&p[2..3], &Traits::new());
+    assert!(auditor.check_rule("event", "list").allowed);
+    let d = auditor.check_rule("role", "create");
+    assert!(!d.allowed);
+    assert_eq!(d.explanation, "role auditor lacks `create` on `role`");
+    let deny = role(
+        "kind: role\nversion: v1\nmetadata: {name: no-users}\nspec:\n  deny:\n    rules: [{resources: [user], verbs: [delete]}]\n",
+    );
+    let set = RoleSet::new(&[p[1].clone(), deny], &Traits::new());
+    assert_eq!(
+        set.check_rule("user", "delete").explanation,
+        "role no-users denies `delete` on `user`"
+    );
+    assert!(set.check_rule("user", "create").allowed);
+}
+
+#[test]
+fn templates() {
+    let mut t = Traits::new();
+    t.insert("external.email".into(), vec!["alice@example.com".into()]);
+    t.insert(
+        "external.groups".into(),
+        vec!["team-db".into(), "admins".into()],
+    );
+    assert_eq!(
+        template::expand("{{email.local(external.email)}}", &t),
+        vec!["alice"]
+    );
+    assert_eq!(
+        template::expand(
+            r#"{{regexp.replace(external.groups, "^team-(.*)$", "$1")}}"#,
+            &t
+        ),
+        vec!["db"]
+    );
+    assert_eq!(
+        template::expand("{{external.missing}}", &t),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        template::expand("x-{{external.email}}", &t),
+        vec!["x-alice@example.com"]
+    );
+    assert!(template::parse("{{bogus.x}}").is_err());
+    assert!(template::parse("{{internal.logins").is_err());
+}
+
+#[test]
+fn bad_roles_are_refused_where_they_are_wrong() {
+    let cases = [
+        (
+            "spec:\n  allow:\n    rules: [{resources: [role], verbs: [craete]}]\n",
+            "unknown verb \"craete\"",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    rules: [{resources: [rolez], verbs: [read]}]\n",
+            "unknown resource \"rolez\"",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    node_labels: {env: '^prod-($'}\n",
+            "bad regular expression",
+            "line 7",
+        ),
+        (
+            "spec:\n  options: {max_session_ttl: forever}\n",
+            "invalid duration",
+            "line 6",
+        ),
+        (
+            "spec:\n  allow:\n    logins: ['{{internal.logins']\n",
+            "unterminated template",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    kubernetes_resources: [{kind: pods, verbs: [get]}]\n",
+            "unknown kubernetes kind",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    kubernetes_resources: [{kind: pod, verbs: [run]}]\n",
+            "unknown kubernetes verb",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    lgins: [root]\n",
+            "unknown field `lgins`",
+            "line 7",
+        ),
+    ];
+    for (spec, want, line) in cases {
+        let text = format!("kind: role\nversion: v1\nmetadata:\n  name: r\n{spec}");
+        let e = serde_saphyr::from_str::<Role>(&text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(want) && e.contains(line), "{spec}: {e}");
+    }
+    let r = role("kind: role\nversion: v1\nmetadata: {name: ok}\n");
+    let mut bad = r.clone();
+    bad.kind = "rol".into();
+    assert!(bad.validate().is_err());
+    let mut bad = r;
+    bad.metadata.name = "no/slash".into();
+    assert_eq!(
+        bad.validate().err().map(|e| e.field),
+        Some("metadata.name".into())
+    );
+}
+
+#[test]
+fn shipped_example_roles_mean_what_their_comments_say() {
+    use crate::resource::{Resource, parse_all};
+    let mut roles = Vec::new();
+    for (name, text) in [
+        (
+            "environments.yaml",
+            include_str!("../../../config/roles/environments.yaml"),
+        ),
+        (
+            "auditor.yaml",
+            include_str!("../../../config/roles/auditor.yaml"),
+        ),
+        (
+            "kube-developer.yaml",
+            include_str!("../../../config/roles/kube-developer.yaml"),
+        ),
+    ] {
+        for r in parse_all(text, name).unwrap_or_else(|e| panic!("{e}")) {
+            let Resource::Role(r) = r;
+            roles.push(r);
+        }
+    }
+    let by = |n: &str| {
+        roles
+            .iter()
+            .find(|r| r.name() == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("{n}"))
+    };
+    let t = traits(&["alice"]);
+    let eng = RoleSet::new(&[by("engineering")], &t);
+    assert!(
+        eng.check_node("alice", &labels(&[("env", "staging"), ("team", "x")]))
+            .allowed
+    );
+    assert!(
+        eng.check_node("ubuntu", &labels(&[("env", "dev-3"), ("team", "x")]))
+            .allowed
+    );
+    assert!(
+        !eng.check_node("alice", &labels(&[("env", "prod"), ("team", "x")]))
+            .allowed
+    );
+    let both = RoleSet::new(&[by("engineering"), by("oncall")], &t);
+    assert!(
+        !both.check_node("root", &labels(&[("env", "prod")])).allowed,
+        "engineering's deny wins"
+    );
+    let oncall = RoleSet::new(&[by("oncall")], &t);
+    assert!(
+        oncall
+            .check_node("root", &labels(&[("env", "prod-eu")]))
+            .allowed
+    );
+    assert_eq!(oncall.record_ssh(), RecordMode::Strict);
+    let auditor = RoleSet::new(&[by("security-auditor"), by("engineering")], &t);
+    assert!(
+        auditor.logins().is_empty(),
+        "deny logins '*' leaves no principal"
+    );
+    assert!(
+        !auditor
+            .check_node("alice", &labels(&[("env", "staging"), ("team", "x")]))
+            .allowed
+    );
+    assert!(auditor.check_rule("event", "list").allowed);
+    let kube = RoleSet::new(&[by("kube-developer")], &t);
+    let staging = labels(&[("env", "staging")]);
+    let req = |kind, namespace, verb| KubeRequest {
+        kind,
+        namespace,
+        name: "x",
+        verb,
+    };
+    assert!(
+        kube.check_kube(&staging, &req("pod", "staging-web", "exec"))
+            .allowed
+    );
+    assert!(
+        !kube
+            .check_kube(&staging, &req("pod", "prod-web", "exec"))
+            .allowed
+    );
+    assert!(
+        !kube
+            .check_kube(&staging, &req("secret", "staging-web", "get"))
+            .allowed
+    );
+    assert!(kube.logins().is_empty());
+}
+
+#[test]
+fn allow_logins_cannot_be_patterns() {
+    let e = role_err(
+        "kind: role\nversion: v1\nmetadata: {name: x}\nspec:\n  allow:\n    logins: ['*']\n",
+    );
+    assert!(e.contains("allowed logins are names"), "{e}");
+}
+
+fn role_err(yaml: &str) -> String {
+    match serde_saphyr::from_str::<Role>(yaml) {
+        Ok(r) => r
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
+        Err(e) => e.to_string(),
+    }
+}
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const KEYS: &[&str] = &["env", "team", "region"];
+    const VALUES: &[&str] = &["prod", "staging", "dev", "web", "db", "eu"];
+    const LOGINS: &[&str] = &["root", "ubuntu", "alice"];
+
+    fn arb_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => proptest::sample::select(VALUES).prop_map(str::to_string),
+            1 => Just("*".to_string()),
+            1 => proptest::sample::select(VALUES).prop_map(|v| format!("{}*", &v[..1])),
+            1 => proptest::sample::select(VALUES).prop_map(|v| format!("^({v}|x)$")),
+        ]
+    }
+
+    fn arb_labels() -> impl Strategy<Value = BTreeMap<String, Vec<String>>> {
+        proptest::collection::btree_map(
+            proptest::sample::select(KEYS).prop_map(str::to_string),
+            proptest::collection::vec(arb_value(), 1..3),
+            0..3,
+        )
+    }
+
+    fn arb_node() -> impl Strategy<Value = BTreeMap<String, String>> {
+        proptest::collection::btree_map(
+            proptest::sample::select(KEYS).prop_map(str::to_string),
+            proptest::sample::select(VALUES).prop_map(str::to_string),
+            0..4,
+        )
+    }
+
+    fn arb_conditions() -> impl Strategy<Value = Conditions> {
+        (
+            proptest::collection::vec(proptest::sample::select(LOGINS), 0..3),
+            arb_labels(),
+        )
+            .prop_map(|(logins, labels)| Conditions {
+                logins: logins.into_iter().map(Pattern::from).collect(),
+                node_labels: labels
+                    .into_iter()
+                    .map(|(k, vs)| {
+                        (
+                            k,
+                            LabelValues::Many(
+                                vs.into_iter().map(|v| Pattern::from(v.as_str())).collect(),
+                            ),
+                        )
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+    }
+
+    fn arb_role() -> impl Strategy<Value = Role> {
+        (arb_conditions(), arb_conditions(), any::<bool>()).prop_map(|(allow, deny, has_deny)| {
+            Role {
+                kind: "role".into(),
+                version: "v1".into(),
+                metadata: Metadata {
+                    name: "r".into(),
+                    ..Default::default()
+                },
+                spec: RoleSpec {
+                    allow,
+                    deny: if has_deny {
+                        deny
+                    } else {
+                        Conditions::default()
+                    },
+                    ..Default::default()
+                },
+            }
+        })
+    }
+
+    /// The reference: what a label selector means, written as plainly as possible.
+    fn reference_matches(
+        selector: &BTreeMap<String, Vec<String>>,
+        node: &BTreeMap<String, String>,
+    ) -> bool {
+        fn value_matches(pattern: &str, v: &str) -> bool {
+            if pattern == "*" {
+                true
+            } else if let Some(alts) = pattern
+                .strip_prefix("^(")
+                .and_then(|p| p.strip_suffix(")$"))
+            {
+                alts.split('|').any(|a| a == v)
+            } else if let Some(prefix) = pattern.strip_suffix('*') {
+                v.starts_with(prefix)
+            } else {
+                pattern == v
+            }
+        }
+        !selector.is_empty()
+            && selector.iter().all(|(k, pats)| match node.get(k) {
+                Some(v) => pats.iter().any(|p| value_matches(p, v)),
+                None => false,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn label_matching_agrees_with_reference(sel in arb_labels(), node in arb_node()) {
+            prop_assert_eq!(LabelSelector::compile(&sel).matches(&node), reference_matches(&sel, &node));
+        }
+
+        #[test]
+        fn deny_always_wins(roles in proptest::collection::vec(arb_role(), 1..5), node in arb_node(), login in proptest::sample::select(LOGINS)) {
+            let set = RoleSet::new(&roles, &Traits::new());
+            let denied = roles.iter().any(|r| {
+                r.spec.deny.logins.iter().any(|l| l.as_str() == login)
+                    || {
+                        let sel: BTreeMap<String, Vec<String>> = r.spec.deny.node_labels.iter()
+                            .map(|(k, v)| (k.clone(), v.values().iter().map(|p| p.as_str().to_string()).collect())).collect();
+                        reference_matches(&sel, &node)
+                    }
+            });
+            if denied {
+                prop_assert!(!set.check_node(login, &node).allowed);
+            }
+        }
+
+        #[test]
+        fn adding_an_allow_never_removes_access(roles in proptest::collection::vec(arb_role(), 1..4), extra in arb_conditions(), node in arb_node(), login in proptest::sample::select(LOGINS)) {
+            let before = RoleSet::new(&roles, &Traits::new()).check_node(login, &node).allowed;
+            let mut more = roles.clone();
+            more.push(Role { spec: RoleSpec { allow: extra, ..Default::default() }, ..roles[0].clone() });
+            let after = RoleSet::new(&more, &Traits::new()).check_node(login, &node).allowed;
+            prop_assert!(!before || after);
+        }
+
+        #[test]
+        fn adding_a_deny_never_adds_access(roles in proptest::collection::vec(arb_role(), 1..4), extra in arb_conditions(), node in arb_node(), login in proptest::sample::select(LOGINS)) {
+            let before = RoleSet::new(&roles, &Traits::new()).check_node(login, &node).allowed;
+            let mut more = roles.clone();
+            more.push(Role { spec: RoleSpec { deny: extra, ..Default::default() }, ..roles[0].clone() });
+            let after = RoleSet::new(&more, &Traits::new()).check_node(login, &node).allowed;
+            prop_assert!(before || !after);
+        }
+    }
+}
