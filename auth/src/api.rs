@@ -166,6 +166,14 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/nodes", get(list_nodes).post(add_node))
         .route("/v1/nodes/{name}", axum::routing::delete(remove_node))
         .route("/v1/access/check", post(access_check))
+        .route("/v1/tokens/join", post(add_join_token))
+        .route("/v1/join", post(join))
+        .route("/v1/nodes/{name}/presence", post(presence))
+        .route("/v1/nodes/{name}/proxy-host-cert", post(proxy_host_cert))
+        .route("/v1/nodes/{name}/host-key", post(pin_host_key))
+        .route("/v1/sessions", get(list_sessions).post(session_grant))
+        .route("/v1/sessions/{id}/end", post(session_end))
+        .route("/v1/sessions/{id}/recording", get(recording))
         .with_state(auth)
 }
 
@@ -523,4 +531,147 @@ impl AuthServer {
         }
         Err(AuthError::BadRequest("say what to check: --node NODE --login LOGIN, or --kube-resource kind/ns/name --verb VERB".into()))
     }
+}
+
+async fn add_join_token(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<AddJoinToken>,
+) -> Result<Json<JoinToken>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "token", "create").await?;
+    Ok(Json(auth.add_join_token(&req, caller.name()).await?))
+}
+
+async fn join(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<JoinRequest>,
+) -> Result<Json<Joined>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    let remote = req.remote_addr.clone().unwrap_or_default();
+    Ok(Json(auth.join(&req, &remote).await?))
+}
+
+async fn presence(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+    Json(p): Json<Presence>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    auth.presence(&id, &p).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+#[derive(Deserialize)]
+struct PublicKeyBody {
+    public_key: String,
+}
+
+async fn proxy_host_cert(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+    Json(b): Json<PublicKeyBody>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    let cert = auth.proxy_host_cert(&name, &b.public_key).await?;
+    let node = auth
+        .find_node(&name)
+        .await?
+        .ok_or_else(|| AuthError::NotFound(format!("node {name} is not registered")))?;
+    Ok(Json(serde_json::json!({"cert": cert, "node": node})))
+}
+
+#[derive(Deserialize)]
+struct HostKeyBody {
+    host_key: String,
+}
+
+/// Trust on first use for agentless nodes: the first host key the proxy sees is pinned, and
+/// the pinned key is returned every time after.
+async fn pin_host_key(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+    Json(b): Json<HostKeyBody>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(
+        serde_json::json!({"host_key": auth.pin_host_key(&id, &b.host_key).await?}),
+    ))
+}
+
+async fn session_grant(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<SessionRequest>,
+) -> Result<Json<SessionGrant>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(auth.session_grant(&req).await?))
+}
+
+async fn session_end(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+    Json(end): Json<SessionEnd>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    auth.session_end(&id, &end).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+/// Whose sessions `caller` may see: everyone's with `list` on `event` (auditors, editors),
+/// otherwise only their own, with `list` on `session`.
+async fn session_scope(auth: &AuthServer, caller: &Caller) -> Result<Option<String>, AuthError> {
+    if auth.authorize(caller, "event", "list").await.is_ok() {
+        return Ok(None);
+    }
+    auth.authorize(caller, "session", "list").await?;
+    Ok(Some(caller.name().to_string()))
+}
+
+async fn list_sessions(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<SessionInfo>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    let scope = session_scope(&auth, &caller).await?;
+    Ok(Json(auth.list_sessions(scope.as_deref()).await?))
+}
+
+async fn recording(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+) -> Result<Response, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    let scope = session_scope(&auth, &caller).await?;
+    let s = auth
+        .get_session(&id)
+        .await?
+        .ok_or_else(|| AuthError::NotFound(format!("session {id} does not exist")))?;
+    if scope.as_deref().is_some_and(|u| u != s.user) {
+        return Err(AuthError::AccessDenied(format!(
+            "session {id} belongs to another user"
+        )));
+    }
+    uuid::Uuid::parse_str(&id).map_err(|_| AuthError::BadRequest("not a session id".into()))?;
+    let dir = auth
+        .config
+        .recordings_dir
+        .clone()
+        .ok_or_else(|| AuthError::NotFound("no recordings are kept here".into()))?;
+    let bytes = tokio::fs::read(dir.join(format!("{id}.cast")))
+        .await
+        .map_err(|e| {
+            AuthError::NotFound(format!("recording of session {id} is not available: {e}"))
+        })?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-asciicast")],
+        bytes,
+    )
+        .into_response())
 }

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod login;
 pub mod nodes;
 pub mod roles;
+pub mod ssh_access;
 pub mod users;
 
 use std::sync::Arc;
@@ -68,6 +69,8 @@ pub struct AuthConfig {
     pub lockout_duration: Duration,
     /// Names the services answer to, for their TLS certificates.
     pub public_names: Vec<String>,
+    /// Where the proxy in this process writes session recordings (`<id>.cast`).
+    pub recordings_dir: Option<std::path::PathBuf>,
 }
 
 impl AuthConfig {
@@ -80,6 +83,7 @@ impl AuthConfig {
             lockout_window: Duration::from_secs(30 * 60),
             lockout_duration: Duration::from_secs(30 * 60),
             public_names: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            recordings_dir: None,
         }
     }
 }

@@ -17,6 +17,13 @@ fn node_from_row(r: &AnyRow) -> Result<NodeInfo, AuthError> {
         hostname: r.try_get("hostname")?,
         addr: r.try_get("addr")?,
         labels: serde_json::from_str(&labels)?,
+        online: {
+            let kind: String = r.try_get("kind")?;
+            let seen: i64 = r.try_get("last_seen")?;
+            // Agentless nodes have no tunnel to lose: they are as reachable as their address.
+            kind == "agentless"
+                || seen > sallyport_core::unix_now() - crate::ssh_access::PRESENCE_TTL
+        },
         kind: r.try_get("kind")?,
     })
 }
@@ -52,6 +59,7 @@ impl AuthServer {
             addr: Some(req.addr.clone()),
             labels: req.labels.clone(),
             kind: "agentless".into(),
+            online: true,
         };
         let now = sallyport_core::unix_now();
         let r = sqlx::query(
@@ -82,17 +90,18 @@ impl AuthServer {
     }
 
     pub async fn list_nodes(&self) -> Result<Vec<NodeInfo>, AuthError> {
-        let rows =
-            sqlx::query("SELECT id, hostname, addr, labels, kind FROM nodes ORDER BY hostname")
-                .fetch_all(&self.backend.pool)
-                .await?;
+        let rows = sqlx::query(
+            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes ORDER BY hostname",
+        )
+        .fetch_all(&self.backend.pool)
+        .await?;
         rows.iter().map(node_from_row).collect()
     }
 
     /// A node by hostname or id.
     pub async fn find_node(&self, name_or_id: &str) -> Result<Option<NodeInfo>, AuthError> {
         let row = sqlx::query(
-            "SELECT id, hostname, addr, labels, kind FROM nodes WHERE hostname = $1 OR id = $1",
+            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes WHERE hostname = $1 OR id = $1",
         )
         .bind(name_or_id)
         .fetch_optional(&self.backend.pool)
@@ -112,5 +121,20 @@ impl AuthServer {
         }
         self.emit(Event::new("node.delete", Some(by)).with("name", name_or_id))
             .await
+    }
+
+    /// Pins `key` as an agentless node's host key if none is pinned; returns the pinned key.
+    pub async fn pin_host_key(&self, id: &str, key: &str) -> Result<String, AuthError> {
+        sqlx::query("UPDATE nodes SET host_key = $1 WHERE id = $2 AND host_key IS NULL AND kind = 'agentless'")
+            .bind(key)
+            .bind(id)
+            .execute(&self.backend.pool)
+            .await?;
+        let row = sqlx::query("SELECT host_key FROM nodes WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        row.and_then(|r| r.try_get::<Option<String>, _>(0).ok().flatten())
+            .ok_or_else(|| AuthError::NotFound(format!("node {id} is not registered")))
     }
 }

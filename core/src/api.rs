@@ -192,6 +192,9 @@ pub struct NodeInfo {
     pub labels: BTreeMap<String, String>,
     /// `agentless` or `agent`.
     pub kind: String,
+    /// For agents: whether its tunnel is up now.
+    #[serde(default)]
+    pub online: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -219,4 +222,114 @@ pub struct AccessCheck {
     pub kube_resource: Option<String>,
     #[serde(default)]
     pub verb: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AddJoinToken {
+    /// `node`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub ttl_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinToken {
+    pub token: String,
+    /// RFC 3339.
+    pub expires: String,
+}
+
+/// An agent asking to join with a one-time token. The keys are the agent's own; their private
+/// halves never leave it.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub token: String,
+    pub nodename: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// SubjectPublicKeyInfo (DER, base64) of the agent's TLS key.
+    pub tls_spki: String,
+    /// OpenSSH public host key.
+    pub ssh_host_key: String,
+    #[serde(default)]
+    pub remote_addr: Option<String>,
+}
+
+impl std::fmt::Debug for JoinRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinRequest")
+            .field("nodename", &self.nodename)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Joined {
+    pub node_id: String,
+    pub cluster_name: String,
+    pub tls_cert_pem: String,
+    pub host_ca_pem: String,
+    pub ssh_host_cert: String,
+    /// OpenSSH public keys of the user CA: the only keys whose certificates the agent accepts.
+    pub user_ca_keys: Vec<String>,
+}
+
+/// The proxy reporting an agent's tunnel (and its current labels).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Presence {
+    pub online: bool,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// The proxy asking whether `user` may open a session as `login` on `node`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionRequest {
+    pub user: String,
+    pub login: String,
+    pub node: String,
+    /// OpenSSH public key of the proxy's per-session key, to certify for `login`.
+    pub public_key: String,
+    pub remote_addr: String,
+}
+
+/// Auth's answer: the node, the per-session certificate, and what the roles say about the
+/// session. A refusal comes back as an error with the role explanation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionGrant {
+    pub session_id: String,
+    pub node: NodeInfo,
+    pub ssh_cert: String,
+    /// `best_effort` or `strict`.
+    pub record: String,
+    pub port_forwarding: bool,
+    pub forward_agent: bool,
+    pub explanation: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionEnd {
+    pub exit_code: Option<i64>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// `complete`, or `incomplete` when the recording could not be finished.
+    pub status: String,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub user: String,
+    pub login: String,
+    pub node: String,
+    pub start: String,
+    pub end: Option<String>,
+    pub exit_code: Option<i64>,
+    pub status: String,
+    pub kind: String,
+    pub command: Option<String>,
 }

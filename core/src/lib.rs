@@ -8,6 +8,7 @@ pub mod api;
 pub mod audit;
 pub mod ca;
 pub mod duration;
+pub mod flow;
 pub mod https;
 pub mod identity;
 pub mod names;
@@ -15,6 +16,7 @@ pub mod resource;
 pub mod role;
 pub mod sshcert;
 pub mod tls;
+pub mod tunnel;
 pub mod x509;
 
 /// Installs the one crypto provider compiled into the workspace (aws-lc-rs). Safe to call more

@@ -112,6 +112,165 @@ pub fn ed25519_bytes(key: &PublicKey) -> Result<[u8; 32], SshCertError> {
         .ok_or(SshCertError::UnsupportedKey)
 }
 
+/// Issues a host certificate for `names` (hostname, hostname.cluster, node id).
+pub fn issue_host(
+    ca: &PrivateKey,
+    key: &PublicKey,
+    host_id: &str,
+    names: &[String],
+    ttl: Duration,
+) -> Result<Certificate, SshCertError> {
+    let now = unix_after(Duration::ZERO);
+    let mut b = certificate::Builder::new_with_random_nonce(
+        &mut rand::rng(),
+        key.key_data().clone(),
+        now.saturating_sub(60),
+        now.saturating_add(ttl.as_secs()),
+    )?;
+    b.serial(rand::random::<u64>())?;
+    b.cert_type(certificate::CertType::Host)?;
+    b.key_id(host_id)?;
+    for n in names {
+        b.valid_principal(n.clone())?;
+    }
+    Ok(b.sign(ca)?)
+}
+
+/// Why a certificate was refused, in words for the audit log and the person.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CertRefusal {
+    #[error("not a user certificate")]
+    NotUserCert,
+    #[error("not a host certificate")]
+    NotHostCert,
+    #[error("certificate is not signed by this cluster's CA")]
+    UnknownCa,
+    #[error("certificate for {user} expired at {at}; run `sally login`")]
+    Expired { user: String, at: String },
+    #[error("certificate for {user} is not valid yet")]
+    NotYetValid { user: String },
+    #[error("certificate signature is invalid")]
+    BadSignature,
+    #[error("certificate has no principals")]
+    NoPrincipals,
+    #[error("certificate for {user} does not allow login {login}")]
+    Principal { user: String, login: String },
+    #[error("certificate carries an unknown critical option {0:?}")]
+    CriticalOption(String),
+    #[error("certificate has no key id")]
+    NoKeyId,
+}
+
+fn rfc3339(unix: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix.min(i64::MAX as u64) as i64)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks a certificate the way sshd would — and what russh leaves to the caller: the CA is a
+/// plain key byte-equal to a trusted one, the type, the validity window, the signature, that a
+/// principal equals `principal` byte for byte, and that no unknown critical option is present.
+fn verify(
+    cert: &Certificate,
+    trusted: &[PublicKey],
+    principal: &str,
+    now: u64,
+    kind: certificate::CertType,
+) -> Result<(), CertRefusal> {
+    if cert.cert_type() != kind {
+        return Err(if kind == certificate::CertType::User {
+            CertRefusal::NotUserCert
+        } else {
+            CertRefusal::NotHostCert
+        });
+    }
+    let signer = cert.signature_key();
+    if !trusted.iter().any(|k| k.key_data() == signer) {
+        return Err(CertRefusal::UnknownCa);
+    }
+    let user = cert.key_id().to_string();
+    if cert.valid_before() <= now {
+        return Err(CertRefusal::Expired {
+            user,
+            at: rfc3339(cert.valid_before()),
+        });
+    }
+    if cert.valid_after() > now {
+        return Err(CertRefusal::NotYetValid { user });
+    }
+    let fps: Vec<_> = trusted
+        .iter()
+        .map(|k| k.fingerprint(HashAlg::Sha256))
+        .collect();
+    cert.validate_at(now, fps.iter())
+        .map_err(|_| CertRefusal::BadSignature)?;
+    if cert.valid_principals().is_empty() {
+        return Err(CertRefusal::NoPrincipals);
+    }
+    if !cert
+        .valid_principals()
+        .iter()
+        .any(|p| p.as_bytes() == principal.as_bytes())
+    {
+        return Err(CertRefusal::Principal {
+            user,
+            login: principal.to_string(),
+        });
+    }
+    if let Some((name, _)) = cert.critical_options().iter().next() {
+        return Err(CertRefusal::CriticalOption(name.clone()));
+    }
+    if cert.key_id().is_empty() {
+        return Err(CertRefusal::NoKeyId);
+    }
+    Ok(())
+}
+
+/// A user certificate for `login`; returns the Sallyport user it was issued to.
+pub fn verify_user(
+    cert: &Certificate,
+    user_cas: &[PublicKey],
+    login: &str,
+    now: u64,
+) -> Result<String, CertRefusal> {
+    verify(cert, user_cas, login, now, certificate::CertType::User)?;
+    Ok(cert.key_id().to_string())
+}
+
+/// A user certificate for any of its principals (the proxy's outer door, where the SSH user
+/// name is only the first login the client tries).
+pub fn verify_user_any_login(
+    cert: &Certificate,
+    user_cas: &[PublicKey],
+    now: u64,
+) -> Result<String, CertRefusal> {
+    let first = cert
+        .valid_principals()
+        .first()
+        .cloned()
+        .ok_or(CertRefusal::NoPrincipals)?;
+    verify(cert, user_cas, &first, now, certificate::CertType::User)?;
+    Ok(cert.key_id().to_string())
+}
+
+/// A host certificate for `hostname`.
+pub fn verify_host(
+    cert: &Certificate,
+    host_cas: &[PublicKey],
+    hostname: &str,
+    now: u64,
+) -> Result<(), CertRefusal> {
+    verify(cert, host_cas, hostname, now, certificate::CertType::Host)
+}
+
+pub fn now() -> u64 {
+    unix_after(Duration::ZERO)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +307,69 @@ mod tests {
         let other = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
         let fp2 = other.public_key().fingerprint(HashAlg::Sha256);
         assert!(cert.validate_at(now, [&fp2]).is_err());
+    }
+
+    #[test]
+    fn verification_refuses_what_sshd_would_and_more() {
+        let ca = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let other = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let user = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let logins = vec!["root".to_string()];
+        let now = now();
+        let issue = |signer: &PrivateKey, after: u64, before: u64| {
+            issue_user(
+                signer,
+                &UserCertRequest {
+                    public_key: user.public_key(),
+                    user: "alice",
+                    roles: &[],
+                    logins: &logins,
+                    valid_after: after,
+                    valid_before: before,
+                    permits: Permits::default(),
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let cas = [ca.public_key().clone()];
+        let good = issue(&ca, now - 60, now + 60);
+        assert_eq!(verify_user(&good, &cas, "root", now), Ok("alice".into()));
+        assert_eq!(
+            verify_user(&good, &cas, "Root", now)
+                .err()
+                .map(|e| e.to_string()),
+            Some("certificate for alice does not allow login Root".into())
+        );
+        assert_eq!(
+            verify_user(&issue(&other, now - 60, now + 60), &cas, "root", now),
+            Err(CertRefusal::UnknownCa)
+        );
+        assert!(matches!(
+            verify_user(&issue(&ca, now - 120, now - 60), &cas, "root", now),
+            Err(CertRefusal::Expired { .. })
+        ));
+        assert!(matches!(
+            verify_user(&issue(&ca, now + 60, now + 120), &cas, "root", now),
+            Err(CertRefusal::NotYetValid { .. })
+        ));
+        let host = issue_host(
+            &ca,
+            user.public_key(),
+            "id",
+            &["root".into()],
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            verify_user(&host, &cas, "root", now),
+            Err(CertRefusal::NotUserCert),
+            "a host cert is never a user credential"
+        );
+        assert_eq!(verify_host(&host, &cas, "root", now), Ok(()));
+        assert_eq!(
+            verify_host(&good, &cas, "root", now),
+            Err(CertRefusal::NotHostCert)
+        );
     }
 
     #[test]

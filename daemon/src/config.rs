@@ -27,6 +27,18 @@ pub struct Config {
 pub struct Global {
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
+    /// For an agent (`ssh_service` alone): the proxy's web address, HOST:3080.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_server: Option<String>,
+    /// For an agent's first start: the one-time join token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_token: Option<String>,
+    /// For an agent's first start: the cluster's CA pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pin: Option<String>,
+    /// This host's node name (default: the system host name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodename: Option<String>,
     #[serde(default)]
     pub log: Log,
     #[serde(default)]
@@ -37,6 +49,10 @@ impl Default for Global {
     fn default() -> Self {
         Global {
             data_dir: default_data_dir(),
+            proxy_server: None,
+            auth_token: None,
+            ca_pin: None,
+            nodename: None,
             log: Log::default(),
             storage: Storage::default(),
         }
@@ -322,6 +338,11 @@ sallyport:
   log:
     severity: info        # debug | info | warn | error
     format: text          # text | json
+  # nodename: web1        # this host's node name (default: the system host name)
+  # For an agent on another host (ssh_service alone), instead of --proxy/--token/--ca-pin:
+  # proxy_server: proxy.example.com:3080
+  # auth_token: <from sallyctl tokens add --type=node>
+  # ca_pin: sha256:...
   storage:
     type: sqlite          # sqlite (embedded, in data_dir) | postgres
     # conn_string: "postgres://sallyport:PASSWORD@db.example.com/sallyport"   # with type: postgres

@@ -30,6 +30,28 @@ enum Command {
         /// Data directory; overrides `sallyport.data_dir`.
         #[arg(long, short = 'd')]
         data_dir: Option<PathBuf>,
+        /// Services to run: auth,proxy,node (default: those enabled in the config; all-in-one
+        /// without one). `--roles=node` runs an agent that dials out to --proxy.
+        #[arg(long, value_delimiter = ',')]
+        roles: Vec<String>,
+        /// The proxy's web address (HOST:3080), for an agent.
+        #[arg(long)]
+        proxy: Option<String>,
+        /// One-time join token (`sallyctl tokens add --type=node`), for an agent's first start.
+        #[arg(long)]
+        token: Option<String>,
+        /// Node labels, k=v,k2=v2.
+        #[arg(long)]
+        labels: Option<String>,
+        /// This node's name (default: the system host name).
+        #[arg(long)]
+        nodename: Option<String>,
+        /// The cluster's CA pin, sha256:<hex>, for an agent's first start.
+        #[arg(long)]
+        ca_pin: Option<String>,
+        /// Do not verify the proxy at join (testing only).
+        #[arg(long, conflicts_with = "ca_pin")]
+        insecure: bool,
     },
     /// Print a complete, commented default configuration.
     Configure,
@@ -43,7 +65,26 @@ fn main() -> ExitCode {
             print!("{}", config::DEFAULT_CONFIG);
             ExitCode::SUCCESS
         }
-        Command::Start { config, data_dir } => {
+        Command::Start {
+            config,
+            data_dir,
+            roles,
+            proxy,
+            token,
+            labels,
+            nodename,
+            ca_pin,
+            insecure,
+        } => {
+            let flags = start::Flags {
+                roles,
+                proxy,
+                token,
+                labels,
+                nodename,
+                ca_pin,
+                insecure,
+            };
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -51,7 +92,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(start::run(config, data_dir)) {
+            match rt.block_on(start::run(config, data_dir, flags)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");

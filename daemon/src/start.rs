@@ -22,7 +22,22 @@ use crate::config::{Config, LogFormat, SecondFactor, Severity};
 /// The file `sallyctl --data-dir` reads: the local admin's client certificate and key.
 pub const ADMIN_IDENTITY: &str = "admin-identity.json";
 
-pub async fn run(config_path: Option<PathBuf>, data_dir: Option<PathBuf>) -> Result<()> {
+/// `sallyport start` flags beyond the config file.
+pub struct Flags {
+    pub roles: Vec<String>,
+    pub proxy: Option<String>,
+    pub token: Option<String>,
+    pub labels: Option<String>,
+    pub nodename: Option<String>,
+    pub ca_pin: Option<String>,
+    pub insecure: bool,
+}
+
+pub async fn run(
+    config_path: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    flags: Flags,
+) -> Result<()> {
     let mut cfg = match &config_path {
         Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
         None => Config::all_in_one(default_data_dir()),
@@ -30,17 +45,39 @@ pub async fn run(config_path: Option<PathBuf>, data_dir: Option<PathBuf>) -> Res
     if let Some(d) = data_dir {
         cfg.sallyport.data_dir = d;
     }
+    for r in &flags.roles {
+        if !["auth", "proxy", "node"].contains(&r.as_str()) {
+            bail!("unknown role {r:?} in --roles: use auth, proxy and/or node");
+        }
+    }
+    if !flags.roles.is_empty() {
+        cfg.auth_service.enabled = flags.roles.iter().any(|r| r == "auth");
+        cfg.proxy_service.enabled = flags.roles.iter().any(|r| r == "proxy");
+        cfg.ssh_service.enabled = flags.roles.iter().any(|r| r == "node");
+    }
+    if let Some(l) = &flags.labels {
+        let extra =
+            sallyport_auth::nodes::parse_labels(l).map_err(|e| anyhow::anyhow!("--labels: {e}"))?;
+        cfg.ssh_service.labels.extend(extra);
+    }
+    if flags.nodename.is_some() {
+        cfg.sallyport.nodename = flags.nodename.clone();
+    }
     init_logging(&cfg);
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
-    if !cfg.auth_service.enabled {
+    if !cfg.auth_service.enabled && !cfg.proxy_service.enabled && cfg.ssh_service.enabled {
+        return run_agent(&cfg, &flags).await;
+    }
+    if !cfg.auth_service.enabled || !cfg.proxy_service.enabled {
         bail!(
-            "this build runs auth in every daemon: set auth_service.enabled: true (separate proxies arrive with agent joining)"
+            "run auth and proxy together (all-in-one), or an agent alone with --roles=node; separate auth and proxy hosts are not supported yet"
         );
     }
 
     let a = &cfg.auth_service;
     let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
+    auth_cfg.recordings_dir = Some(dir.join("recordings"));
     auth_cfg.second_factor = a.authentication.second_factor == SecondFactor::Otp;
     auth_cfg.max_login_attempts = a.authentication.max_login_attempts;
     auth_cfg.lockout_window = a.authentication.lockout_window.0;
@@ -49,6 +86,13 @@ pub async fn run(config_path: Option<PathBuf>, data_dir: Option<PathBuf>) -> Res
         .await
         .context("cannot open the auth service")?;
     let cluster = auth.config.cluster_name.clone();
+    let interrupted = auth.mark_interrupted_sessions().await?;
+    if interrupted > 0 {
+        tracing::warn!(
+            sessions = interrupted,
+            "sessions interrupted by the last stop are marked incomplete"
+        );
+    }
     // The database holds the CA private keys.
     for f in ["sallyport.db", "sallyport.db-wal", "sallyport.db-shm"] {
         let _ = std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600));
@@ -72,7 +116,7 @@ pub async fn run(config_path: Option<PathBuf>, data_dir: Option<PathBuf>) -> Res
     let mut auth_tls = server_config(
         pem_to_ders(&auth_id.chain_pem)?,
         private_key_from_pem(&auth_id.key_pem)?,
-        ClientAuth::Required([user_roots, host_roots].concat()),
+        ClientAuth::Required([user_roots, host_roots.clone()].concat()),
     )?;
     // Clients that reach auth through the proxy's passthrough offer only this protocol.
     auth_tls
@@ -88,46 +132,117 @@ pub async fn run(config_path: Option<PathBuf>, data_dir: Option<PathBuf>) -> Res
     write_admin_identity(&auth, &dir, a.listen_addr)?;
 
     let mut lines = vec![format!("auth     {}", a.listen_addr)];
-    if cfg.proxy_service.enabled {
-        let p = &cfg.proxy_service;
-        let proxy_id = service_identity(
-            &auth,
-            "proxy",
-            sallyport_auth::api::PROXY_ROLE,
-            names.clone(),
-        )?;
-        let web_listener = bind(p.web_listen_addr, "proxy web").await?;
-        let client = sallyport_proxy::AuthClient::new(&connect_addr(a.listen_addr), &proxy_id)?;
-        let web_tls = server_config(
-            pem_to_ders(&proxy_id.chain_pem)?,
-            private_key_from_pem(&proxy_id.key_pem)?,
-            ClientAuth::None,
-        )?;
-        // sallyctl reaches auth through this port: its TLS (ALPN sallyport-auth) is piped to auth
-        // unterminated, so the user's client certificate is verified by auth itself.
-        let passthrough = sallyport_core::https::Passthrough {
-            alpn: sallyport_core::api::AUTH_ALPN.to_vec(),
-            target: connect_addr(a.listen_addr),
-        };
-        tokio::spawn(sallyport_core::https::serve(
-            web_listener,
-            Arc::new(web_tls),
-            sallyport_proxy::web::router(client),
-            Some(passthrough),
-        ));
-        lines.push(format!("web      https://{}", p.web_listen_addr));
-        lines.push(format!(
-            "ssh      {} (arrives with SSH access)",
-            p.ssh_listen_addr
-        ));
-        lines.push(format!(
-            "tunnel   {} (arrives with SSH access)",
-            p.tunnel_listen_addr
-        ));
-        lines.push(format!(
-            "kube     {} (arrives with Kubernetes access)",
-            p.kube_listen_addr
-        ));
+    let p = &cfg.proxy_service;
+    let proxy_id = service_identity(
+        &auth,
+        "proxy",
+        sallyport_auth::api::PROXY_ROLE,
+        names.clone(),
+    )?;
+    let client = sallyport_proxy::AuthClient::new(&connect_addr(a.listen_addr), &proxy_id)?;
+    let chain = pem_to_ders(&proxy_id.chain_pem)?;
+    let web_tls = server_config(
+        chain.clone(),
+        private_key_from_pem(&proxy_id.key_pem)?,
+        ClientAuth::None,
+    )?;
+    let web_listener = bind(p.web_listen_addr, "proxy web").await?;
+    let ssh_listener = bind(p.ssh_listen_addr, "proxy ssh").await?;
+    let tunnel_listener = bind(p.tunnel_listen_addr, "proxy tunnel").await?;
+    // sallyctl reaches auth through the web port: its TLS (ALPN sallyport-auth) is piped to auth
+    // unterminated, so the user's client certificate is verified by auth itself.
+    let passthrough = sallyport_core::https::Passthrough {
+        alpn: sallyport_core::api::AUTH_ALPN.to_vec(),
+        target: connect_addr(a.listen_addr),
+    };
+    let doors = sallyport_proxy::web::Doors {
+        ssh_port: p.ssh_listen_addr.port(),
+        tunnel_port: p.tunnel_listen_addr.port(),
+    };
+    tokio::spawn(sallyport_core::https::serve(
+        web_listener,
+        Arc::new(web_tls),
+        sallyport_proxy::web::router(client.clone(), doors),
+        Some(passthrough),
+    ));
+    // Agents' door: only a node certificate from the host CA opens a tunnel.
+    let mut tunnel_tls = server_config(
+        chain,
+        private_key_from_pem(&proxy_id.key_pem)?,
+        ClientAuth::Required(host_roots.clone()),
+    )?;
+    tunnel_tls.alpn_protocols = vec![b"sallyport-tunnel".to_vec()];
+    let tunnels = sallyport_proxy::tunnels::Tunnels::default();
+    tokio::spawn(sallyport_proxy::tunnels::serve(
+        tunnel_listener,
+        Arc::new(tunnel_tls),
+        tunnels.clone(),
+        client.clone(),
+    ));
+    // Users' SSH door.
+    let ssh_key = sallyport_core::sshcert::generate_ed25519()?;
+    let mut ssh_names = names.clone();
+    ssh_names.push(cluster.clone());
+    let proxy_cert = sallyport_core::sshcert::issue_host(
+        &auth.authorities.host_signer().key,
+        ssh_key.public_key(),
+        "proxy",
+        &ssh_names,
+        Duration::from_secs(365 * 86400),
+    )?;
+    let state = sallyport_proxy::ssh::SshState::new(
+        client,
+        cluster.clone(),
+        auth.authorities.ssh_public_keys(CaKind::User),
+        auth.authorities.ssh_public_keys(CaKind::Host),
+        ssh_key,
+        proxy_cert,
+        tunnels,
+        dir.join("recordings"),
+    );
+    tokio::spawn(sallyport_proxy::ssh::accept::serve(
+        ssh_listener,
+        Arc::new(state),
+    ));
+    lines.push(format!("web      https://{}", p.web_listen_addr));
+    lines.push(format!("ssh      {}", p.ssh_listen_addr));
+    lines.push(format!("tunnel   {}", p.tunnel_listen_addr));
+    lines.push(format!(
+        "kube     {} (arrives with Kubernetes access)",
+        p.kube_listen_addr
+    ));
+
+    if cfg.ssh_service.enabled {
+        // The local node: an agent like any other, joined with a token minted in-process.
+        let agent_cfg = cfg.clone();
+        let web = connect_addr(p.web_listen_addr);
+        let host_ca = auth.authorities.tls_pem(CaKind::TlsHost);
+        let auth2 = auth.clone();
+        let nodename = local_nodename(&cfg)?;
+        lines.push(format!("node     {nodename} (local agent)"));
+        tokio::spawn(async move {
+            let token = match sallyport_agent::AgentIdentity::load(&agent_cfg.sallyport.data_dir) {
+                Ok(Some(_)) => None,
+                _ => auth2
+                    .add_join_token(
+                        &sallyport_core::api::AddJoinToken {
+                            kind: "node".into(),
+                            ttl_secs: 600,
+                        },
+                        "@local",
+                    )
+                    .await
+                    .ok()
+                    .map(|t| t.token),
+            };
+            let trust = match sallyport_core::x509::pem_to_ders(&host_ca) {
+                Ok(cas) => sallyport_core::tls::Trust::Roots(cas),
+                Err(_) => return,
+            };
+            if let Err(e) = agent_main(&agent_cfg, Some(web), token, trust, nodename, true).await {
+                tracing::error!(error = %e, "the local agent stopped");
+            }
+        });
     }
 
     let pin = auth
@@ -282,5 +397,104 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term => {},
+    }
+}
+
+fn local_nodename(cfg: &Config) -> Result<String> {
+    let name = match &cfg.sallyport.nodename {
+        Some(n) => n.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into()),
+    };
+    sallyport_core::names::validate("node", &name)
+        .map_err(|e| anyhow::anyhow!("{e}; pick one with --nodename"))?;
+    Ok(name)
+}
+
+/// `sallyport start --roles=node`: join once, then keep the tunnel to the proxy.
+async fn run_agent(cfg: &Config, flags: &Flags) -> Result<()> {
+    let nodename = local_nodename(cfg)?;
+    let proxy = flags
+        .proxy
+        .clone()
+        .or_else(|| cfg.sallyport.proxy_server.clone());
+    let token = flags
+        .token
+        .clone()
+        .or_else(|| cfg.sallyport.auth_token.clone());
+    let pin = flags
+        .ca_pin
+        .clone()
+        .or_else(|| cfg.sallyport.ca_pin.clone());
+    let trust = match (flags.insecure, pin) {
+        (true, _) => {
+            eprintln!("WARNING: --insecure: the proxy's identity is not checked at join");
+            sallyport_core::tls::Trust::Insecure
+        }
+        (false, Some(p)) => sallyport_core::tls::Trust::Pin(p.to_ascii_lowercase()),
+        (false, None) => sallyport_core::tls::Trust::Insecure,
+    };
+    agent_main(cfg, proxy, token, trust, nodename, false).await
+}
+
+async fn agent_main(
+    cfg: &Config,
+    proxy: Option<String>,
+    token: Option<String>,
+    trust: sallyport_core::tls::Trust,
+    nodename: String,
+    quiet: bool,
+) -> Result<()> {
+    let dir = &cfg.sallyport.data_dir;
+    let identity = match sallyport_agent::AgentIdentity::load(dir)? {
+        Some(id) => id,
+        None => {
+            let proxy = proxy.ok_or_else(|| {
+                anyhow::anyhow!("first start of an agent: give --proxy HOST:3080 and --token")
+            })?;
+            let token = token.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "first start of an agent: give --token (from `sallyctl tokens add --type=node`)"
+                )
+            })?;
+            if matches!(trust, sallyport_core::tls::Trust::Insecure) && !quiet {
+                eprintln!("WARNING: joining without --ca-pin: the proxy is not verified");
+            }
+            let params = sallyport_agent::join::JoinParams {
+                proxy,
+                token,
+                nodename: nodename.clone(),
+                labels: cfg.ssh_service.labels.clone(),
+                trust,
+            };
+            let id = sallyport_agent::join::join(&params).await?;
+            id.save(dir)?;
+            id
+        }
+    };
+    if !quiet {
+        println!(
+            "node {} ({}) joined cluster {}; tunnel to {}",
+            identity.nodename, identity.node_id, identity.cluster_name, identity.tunnel_addr
+        );
+    }
+    let labels: sallyport_agent::tunnel::Labels =
+        Arc::new(std::sync::Mutex::new(cfg.ssh_service.labels.clone()));
+    for c in &cfg.ssh_service.commands {
+        sallyport_agent::tunnel::spawn_label_command(
+            labels.clone(),
+            c.name.clone(),
+            c.command.clone(),
+            c.period.0,
+        );
+    }
+    let server = Arc::new(sallyport_agent::ssh::NodeServer::new(&identity)?);
+    let identity = Arc::new(identity);
+    tokio::select! {
+        _ = sallyport_agent::tunnel::run(identity, labels, server) => Ok(()),
+        _ = shutdown_signal() => Ok(()),
     }
 }

@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use sallyport_core::api::ErrorBody;
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 use sallyport_core::x509::pem_to_ders;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::ServiceIdentity;
 
@@ -23,6 +26,9 @@ pub enum ClientError {
         addr: String,
         source: reqwest::Error,
     },
+    /// Auth answered with an error meant for the user.
+    #[error("{message}")]
+    Refused { status: u16, message: String },
 }
 
 impl AuthClient {
@@ -72,5 +78,27 @@ impl AuthClient {
                 source,
             })?;
         Ok((status, body.to_vec()))
+    }
+
+    /// A typed call; an error status becomes [`ClientError::Refused`] with auth's message.
+    pub async fn json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let body = body
+            .map(|b| serde_json::to_value(b))
+            .transpose()
+            .map_err(|e| ClientError::Setup(e.to_string()))?;
+        let (status, bytes) = self.call(method, path, body).await?;
+        if !(200..300).contains(&status) {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| format!("auth answered {status}"));
+            return Err(ClientError::Refused { status, message });
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
     }
 }

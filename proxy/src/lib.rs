@@ -1,11 +1,14 @@
-//! The proxy: the only door. This slice serves the web API on 3080 (login and sign-up, which it
-//! forwards to auth over mutual TLS with its own host certificate). The SSH, tunnel and
-//! Kubernetes doors arrive with their issues and will follow the same path:
-//! accept → authenticate → authorize → route → relay → record.
+//! The proxy: the only door. It serves the web API on 3080 (login, sign-up, agent joining —
+//! forwarded to auth over mutual TLS with its own host certificate), the users' SSH door on 3023
+//! (`ssh`: accept → authenticate → authorize → route → relay → record), and the agents' tunnel
+//! door on 3024 (`tunnels`). The Kubernetes door arrives with its issue and reuses the tunnel,
+//! the recorder and auth's authorization.
 //!
 //! Architecture invariant: the proxy never reads the backend; it asks auth.
 
 pub mod auth_client;
+pub mod ssh;
+pub mod tunnels;
 pub mod web;
 
 pub use auth_client::AuthClient;

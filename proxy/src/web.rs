@@ -17,17 +17,30 @@ use crate::AuthClient;
 /// Largest request body the web API reads.
 const MAX_BODY: usize = 64 * 1024;
 
-pub fn router(auth: AuthClient) -> Router {
+/// What the proxy tells clients about its other doors.
+#[derive(Clone, Copy, Debug)]
+pub struct Doors {
+    pub ssh_port: u16,
+    pub tunnel_port: u16,
+}
+
+pub fn router(auth: AuthClient, doors: Doors) -> Router {
     Router::new()
         .route("/v1/webapi/ping", get(ping))
+        .route("/v1/webapi/join", post(join))
         .route("/v1/webapi/signup/start", post(signup_start))
         .route("/v1/webapi/signup/finish", post(signup_finish))
         .route("/v1/webapi/login", post(login))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Arc::new(auth))
+        .with_state(Arc::new(Web { auth, doors }))
 }
 
-type Auth = State<Arc<AuthClient>>;
+struct Web {
+    auth: AuthClient,
+    doors: Doors,
+}
+
+type Auth = State<Arc<Web>>;
 
 async fn forward(
     auth: &AuthClient,
@@ -63,12 +76,46 @@ fn with_remote(mut body: serde_json::Value, remote: RemoteAddr) -> serde_json::V
     body
 }
 
-async fn ping(State(auth): Auth) -> Response {
-    forward(&auth, Method::GET, "/v1/ping", None).await
+async fn ping(State(web): Auth) -> Response {
+    match web
+        .auth
+        .json::<serde_json::Value, serde_json::Value>(Method::GET, "/v1/ping", None)
+        .await
+    {
+        Ok(mut v) => {
+            v["ssh_port"] = web.doors.ssh_port.into();
+            v["tunnel_port"] = web.doors.tunnel_port.into();
+            Json(v).into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "auth unreachable");
+            (
+                StatusCode::BAD_GATEWAY,
+                Json(ErrorBody {
+                    error: "the auth service is unreachable; try again shortly".into(),
+                }),
+            )
+                .into_response()
+        }
+    }
 }
 
-async fn signup_start(State(auth): Auth, Json(body): Json<serde_json::Value>) -> Response {
-    forward(&auth, Method::POST, "/v1/signup/start", Some(body)).await
+async fn join(
+    State(web): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    forward(
+        &web.auth,
+        Method::POST,
+        "/v1/join",
+        Some(with_remote(body, remote)),
+    )
+    .await
+}
+
+async fn signup_start(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
+    forward(&web.auth, Method::POST, "/v1/signup/start", Some(body)).await
 }
 
 async fn signup_finish(
@@ -77,7 +124,7 @@ async fn signup_finish(
     Json(body): Json<serde_json::Value>,
 ) -> Response {
     forward(
-        &auth,
+        &auth.auth,
         Method::POST,
         "/v1/signup/finish",
         Some(with_remote(body, remote)),
@@ -91,7 +138,7 @@ async fn login(
     Json(body): Json<serde_json::Value>,
 ) -> Response {
     forward(
-        &auth,
+        &auth.auth,
         Method::POST,
         "/v1/login",
         Some(with_remote(body, remote)),

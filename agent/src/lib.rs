@@ -1,0 +1,25 @@
+//! The node agent: joins the cluster once with a one-time token, then keeps one outbound,
+//! mutually authenticated, multiplexed tunnel to the proxy and serves SSH on every stream the
+//! proxy opens in it. The server opens no inbound port.
+//!
+//! Architecture invariant: the agent trusts only certificates from the user CA it received at
+//! join, checks them itself (CA, type, principal, validity), and runs every session as the
+//! login, never as the agent's own user when that differs.
+
+pub mod identity;
+pub mod join;
+pub mod passwd;
+pub mod ssh;
+pub mod tunnel;
+
+pub use identity::AgentIdentity;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Join(String),
+    #[error("agent identity: {0}")]
+    Identity(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}

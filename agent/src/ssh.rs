@@ -1,0 +1,579 @@
+//! The agent's SSH server, one per tunnel stream. It accepts only user certificates from the
+//! cluster's user CA for the login asked for, and runs sessions as that login: pty or not, shell
+//! or exec, env (allow-listed), window changes, signals, exit status and exit signal, as sshd.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
+use russh::server::{Auth, Handle, Msg, Session};
+use russh::{Channel, ChannelId, ChannelOpenFailure, Sig};
+use sallyport_core::flow::{self, Input};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::passwd::{self, Login};
+use crate::{AgentError, AgentIdentity};
+
+/// Environment variables a client may set (everything else is ignored, as sshd's AcceptEnv
+/// would): never LD_PRELOAD, BASH_ENV or PATH.
+fn env_allowed(name: &str) -> bool {
+    name == "LANG" || name == "TZ" || name == "COLORTERM" || name.starts_with("LC_")
+}
+
+pub struct NodeServer {
+    config: Arc<russh::server::Config>,
+    user_cas: Vec<PublicKey>,
+    nodename: String,
+}
+
+impl NodeServer {
+    pub fn new(id: &AgentIdentity) -> Result<Self, AgentError> {
+        let bad = |e: &dyn std::fmt::Display| AgentError::Identity(e.to_string());
+        let key = PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).map_err(|e| bad(&e))?;
+        let cert = Certificate::from_openssh(id.ssh_host_cert.trim()).map_err(|e| bad(&e))?;
+        let user_cas = id
+            .user_ca_keys
+            .iter()
+            .map(|k| PublicKey::from_openssh(k.trim()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e))?;
+        let config = russh::server::Config {
+            methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey][..]),
+            auth_rejection_time: Duration::from_millis(100),
+            auth_rejection_time_initial: Some(Duration::ZERO),
+            keys: vec![key],
+            certificates: vec![cert],
+            inactivity_timeout: None,
+            nodelay: true,
+            window_size: 8 * 1024 * 1024,
+            ..Default::default()
+        };
+        Ok(NodeServer {
+            config: Arc::new(config),
+            user_cas,
+            nodename: id.nodename.clone(),
+        })
+    }
+
+    /// Serves one SSH connection on `stream` until it ends.
+    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self: Arc<Self>,
+        stream: S,
+    ) {
+        let conn = Conn {
+            srv: self.clone(),
+            login: None,
+            user: None,
+            channels: HashMap::new(),
+        };
+        match russh::server::run_stream(self.config.clone(), stream, conn).await {
+            Ok(running) => {
+                if let Err(e) = running.await {
+                    tracing::debug!(error = %e, "ssh connection ended");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "ssh handshake failed"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Chan {
+    pty: Option<(String, u32, u32)>,
+    env: Vec<(String, String)>,
+    input: Option<flow::Sender>,
+    pid: Option<u32>,
+}
+
+struct Conn {
+    srv: Arc<NodeServer>,
+    login: Option<Login>,
+    user: Option<String>,
+    channels: HashMap<ChannelId, Chan>,
+}
+
+fn signal_number(sig: &Sig) -> Option<nix::sys::signal::Signal> {
+    use nix::sys::signal::Signal::*;
+    Some(match sig {
+        Sig::HUP => SIGHUP,
+        Sig::INT => SIGINT,
+        Sig::QUIT => SIGQUIT,
+        Sig::KILL => SIGKILL,
+        Sig::TERM => SIGTERM,
+        Sig::USR1 => SIGUSR1,
+        Sig::ALRM => SIGALRM,
+        Sig::PIPE => SIGPIPE,
+        Sig::ABRT => SIGABRT,
+        Sig::FPE => SIGFPE,
+        Sig::ILL => SIGILL,
+        Sig::SEGV => SIGSEGV,
+        _ => return None,
+    })
+}
+
+fn signal_name(n: i32) -> Sig {
+    match n {
+        1 => Sig::HUP,
+        2 => Sig::INT,
+        3 => Sig::QUIT,
+        4 => Sig::ILL,
+        6 => Sig::ABRT,
+        8 => Sig::FPE,
+        9 => Sig::KILL,
+        11 => Sig::SEGV,
+        13 => Sig::PIPE,
+        14 => Sig::ALRM,
+        15 => Sig::TERM,
+        10 => Sig::USR1,
+        n => Sig::Custom(format!("SIG{n}")),
+    }
+}
+
+fn kill(pid: u32, sig: nix::sys::signal::Signal) {
+    // A process group when the child leads one (pty sessions), else the process.
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    if nix::sys::signal::killpg(pid, sig).is_err() {
+        let _ = nix::sys::signal::kill(pid, sig);
+    }
+}
+
+impl Conn {
+    fn environment(&self, login: &Login, chan: &Chan) -> Vec<(String, String)> {
+        let path = if login.uid == 0 {
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        } else {
+            "/usr/local/bin:/usr/bin:/bin"
+        };
+        let mut env = vec![
+            ("HOME".to_string(), login.home.display().to_string()),
+            ("USER".to_string(), login.name.clone()),
+            ("LOGNAME".to_string(), login.name.clone()),
+            ("SHELL".to_string(), login.shell.clone()),
+            ("PATH".to_string(), path.to_string()),
+        ];
+        if let Some((term, _, _)) = &chan.pty {
+            env.push(("TERM".into(), term.clone()));
+        }
+        if let Some(u) = &self.user {
+            env.push(("SALLYPORT_USER".into(), u.clone()));
+        }
+        env.extend(chan.env.iter().cloned());
+        env
+    }
+
+    /// Starts the shell (`command` None) or `sh -c command`, and the tasks that relay it.
+    fn start(
+        &mut self,
+        ch: ChannelId,
+        command: Option<String>,
+        session: &mut Session,
+    ) -> Result<(), String> {
+        let login = self.login.clone().ok_or("not authenticated")?;
+        let chan = self.channels.get(&ch).ok_or("no such channel")?;
+        let env = self.environment(&login, chan);
+        let cwd = if login.home.is_dir() {
+            login.home.clone()
+        } else {
+            "/".into()
+        };
+        let shell_name = std::path::Path::new(&login.shell)
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sh".into());
+        let (tx, rx) = flow::inbox();
+        let handle = session.handle();
+        let pid = if let Some((_, cols, rows)) = chan.pty.clone() {
+            let (pty, pts) =
+                pty_process::open().map_err(|e| format!("cannot allocate a pty: {e}"))?;
+            let _ = pty.resize(pty_process::Size::new(
+                rows.clamp(1, 1000) as u16,
+                cols.clamp(1, 1000) as u16,
+            ));
+            let mut cmd = pty_process::Command::new(&login.shell);
+            cmd = match &command {
+                Some(c) => cmd.arg("-c").arg(c),
+                None => cmd.arg0(format!("-{shell_name}")),
+            };
+            let child = cmd
+                .env_clear()
+                .envs(env)
+                .current_dir(&cwd)
+                .uid(login.uid)
+                .gid(login.gid)
+                .spawn(pts)
+                .map_err(|e| format!("cannot start {}: {e}", login.shell))?;
+            let pid = child.id();
+            let (reader, writer) = pty.into_split();
+            tokio::spawn(pty_input(rx, writer));
+            tokio::spawn(relay_pty(handle, ch, reader, child));
+            pid
+        } else {
+            let mut cmd = tokio::process::Command::new(&login.shell);
+            if let Some(c) = &command {
+                cmd.arg("-c").arg(c);
+            }
+            cmd.env_clear()
+                .envs(env)
+                .current_dir(&cwd)
+                .uid(login.uid)
+                .gid(login.gid)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", login.shell))?;
+            let pid = child.id();
+            let stdin = child.stdin.take();
+            let stdout = child.stdout.take();
+            let stderr = child.stderr.take();
+            tokio::spawn(pipe_input(rx, stdin));
+            tokio::spawn(relay_pipes(handle, ch, stdout, stderr, child));
+            pid
+        };
+        if let Some(c) = self.channels.get_mut(&ch) {
+            c.input = Some(tx);
+            c.pid = pid;
+        }
+        Ok(())
+    }
+}
+
+async fn pty_input(mut rx: flow::Receiver, mut w: pty_process::OwnedWritePty) {
+    while let Some(item) = rx.recv().await {
+        match item {
+            Input::Data(d) => {
+                if w.write_all(&d).await.is_err() {
+                    break;
+                }
+            }
+            Input::Resize { cols, rows } => {
+                let _ = w.resize(pty_process::Size::new(
+                    rows.clamp(1, 1000) as u16,
+                    cols.clamp(1, 1000) as u16,
+                ));
+            }
+            // A terminal has no EOF of its own; the shell sees ^D if it wants one.
+            Input::Eof => {}
+        }
+    }
+}
+
+async fn pipe_input(mut rx: flow::Receiver, mut stdin: Option<tokio::process::ChildStdin>) {
+    while let Some(item) = rx.recv().await {
+        match item {
+            Input::Data(d) => {
+                if let Some(s) = stdin.as_mut() {
+                    if s.write_all(&d).await.is_err() {
+                        stdin = None;
+                    }
+                }
+            }
+            // EOF from the client closes the command's stdin (`echo hi | ssh node cat`).
+            Input::Eof => stdin = None,
+            Input::Resize { .. } => {}
+        }
+    }
+}
+
+async fn pump<R: AsyncRead + Unpin>(mut r: R, handle: &Handle, ch: ChannelId, ext: Option<u32>) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let data = Bytes::copy_from_slice(&buf[..n]);
+        let sent = match ext {
+            None => handle.data(ch, data).await,
+            Some(e) => handle.extended_data(ch, e, data).await,
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+}
+
+async fn finish(handle: &Handle, ch: ChannelId, status: std::io::Result<std::process::ExitStatus>) {
+    match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => {
+                let _ = handle.exit_status_request(ch, code as u32).await;
+            }
+            (None, Some(sig)) => {
+                let _ = handle
+                    .exit_signal_request(
+                        ch,
+                        signal_name(sig),
+                        s.core_dumped(),
+                        String::new(),
+                        String::new(),
+                    )
+                    .await;
+            }
+            _ => {}
+        },
+        Err(_) => {
+            let _ = handle.exit_status_request(ch, 255).await;
+        }
+    }
+    let _ = handle.eof(ch).await;
+    let _ = handle.close(ch).await;
+}
+
+async fn relay_pipes(
+    handle: Handle,
+    ch: ChannelId,
+    stdout: Option<tokio::process::ChildStdout>,
+    stderr: Option<tokio::process::ChildStderr>,
+    mut child: tokio::process::Child,
+) {
+    let out = async {
+        if let Some(s) = stdout {
+            pump(s, &handle, ch, None).await;
+        }
+    };
+    let err = async {
+        if let Some(s) = stderr {
+            pump(s, &handle, ch, Some(1)).await;
+        }
+    };
+    tokio::join!(out, err);
+    let status = child.wait().await;
+    finish(&handle, ch, status).await;
+}
+
+async fn relay_pty(
+    handle: Handle,
+    ch: ChannelId,
+    reader: pty_process::OwnedReadPty,
+    mut child: tokio::process::Child,
+) {
+    // Reading the pty ends with EIO once the last process holding it exits.
+    pump(reader, &handle, ch, None).await;
+    let status = child.wait().await;
+    finish(&handle, ch, status).await;
+}
+
+impl russh::server::Handler for Conn {
+    type Error = russh::Error;
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        login: &str,
+        cert: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        match sallyport_core::sshcert::verify_user(
+            cert,
+            &self.srv.user_cas,
+            login,
+            sallyport_core::sshcert::now(),
+        ) {
+            Ok(user) => {
+                self.user = Some(user);
+                self.login = passwd::lookup(login).or(Some(Login {
+                    // Unknown logins are refused when a session opens, with a message.
+                    name: login.to_string(),
+                    uid: u32::MAX,
+                    gid: u32::MAX,
+                    home: "/".into(),
+                    shell: String::new(),
+                }));
+                Ok(Auth::Accept)
+            }
+            Err(e) => {
+                tracing::warn!(login, error = %e, "refused a certificate");
+                Ok(Auth::reject())
+            }
+        }
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: russh::server::ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(login) = &self.login else {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        if login.uid == u32::MAX {
+            let reason = format!(
+                "login {} does not exist on node {}",
+                login.name, self.srv.nodename
+            );
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
+        self.channels.insert(channel.id(), Chan::default());
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        ch: ChannelId,
+        term: &str,
+        cols: u32,
+        rows: u32,
+        _pw: u32,
+        _ph: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match self.channels.get_mut(&ch) {
+            Some(c) => {
+                c.pty = Some((term.to_string(), cols, rows));
+                session.channel_success(ch)?;
+            }
+            None => session.channel_failure(ch)?,
+        }
+        Ok(())
+    }
+
+    async fn env_request(
+        &mut self,
+        ch: ChannelId,
+        name: &str,
+        value: &str,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(c) = self.channels.get_mut(&ch) {
+            if env_allowed(name) && c.env.len() < 64 && value.len() < 4096 {
+                c.env.push((name.to_string(), value.to_string()));
+            } else {
+                tracing::debug!(name, "ignored env request");
+            }
+        }
+        Ok(())
+    }
+
+    async fn shell_request(
+        &mut self,
+        ch: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.start_reply(ch, None, session)
+    }
+
+    async fn exec_request(
+        &mut self,
+        ch: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let cmd = String::from_utf8_lossy(data).into_owned();
+        self.start_reply(ch, Some(cmd), session)
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        ch: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        tracing::debug!(name, "subsystem refused");
+        session.channel_failure(ch)?;
+        Ok(())
+    }
+
+    async fn data(
+        &mut self,
+        ch: ChannelId,
+        data: &[u8],
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone()) {
+            tx.send(Input::Data(Bytes::copy_from_slice(data))).await;
+        }
+        Ok(())
+    }
+
+    async fn channel_eof(
+        &mut self,
+        ch: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone()) {
+            tx.send(Input::Eof).await;
+        }
+        Ok(())
+    }
+
+    async fn window_change_request(
+        &mut self,
+        ch: ChannelId,
+        cols: u32,
+        rows: u32,
+        _pw: u32,
+        _ph: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone()) {
+            tx.send(Input::Resize { cols, rows }).await;
+        }
+        Ok(())
+    }
+
+    async fn signal(
+        &mut self,
+        ch: ChannelId,
+        sig: Sig,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let (Some(pid), Some(s)) = (
+            self.channels.get(&ch).and_then(|c| c.pid),
+            signal_number(&sig),
+        ) {
+            kill(pid, s);
+        }
+        Ok(())
+    }
+
+    async fn channel_close(
+        &mut self,
+        ch: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(c) = self.channels.remove(&ch) {
+            if let Some(pid) = c.pid {
+                kill(pid, nix::sys::signal::Signal::SIGHUP);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Conn {
+    fn start_reply(
+        &mut self,
+        ch: ChannelId,
+        command: Option<String>,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        let already = self.channels.get(&ch).is_some_and(|c| c.input.is_some());
+        if already {
+            session.channel_failure(ch)?;
+            return Ok(());
+        }
+        match self.start(ch, command, session) {
+            Ok(()) => session.channel_success(ch)?,
+            Err(e) => {
+                tracing::warn!(error = %e, "session could not start");
+                session.extended_data(ch, 1, Bytes::from(format!("sallyport: {e}\r\n")))?;
+                session.channel_failure(ch)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,129 @@
+//! The agent's side of the reverse tunnel: dial the proxy with the host certificate, keep the
+//! connection, report labels on a heartbeat stream every few seconds, serve SSH on every stream
+//! the proxy opens, and reconnect with jittered backoff whenever the connection ends.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
+use sallyport_core::tunnel::{self, Side};
+use sallyport_core::x509::pem_to_ders;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_rustls::TlsConnector;
+
+use crate::{AgentError, AgentIdentity, ssh};
+
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Labels as they are now: static ones plus the latest output of label commands.
+pub type Labels = Arc<Mutex<BTreeMap<String, String>>>;
+
+fn err(e: impl std::fmt::Display) -> AgentError {
+    AgentError::Join(e.to_string())
+}
+
+/// Runs forever: connect, serve, and reconnect.
+pub async fn run(id: Arc<AgentIdentity>, labels: Labels, server: Arc<ssh::NodeServer>) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let started = std::time::Instant::now();
+        match connect_once(&id, &labels, &server).await {
+            Ok(()) => tracing::warn!("tunnel to {} closed; reconnecting", id.tunnel_addr),
+            Err(e) => {
+                tracing::warn!(error = %e, "tunnel to {} failed; reconnecting", id.tunnel_addr)
+            }
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            backoff = Duration::from_millis(200);
+        }
+        let jitter = rand::random::<f64>() * 0.5 + 0.75;
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn connect_once(
+    id: &AgentIdentity,
+    labels: &Labels,
+    server: &Arc<ssh::NodeServer>,
+) -> Result<(), AgentError> {
+    let roots = pem_to_ders(&id.host_ca_pem).map_err(err)?;
+    let chain = pem_to_ders(&id.tls_cert_pem).map_err(err)?;
+    let key = private_key_from_pem(&id.tls_key_pem).map_err(err)?;
+    let mut cfg = client_config(Trust::Roots(roots), Some((chain, key))).map_err(err)?;
+    cfg.alpn_protocols = vec![b"sallyport-tunnel".to_vec()];
+    let host = id
+        .tunnel_addr
+        .rsplit_once(':')
+        .map_or(id.tunnel_addr.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(host.to_string()).map_err(err)?;
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(&id.tunnel_addr),
+    )
+    .await
+    .map_err(|_| err("connect timed out"))??;
+    tcp.set_nodelay(true)?;
+    let tls = tokio::time::timeout(
+        Duration::from_secs(10),
+        TlsConnector::from(Arc::new(cfg)).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| err("TLS handshake timed out"))??;
+    let (opener, mut inbound) = tunnel::run(tls, Side::Agent);
+    let hb = opener.open().await.map_err(err)?;
+    let (hb_read, mut hb_write) = tokio::io::split(hb);
+    let mut hb_lines = BufReader::new(hb_read).lines();
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tracing::info!(node = %id.nodename, proxy = %id.tunnel_addr, "tunnel up");
+    loop {
+        tokio::select! {
+            stream = inbound.recv() => {
+                let Some(stream) = stream else { return Ok(()) };
+                let server = server.clone();
+                tokio::spawn(async move { server.serve(stream).await });
+            }
+            _ = tick.tick() => {
+                let current = labels.lock().map(|l| l.clone()).unwrap_or_default();
+                let line = format!("{}\n", serde_json::json!({ "labels": current }));
+                hb_write.write_all(line.as_bytes()).await?;
+                match tokio::time::timeout(HEARTBEAT, hb_lines.next_line()).await {
+                    Ok(Ok(Some(_))) => {}
+                    _ => return Err(err("heartbeat unanswered")),
+                }
+            }
+        }
+    }
+}
+
+/// Keeps a label command's output current: runs it every `period`, trims the output, and sets
+/// it as label `name` (an empty or failed run sets no label).
+pub fn spawn_label_command(labels: Labels, name: String, command: Vec<String>, period: Duration) {
+    tokio::spawn(async move {
+        let Some((program, args)) = command.split_first() else {
+            return;
+        };
+        loop {
+            let out = tokio::process::Command::new(program)
+                .args(args)
+                .kill_on_drop(true)
+                .output();
+            let value = match tokio::time::timeout(Duration::from_secs(30), out).await {
+                Ok(Ok(o)) if o.status.success() => {
+                    Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
+                }
+                _ => None,
+            };
+            if let Ok(mut l) = labels.lock() {
+                match value.filter(|v| !v.is_empty()) {
+                    Some(v) => l.insert(name.clone(), v),
+                    None => l.remove(&name),
+                };
+            }
+            tokio::time::sleep(period.max(Duration::from_secs(1))).await;
+        }
+    });
+}

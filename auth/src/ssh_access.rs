@@ -1,0 +1,404 @@
+//! What auth does for SSH access: join tokens and agent joining, node presence, the per-session
+//! grant (role decision + per-session certificate + session record) and the session index.
+
+use std::time::Duration;
+
+use base64::Engine;
+use russh::keys::ssh_key::PublicKey;
+use sallyport_core::api::*;
+use sallyport_core::audit::Event;
+use sallyport_core::sshcert::{self, Permits, UserCertRequest};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::users::rfc3339;
+use crate::{AuthError, AuthServer};
+
+/// How long a host certificate issued at join lasts.
+const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 86400);
+/// A per-session certificate only has to outlive the handshake with the node.
+const SESSION_CERT_TTL: Duration = Duration::from_secs(5 * 60);
+/// A node whose tunnel reported within this long is online.
+pub const PRESENCE_TTL: i64 = 45;
+
+fn token_hash(token: &str) -> String {
+    hex::encode(sallyport_core::sha256(token.as_bytes()))
+}
+
+fn session_from_row(r: &AnyRow) -> Result<SessionInfo, AuthError> {
+    Ok(SessionInfo {
+        session_id: r.try_get("id")?,
+        user: r.try_get("user_name")?,
+        login: r.try_get("login")?,
+        node: r.try_get("node")?,
+        start: rfc3339(r.try_get("start")?),
+        end: r.try_get::<Option<i64>, _>("end_time")?.map(rfc3339),
+        exit_code: r.try_get("exit_code")?,
+        status: r.try_get("status")?,
+        kind: r.try_get("kind")?,
+        command: r.try_get("command")?,
+    })
+}
+
+impl AuthServer {
+    pub async fn add_join_token(
+        &self,
+        req: &AddJoinToken,
+        by: &str,
+    ) -> Result<JoinToken, AuthError> {
+        if req.kind != "node" {
+            return Err(AuthError::BadRequest(format!(
+                "unknown token type {:?}: use node",
+                req.kind
+            )));
+        }
+        if req.ttl_secs < 60 || req.ttl_secs > 7 * 86400 {
+            return Err(AuthError::BadRequest(
+                "--ttl must be between 1m and 7d".into(),
+            ));
+        }
+        let token = sallyport_core::random_hex(16);
+        let now = sallyport_core::unix_now();
+        let expires = now + req.ttl_secs as i64;
+        sqlx::query(
+            "INSERT INTO join_tokens (token_hash, kind, expires, created) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(token_hash(&token))
+        .bind(&req.kind)
+        .bind(expires)
+        .bind(now)
+        .execute(&self.backend.pool)
+        .await?;
+        self.emit(
+            Event::new("token.create", Some(by))
+                .with("type", req.kind.clone())
+                .with("expires", rfc3339(expires)),
+        )
+        .await?;
+        Ok(JoinToken {
+            token,
+            expires: rfc3339(expires),
+        })
+    }
+
+    /// An agent joins: the token is spent, the node registered under a unique name, and the
+    /// agent's own keys certified.
+    pub async fn join(&self, req: &JoinRequest, remote: &str) -> Result<Joined, AuthError> {
+        let refuse = |msg: String| AuthError::Unauthenticated(msg);
+        sallyport_core::names::validate("node", &req.nodename)
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let host_key = PublicKey::from_openssh(req.ssh_host_key.trim()).map_err(|e| {
+            AuthError::BadRequest(format!("the host key is not an OpenSSH public key: {e}"))
+        })?;
+        let spki = base64::engine::general_purpose::STANDARD
+            .decode(&req.tls_spki)
+            .map_err(|_| AuthError::BadRequest("the TLS key is not base64".into()))?;
+        if let Some(n) = self.find_node(&req.nodename).await? {
+            return Err(AuthError::Conflict(format!(
+                "node name {} is already taken (node {}); start the agent with another --nodename",
+                req.nodename, n.id
+            )));
+        }
+        let now = sallyport_core::unix_now();
+        let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = 'node'")
+            .bind(token_hash(&req.token))
+            .bind(now)
+            .execute(&self.backend.pool)
+            .await?;
+        if claimed.rows_affected() != 1 {
+            let why = "the join token is unknown, expired or already used; create a new one with `sallyctl tokens add --type=node`";
+            self.emit_logged(
+                Event::new("node.join", None)
+                    .with("success", false)
+                    .with("nodename", req.nodename.clone())
+                    .with("error", why)
+                    .with("remote_addr", remote),
+            )
+            .await;
+            return Err(refuse(why.into()));
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        sqlx::query("INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated, last_seen) VALUES ($1, $2, NULL, $3, 'agent', $4, $4, 0)")
+            .bind(&id)
+            .bind(&req.nodename)
+            .bind(serde_json::to_string(&req.labels)?)
+            .bind(now)
+            .execute(&self.backend.pool)
+            .await
+            .map_err(|_| AuthError::Conflict(format!("node name {} is already taken", req.nodename)))?;
+        let names = vec![
+            req.nodename.clone(),
+            format!("{}.{}", req.nodename, self.config.cluster_name),
+            id.clone(),
+        ];
+        let ssh_host_cert = sshcert::issue_host(
+            &self.authorities.host_signer().key,
+            &host_key,
+            &id,
+            &names,
+            HOST_CERT_TTL,
+        )
+        .map_err(|e| AuthError::Internal(e.to_string()))?
+        .to_openssh()
+        .map_err(|e| AuthError::Internal(e.to_string()))?;
+        let tls_cert_pem =
+            self.issue_service_cert(&spki, &id, "node", vec![], HOST_CERT_TTL, false)?;
+        self.emit(
+            Event::new("node.join", None)
+                .with("success", true)
+                .with("node_id", id.clone())
+                .with("nodename", req.nodename.clone())
+                .with("labels", serde_json::to_value(&req.labels)?)
+                .with("remote_addr", remote),
+        )
+        .await?;
+        Ok(Joined {
+            node_id: id,
+            cluster_name: self.config.cluster_name.clone(),
+            tls_cert_pem,
+            host_ca_pem: self
+                .authorities
+                .tls_pem(sallyport_core::ca::CaKind::TlsHost),
+            ssh_host_cert,
+            user_ca_keys: self.user_ca_openssh()?,
+        })
+    }
+
+    pub fn user_ca_openssh(&self) -> Result<Vec<String>, AuthError> {
+        self.authorities
+            .ssh_public_keys(sallyport_core::ca::CaKind::User)
+            .iter()
+            .map(|k| {
+                k.to_openssh()
+                    .map_err(|e| AuthError::Internal(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// The proxy reports an agent's tunnel; labels the agent sends replace the stored ones.
+    pub async fn presence(&self, node_id: &str, p: &Presence) -> Result<(), AuthError> {
+        let seen = if p.online {
+            sallyport_core::unix_now()
+        } else {
+            0
+        };
+        let r =
+            match &p.labels {
+                Some(labels) => sqlx::query(
+                    "UPDATE nodes SET last_seen = $1, labels = $2 WHERE id = $3 AND kind = 'agent'",
+                )
+                .bind(seen)
+                .bind(serde_json::to_string(labels)?)
+                .bind(node_id)
+                .execute(&self.backend.pool)
+                .await?,
+                None => {
+                    sqlx::query("UPDATE nodes SET last_seen = $1 WHERE id = $2 AND kind = 'agent'")
+                        .bind(seen)
+                        .bind(node_id)
+                        .execute(&self.backend.pool)
+                        .await?
+                }
+            };
+        if r.rows_affected() == 0 {
+            return Err(AuthError::NotFound(format!(
+                "node {node_id} is not registered"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Host certificate for a registered node's names over the proxy's key, so that the proxy
+    /// can terminate a client's inner SSH connection as that node.
+    pub async fn proxy_host_cert(&self, node: &str, public_key: &str) -> Result<String, AuthError> {
+        let n = self
+            .find_node(node)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("node {node} is not registered")))?;
+        let key = PublicKey::from_openssh(public_key.trim())
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let names = vec![
+            n.hostname.clone(),
+            format!("{}.{}", n.hostname, self.config.cluster_name),
+            n.id.clone(),
+        ];
+        sshcert::issue_host(
+            &self.authorities.host_signer().key,
+            &key,
+            &n.id,
+            &names,
+            Duration::from_secs(86400),
+        )
+        .and_then(|c| c.to_openssh().map_err(Into::into))
+        .map_err(|e| AuthError::Internal(e.to_string()))
+    }
+
+    /// Decides a session (roles, node labels, login) and, if allowed, certifies the proxy's
+    /// per-session key for exactly that login and records the session's start.
+    pub async fn session_grant(&self, req: &SessionRequest) -> Result<SessionGrant, AuthError> {
+        let reject = |why: String| {
+            Event::new("session.rejected", Some(&req.user))
+                .with("login", req.login.clone())
+                .with("node", req.node.clone())
+                .with("reason", why)
+                .with("remote_addr", req.remote_addr.clone())
+        };
+        let Some(user) = self.get_user(&req.user).await? else {
+            let why = format!("user {} no longer exists", req.user);
+            self.emit_logged(reject(why.clone())).await;
+            return Err(AuthError::AccessDenied(why));
+        };
+        let Some(node) = self.find_node(&req.node).await? else {
+            let why = format!("node {} is not registered", req.node);
+            self.emit_logged(reject(why.clone())).await;
+            return Err(AuthError::NotFound(why));
+        };
+        let set = self.role_set(&user.roles, &user.traits).await?;
+        let decision = set.check_node(&req.login, &crate::api::node_labels(&node));
+        if !decision.allowed {
+            self.emit_logged(reject(decision.explanation.clone())).await;
+            return Err(AuthError::AccessDenied(format!(
+                "{} as {} on {}: {}",
+                req.user, req.login, node.hostname, decision.explanation
+            )));
+        }
+        let key = PublicKey::from_openssh(req.public_key.trim())
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let now = sshcert::now();
+        let logins = vec![req.login.clone()];
+        let cert = sshcert::issue_user(
+            &self.authorities.user_signer().key,
+            &UserCertRequest {
+                public_key: &key,
+                user: &user.name,
+                roles: &user.roles,
+                logins: &logins,
+                valid_after: now.saturating_sub(60),
+                valid_before: now + SESSION_CERT_TTL.as_secs(),
+                permits: Permits {
+                    pty: true,
+                    port_forwarding: set.port_forwarding(),
+                    agent_forwarding: set.forward_agent(),
+                    x11_forwarding: set.permit_x11_forwarding(),
+                },
+            },
+        )
+        .map_err(|e| AuthError::Internal(e.to_string()))?;
+        let id = uuid::Uuid::new_v4().to_string();
+        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, start, status) VALUES ($1, $2, $3, $4, $5, 'ssh', $6, 'running')")
+            .bind(&id)
+            .bind(&user.name)
+            .bind(&req.login)
+            .bind(&node.hostname)
+            .bind(&node.id)
+            .bind(sallyport_core::unix_now())
+            .execute(&self.backend.pool)
+            .await?;
+        let record = match set.record_ssh() {
+            sallyport_core::role::RecordMode::Strict => "strict",
+            sallyport_core::role::RecordMode::BestEffort => "best_effort",
+        };
+        self.emit(
+            Event::new("session.start", Some(&user.name))
+                .with("session_id", id.clone())
+                .with("login", req.login.clone())
+                .with("node", node.hostname.clone())
+                .with("node_id", node.id.clone())
+                .with("remote_addr", req.remote_addr.clone())
+                .with("explanation", decision.explanation.clone()),
+        )
+        .await?;
+        Ok(SessionGrant {
+            session_id: id,
+            ssh_cert: cert
+                .to_openssh()
+                .map_err(|e| AuthError::Internal(e.to_string()))?,
+            record: record.into(),
+            port_forwarding: set.port_forwarding(),
+            forward_agent: set.forward_agent(),
+            explanation: decision.explanation,
+            node,
+        })
+    }
+
+    pub async fn session_end(&self, id: &str, end: &SessionEnd) -> Result<(), AuthError> {
+        let row = sqlx::query("SELECT id, user_name, login, node, start, end_time, exit_code, status, kind, command FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("session {id} does not exist")))?;
+        let s = session_from_row(&row)?;
+        let start: i64 = row.try_get("start")?;
+        let now = sallyport_core::unix_now();
+        let status = if end.status == "incomplete" {
+            "incomplete"
+        } else {
+            "complete"
+        };
+        sqlx::query("UPDATE sessions SET end_time = $1, exit_code = $2, bytes_in = $3, bytes_out = $4, status = $5, kind = $6, command = $7 WHERE id = $8")
+            .bind(now)
+            .bind(end.exit_code)
+            .bind(end.bytes_in as i64)
+            .bind(end.bytes_out as i64)
+            .bind(status)
+            .bind(end.kind.clone().unwrap_or(s.kind.clone()))
+            .bind(end.command.clone())
+            .bind(id)
+            .execute(&self.backend.pool)
+            .await?;
+        if let Some(cmd) = &end.command {
+            self.emit(
+                Event::new("exec", Some(&s.user))
+                    .with("session_id", id)
+                    .with("login", s.login.clone())
+                    .with("node", s.node.clone())
+                    .with("command", cmd.clone())
+                    .with("exit_code", end.exit_code),
+            )
+            .await?;
+        }
+        self.emit(
+            Event::new("session.end", Some(&s.user))
+                .with("session_id", id)
+                .with("login", s.login)
+                .with("node", s.node)
+                .with("exit_code", end.exit_code)
+                .with("bytes_in", end.bytes_in)
+                .with("bytes_out", end.bytes_out)
+                .with("duration_secs", now - start)
+                .with("status", status),
+        )
+        .await
+    }
+
+    /// Sessions still marked running when their proxy stopped: their recordings end where the
+    /// proxy stopped writing.
+    pub async fn mark_interrupted_sessions(&self) -> Result<u64, AuthError> {
+        let r = sqlx::query("UPDATE sessions SET status = 'incomplete' WHERE status = 'running'")
+            .execute(&self.backend.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    pub async fn list_sessions(
+        &self,
+        only_user: Option<&str>,
+    ) -> Result<Vec<SessionInfo>, AuthError> {
+        let rows = sqlx::query(
+            "SELECT id, user_name, login, node, start, end_time, exit_code, status, kind, command FROM sessions
+             WHERE ($1 = '' OR user_name = $1) ORDER BY start, id",
+        )
+        .bind(only_user.unwrap_or(""))
+        .fetch_all(&self.backend.pool)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Option<SessionInfo>, AuthError> {
+        let row = sqlx::query("SELECT id, user_name, login, node, start, end_time, exit_code, status, kind, command FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+}

@@ -1,0 +1,112 @@
+//! The users' SSH door (port 3023), in the order a connection passes through it:
+//!
+//! 1. `accept` — the outer connection: a user certificate from the user CA (signature, type,
+//!    validity, critical options) is the only credential. It serves only `direct-tcpip` to a
+//!    registered node: the proxy itself offers no shell, exec or sftp.
+//! 2. `relay` — each `direct-tcpip` channel carries the client's inner SSH connection, which the
+//!    proxy terminates with a host certificate for the node's names; there it authenticates the
+//!    user again for the login asked for, asks auth to authorize (roles, labels, deny rules) and
+//!    to mint a per-session certificate, routes to the node (agent tunnel or agentless address),
+//!    and relays every channel request one for one, recording as it goes (`record`).
+
+pub mod accept;
+pub mod record;
+pub mod relay;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
+use sallyport_core::api::NodeInfo;
+
+use crate::AuthClient;
+use crate::tunnels::Tunnels;
+
+/// What every SSH connection through this proxy shares.
+pub struct SshState {
+    pub auth: AuthClient,
+    pub cluster: String,
+    pub user_cas: RwLock<Vec<PublicKey>>,
+    pub host_cas: Vec<PublicKey>,
+    /// The proxy's SSH key: its host key on 3023, and the key auth certifies per session.
+    pub key: Arc<PrivateKey>,
+    pub proxy_cert: Certificate,
+    pub tunnels: Tunnels,
+    pub recordings: PathBuf,
+    node_certs: Mutex<HashMap<String, (Instant, Certificate, NodeInfo)>>,
+}
+
+#[derive(serde::Deserialize)]
+struct NodeCert {
+    cert: String,
+    node: NodeInfo,
+}
+
+impl SshState {
+    pub fn new(
+        auth: AuthClient,
+        cluster: String,
+        user_cas: Vec<PublicKey>,
+        host_cas: Vec<PublicKey>,
+        key: PrivateKey,
+        proxy_cert: Certificate,
+        tunnels: Tunnels,
+        recordings: PathBuf,
+    ) -> Self {
+        SshState {
+            auth,
+            cluster,
+            user_cas: RwLock::new(user_cas),
+            host_cas,
+            key: Arc::new(key),
+            proxy_cert,
+            tunnels,
+            recordings,
+            node_certs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn user_cas(&self) -> Vec<PublicKey> {
+        self.user_cas.read().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// The node a client names (`web1`, `web1.<cluster>` or its id), with a host certificate
+    /// for its names over the proxy's key; cached for a few minutes.
+    pub async fn node_identity(&self, target: &str) -> Result<(Certificate, NodeInfo), String> {
+        let name = target
+            .strip_suffix(&format!(".{}", self.cluster))
+            .unwrap_or(target)
+            .to_string();
+        if let Ok(cache) = self.node_certs.lock() {
+            if let Some((at, cert, node)) = cache.get(&name) {
+                if at.elapsed() < Duration::from_secs(300) {
+                    return Ok((cert.clone(), node.clone()));
+                }
+            }
+        }
+        let public = self
+            .key
+            .public_key()
+            .to_openssh()
+            .map_err(|e| e.to_string())?;
+        let path = format!("/v1/nodes/{name}/proxy-host-cert");
+        let body = serde_json::json!({ "public_key": public });
+        let nc: NodeCert = self
+            .auth
+            .json(reqwest::Method::POST, &path, Some(&body))
+            .await
+            .map_err(|e| match e {
+                crate::auth_client::ClientError::Refused { status: 404, .. } => {
+                    format!("node {name} is not registered in cluster {}", self.cluster)
+                }
+                e => e.to_string(),
+            })?;
+        let cert = Certificate::from_openssh(nc.cert.trim()).map_err(|e| e.to_string())?;
+        if let Ok(mut cache) = self.node_certs.lock() {
+            cache.insert(name, (Instant::now(), cert.clone(), nc.node.clone()));
+        }
+        Ok((cert, nc.node))
+    }
+}

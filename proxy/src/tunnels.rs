@@ -1,0 +1,159 @@
+//! The agents' door (port 3024): TLS with a host certificate from this cluster's host CA is the
+//! only way in, and the certificate's CN is the node id — an agent cannot register as another
+//! node. Each accepted connection becomes a multiplexed tunnel the proxy opens sessions through.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sallyport_core::api::Presence;
+use sallyport_core::tunnel::{self, Opener, Side, TunnelStream};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::AuthClient;
+
+/// Live tunnels by node id. A newer tunnel from the same node replaces the older one.
+#[derive(Clone, Default)]
+pub struct Tunnels {
+    inner: Arc<Mutex<HashMap<String, (u64, Opener)>>>,
+}
+
+impl Tunnels {
+    pub fn get(&self, node_id: &str) -> Option<Opener> {
+        self.inner
+            .lock()
+            .ok()?
+            .get(node_id)
+            .map(|(_, o)| o.clone())
+            .filter(|o| !o.is_closed())
+    }
+
+    fn insert(&self, node_id: &str, opener: Opener) -> u64 {
+        let generation = rand::random::<u64>();
+        if let Ok(mut m) = self.inner.lock() {
+            m.insert(node_id.to_string(), (generation, opener));
+        }
+        generation
+    }
+
+    /// Removes the tunnel only if it is still the one registered under `generation`.
+    fn remove(&self, node_id: &str, generation: u64) -> bool {
+        let Ok(mut m) = self.inner.lock() else {
+            return false;
+        };
+        if m.get(node_id).is_some_and(|(g, _)| *g == generation) {
+            m.remove(node_id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Opens a session stream to `node_id`'s agent.
+    pub async fn open(&self, node_id: &str) -> Option<TunnelStream> {
+        self.get(node_id)?.open().await.ok()
+    }
+}
+
+/// The heartbeat an agent sends on its own stream.
+#[derive(serde::Deserialize)]
+struct Heartbeat {
+    labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    tunnels: Tunnels,
+    auth: AuthClient,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let Ok((tcp, addr)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, tunnels, auth) = (acceptor.clone(), tunnels.clone(), auth.clone());
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    _ => {
+                        tracing::debug!(peer = %addr, "tunnel handshake failed");
+                        return;
+                    }
+                };
+            let Some(leaf) = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first().cloned())
+            else {
+                return;
+            };
+            let Ok(subject) = sallyport_core::x509::parse_subject(&leaf) else {
+                return;
+            };
+            if subject.issuer_common_name != sallyport_core::ca::TLS_HOST_CA_CN
+                || subject.organizations != ["node"]
+            {
+                tracing::warn!(peer = %addr, cn = %subject.common_name, "refused a tunnel from a certificate that is not a node's");
+                return;
+            }
+            let node_id = subject.common_name;
+            let (opener, mut inbound) = tunnel::run(tls, Side::Proxy);
+            let generation = tunnels.insert(&node_id, opener);
+            tracing::info!(node = %node_id, peer = %addr, "agent tunnel up");
+            // The agent's first stream is its heartbeat: labels in, "ok" out.
+            if let Some(hb) = inbound.recv().await {
+                let (r, mut w) = tokio::io::split(hb);
+                let mut lines = BufReader::new(r).lines();
+                loop {
+                    let line = match tokio::time::timeout(
+                        Duration::from_secs(35),
+                        lines.next_line(),
+                    )
+                    .await
+                    {
+                        Ok(Ok(Some(l))) => l,
+                        _ => break,
+                    };
+                    let labels = serde_json::from_str::<Heartbeat>(&line)
+                        .ok()
+                        .and_then(|h| h.labels);
+                    let p = Presence {
+                        online: true,
+                        labels,
+                    };
+                    let path = format!("/v1/nodes/{node_id}/presence");
+                    if let Err(e) = auth
+                        .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&p))
+                        .await
+                    {
+                        tracing::warn!(node = %node_id, error = %e, "presence not recorded");
+                    }
+                    if w.write_all(b"ok\n").await.is_err() {
+                        break;
+                    }
+                }
+            }
+            if tunnels.remove(&node_id, generation) {
+                let p = Presence {
+                    online: false,
+                    labels: None,
+                };
+                let _ = auth
+                    .json::<_, serde_json::Value>(
+                        reqwest::Method::POST,
+                        &format!("/v1/nodes/{node_id}/presence"),
+                        Some(&p),
+                    )
+                    .await;
+            }
+            tracing::info!(node = %node_id, "agent tunnel down");
+        });
+    }
+}
