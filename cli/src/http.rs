@@ -57,6 +57,25 @@ impl Api {
             .await
     }
 
+    /// A body that is not JSON (a recording).
+    pub async fn get_text(&self, path: &str) -> Result<String> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| format!("{} answered {status}", self.what));
+            return Err(anyhow!(msg));
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         self.send(self.http.delete(format!("{}{path}", self.base)))
             .await
@@ -94,4 +113,39 @@ impl Api {
             anyhow!("cannot reach {}: {text}", self.what)
         }
     }
+}
+
+/// The auth API as the logged-in user, through the proxy's passthrough (mutual TLS end to end).
+pub fn user_api(p: &crate::profile::Profile) -> Result<Api> {
+    if p.expires().is_some_and(|e| e <= sallyport_core::unix_now()) {
+        return Err(anyhow!(
+            "your certificates expired at {}; run `sally login --proxy {} --user {}`",
+            p.valid_until,
+            p.proxy,
+            p.user
+        ));
+    }
+    let paths = p.paths();
+    let cert = std::fs::read_to_string(&paths.tls_cert)
+        .map_err(|e| anyhow!("cannot read {}: {e}", paths.tls_cert.display()))?;
+    let key = std::fs::read_to_string(&paths.tls_key)
+        .map_err(|e| anyhow!("cannot read {}: {e}", paths.tls_key.display()))?;
+    let identity = (
+        sallyport_core::x509::pem_to_ders(&cert)?,
+        sallyport_core::tls::private_key_from_pem(&key)?,
+    );
+    let roots = sallyport_core::x509::pem_to_ders(&p.tls_host_ca_pem)?;
+    Api::new(
+        &p.proxy,
+        "the auth service via the proxy",
+        Trust::Roots(roots),
+        Some(identity),
+        Some(sallyport_core::api::AUTH_ALPN),
+    )
+}
+
+/// The proxy's web API, trusting the CA saved at login.
+pub fn proxy_api(p: &crate::profile::Profile) -> Result<Api> {
+    let roots = sallyport_core::x509::pem_to_ders(&p.tls_host_ca_pem)?;
+    Api::new(&p.proxy, "the proxy", Trust::Roots(roots), None, None)
 }

@@ -9,6 +9,8 @@ use sallyport_cli::http::Api;
 use sallyport_cli::profile::{self, Profile};
 use sallyport_cli::prompt::Input;
 use sallyport_core::api::*;
+#[allow(unused_imports)]
+use sallyport_core::api::{NodeInfo, SessionInfo};
 use sallyport_core::tls::Trust;
 
 #[derive(Parser)]
@@ -68,6 +70,63 @@ enum Command {
     },
     /// Remove your keys and certificates.
     Logout,
+    /// List the nodes your roles reach (filter with k=v labels).
+    Ls {
+        labels: Vec<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Open a shell or run a command on a node (a name, an id, or a label selector k=v[,k2=v2]).
+    Ssh {
+        /// Force a terminal.
+        #[arg(short = 't', conflicts_with = "no_tty")]
+        tty: bool,
+        /// Never allocate a terminal.
+        #[arg(short = 'T')]
+        no_tty: bool,
+        #[arg(short = 'l')]
+        login: Option<String>,
+        /// [LOGIN@]TARGET
+        target: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Print an ssh_config block that sends plain ssh, scp, sftp and rsync through the proxy.
+    Config,
+    /// Plumbing for OpenSSH: `sally proxy ssh %r@%h:%p` as a ProxyCommand.
+    Proxy {
+        #[command(subcommand)]
+        command: ProxyCommand,
+    },
+    /// Recorded sessions.
+    Recordings {
+        #[command(subcommand)]
+        command: RecordingsCommand,
+    },
+    /// Replay a recorded session.
+    Play {
+        session_id: String,
+        /// Playback speed multiplier.
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// asciicast: the raw recording; text: the output without timing. Default: replay.
+        #[arg(long, value_parser = ["asciicast", "text"])]
+        format: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProxyCommand {
+    /// Pipe stdin/stdout to [USER@]HOST:PORT through the proxy.
+    Ssh { target: String },
+}
+
+#[derive(Subcommand)]
+enum RecordingsCommand {
+    Ls {
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
 }
 
 fn main() -> ExitCode {
@@ -106,6 +165,29 @@ async fn run(cli: Cli) -> Result<()> {
             trust,
         } => login(&proxy, &user, ttl.as_deref(), &trust).await,
         Command::Status { format } => status(format),
+        Command::Ls { labels, format } => ls(&labels, format).await,
+        Command::Ssh {
+            tty,
+            no_tty,
+            login,
+            target,
+            command,
+        } => {
+            let code = ssh(tty, no_tty, login, &target, command).await?;
+            std::process::exit(code);
+        }
+        Command::Config => config(),
+        Command::Proxy {
+            command: ProxyCommand::Ssh { target },
+        } => proxy_ssh(&target).await,
+        Command::Recordings {
+            command: RecordingsCommand::Ls { format },
+        } => recordings(format).await,
+        Command::Play {
+            session_id,
+            speed,
+            format,
+        } => play(&session_id, speed, format.as_deref()).await,
         Command::Logout => {
             if profile::remove_all()? {
                 println!(
@@ -338,5 +420,308 @@ fn status(format: Format) -> Result<()> {
     } else {
         print_status(&p);
     }
+    Ok(())
+}
+
+fn parse_selector(items: &[String]) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for item in items.iter().flat_map(|i| i.split(',')) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow!("{item:?} is not a label selector k=v"))?;
+        out.push((k.to_string(), v.to_string()));
+    }
+    Ok(out)
+}
+
+async fn nodes(p: &Profile) -> Result<Vec<NodeInfo>> {
+    sallyport_cli::http::user_api(p)?.get("/v1/nodes").await
+}
+
+fn matches(n: &NodeInfo, sel: &[(String, String)]) -> bool {
+    sel.iter().all(|(k, v)| match k.as_str() {
+        "hostname" => &n.hostname == v,
+        "id" => &n.id == v,
+        _ => n.labels.get(k) == Some(v),
+    })
+}
+
+async fn ls(labels: &[String], format: Format) -> Result<()> {
+    let p = Profile::require()?;
+    let sel = parse_selector(labels)?;
+    let list: Vec<NodeInfo> = nodes(&p)
+        .await?
+        .into_iter()
+        .filter(|n| matches(n, &sel))
+        .collect();
+    if format == Format::Json {
+        let v: Vec<serde_json::Value> = list
+            .iter()
+            .map(|n| serde_json::json!({"hostname": n.hostname, "id": n.id, "labels": n.labels, "online": n.online}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{:<24} {:<36} {:<8} LABELS", "NODE", "ID", "STATUS");
+        for n in &list {
+            let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!(
+                "{:<24} {:<36} {:<8} {}",
+                n.hostname,
+                n.id,
+                if n.online { "online" } else { "offline" },
+                labels.join(",")
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn ssh_port(p: &Profile) -> Result<u16> {
+    let ping: serde_json::Value = sallyport_cli::http::proxy_api(p)?
+        .get("/v1/webapi/ping")
+        .await?;
+    ping["ssh_port"]
+        .as_u64()
+        .and_then(|v| u16::try_from(v).ok())
+        .ok_or_else(|| anyhow!("the proxy serves no SSH port"))
+}
+
+fn default_login(p: &Profile) -> Result<String> {
+    let local = std::env::var("USER").unwrap_or_default();
+    if p.logins.contains(&local) {
+        return Ok(local);
+    }
+    p.logins
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow!("your roles allow no logins; ask an admin"))
+}
+
+async fn ssh(
+    tty: bool,
+    no_tty: bool,
+    login: Option<String>,
+    target: &str,
+    command: Vec<String>,
+) -> Result<i32> {
+    use std::io::IsTerminal;
+    let p = Profile::require()?;
+    let keys = sallyport_cli::ssh::Keys::load(&p)?;
+    let (login, target) = match target.split_once('@') {
+        Some((l, t)) => (l.to_string(), t.to_string()),
+        None => (
+            match login {
+                Some(l) => l,
+                None => default_login(&p)?,
+            },
+            target.to_string(),
+        ),
+    };
+    let command = (!command.is_empty()).then(|| command.join(" "));
+    let port = ssh_port(&p).await?;
+    let proxy = sallyport_cli::ssh::connect_proxy(&p, &keys, port).await?;
+    if target.contains('=') {
+        // A label selector: run on every matching node, output prefixed by node name.
+        let sel = parse_selector(&[target.clone()])?;
+        let targets: Vec<NodeInfo> = nodes(&p)
+            .await?
+            .into_iter()
+            .filter(|n| matches(n, &sel))
+            .collect();
+        if targets.is_empty() {
+            bail!("no node you can reach matches {target}");
+        }
+        let command = command.ok_or_else(|| anyhow!("a label selector needs a command to run"))?;
+        let runs = targets.iter().map(|n| {
+            let (proxy, keys, login, command) = (&proxy, &keys, &login, command.clone());
+            async move {
+                let r = async {
+                    let (h, f) =
+                        sallyport_cli::ssh::connect_node(proxy, keys, &n.hostname, login).await?;
+                    sallyport_cli::ssh::run_session(
+                        &h,
+                        &f,
+                        Some(command),
+                        false,
+                        false,
+                        sallyport_cli::ssh::Output::Prefixed(n.hostname.clone()),
+                    )
+                    .await
+                }
+                .await;
+                match r {
+                    Ok(code) => code,
+                    Err(e) => {
+                        eprintln!("[{}] error: {e:#}", n.hostname);
+                        255
+                    }
+                }
+            }
+        });
+        let codes = futures::future::join_all(runs).await;
+        return Ok(codes.into_iter().find(|&c| c != 0).unwrap_or(0));
+    }
+    let tty = !no_tty && (tty || (command.is_none() && std::io::stdin().is_terminal()));
+    let (h, f) = sallyport_cli::ssh::connect_node(&proxy, &keys, &target, &login).await?;
+    match sallyport_cli::ssh::run_session(
+        &h,
+        &f,
+        command,
+        tty,
+        true,
+        sallyport_cli::ssh::Output::Direct,
+    )
+    .await
+    {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            Ok(255)
+        }
+    }
+}
+
+async fn proxy_ssh(target: &str) -> Result<()> {
+    let p = Profile::require()?;
+    let keys = sallyport_cli::ssh::Keys::load(&p)?;
+    let host_port = target.rsplit_once('@').map_or(target, |(_, h)| h);
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, port)) => (h.to_string(), port.parse::<u32>().unwrap_or(22)),
+        None => (host_port.to_string(), 22),
+    };
+    let port_num = ssh_port(&p).await?;
+    let proxy = sallyport_cli::ssh::connect_proxy(&p, &keys, port_num).await?;
+    sallyport_cli::ssh::pipe(&proxy, &host, port).await
+}
+
+fn config() -> Result<()> {
+    let p = Profile::require()?;
+    let paths = p.paths();
+    let home = sallyport_cli::profile::home();
+    let me = std::env::current_exe().context("cannot find the sally binary")?;
+    let proxy_host = p
+        .proxy
+        .rsplit_once(':')
+        .map_or(p.proxy.as_str(), |(h, _)| h);
+    let known = home.join("known_hosts");
+    println!(
+        "# Sallyport cluster {} via {} (generated by `sally config`)",
+        p.cluster, p.proxy
+    );
+    println!("Host *.{cluster} {proxy_host}", cluster = p.cluster);
+    println!("    UserKnownHostsFile \"{}\"", known.display());
+    println!("    IdentityFile \"{}\"", paths.key.display());
+    println!("    CertificateFile \"{}\"", paths.ssh_cert.display());
+    println!("    IdentitiesOnly yes");
+    println!("    StrictHostKeyChecking yes");
+    println!("Host *.{} !{proxy_host}", p.cluster);
+    println!("    Port 22");
+    println!(
+        "    ProxyCommand env SALLY_HOME=\"{}\" \"{}\" proxy ssh %r@%h:%p",
+        home.display(),
+        me.display()
+    );
+    Ok(())
+}
+
+async fn recordings(format: Format) -> Result<()> {
+    let p = Profile::require()?;
+    let list: Vec<SessionInfo> = sallyport_cli::http::user_api(&p)?
+        .get("/v1/sessions")
+        .await?;
+    if format == Format::Json {
+        let v: Vec<serde_json::Value> = list
+            .iter()
+            .map(|s| {
+                serde_json::json!({"session_id": s.session_id, "user": s.user, "login": s.login, "node": s.node,
+                    "start": s.start, "end": s.end, "exit_code": s.exit_code, "status": s.status, "kind": s.kind, "command": s.command})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{:<36} {:<12} {:<10} {:<16} {:<20} {:<5} {:<10} COMMAND",
+            "SESSION", "USER", "LOGIN", "NODE", "START", "EXIT", "STATUS"
+        );
+        for s in &list {
+            let code = s
+                .exit_code
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{:<36} {:<12} {:<10} {:<16} {:<20} {:<5} {:<10} {}",
+                s.session_id,
+                s.user,
+                s.login,
+                s.node,
+                s.start,
+                code,
+                s.status,
+                s.command.as_deref().unwrap_or("(shell)")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Drops terminal sequences that can act on the viewer's terminal beyond drawing (OSC such as
+/// clipboard writes and title changes, DCS, APC, PM, SOS), keeping colours and cursor motion.
+fn defang(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' && matches!(chars.peek(), Some(']' | 'P' | '_' | '^' | 'X')) {
+            chars.next();
+            // Skip to BEL or ST (ESC \).
+            while let Some(d) = chars.next() {
+                if d == '\x07' || (d == '\x1b' && chars.peek() == Some(&'\\')) {
+                    if d == '\x1b' {
+                        chars.next();
+                    }
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
+    let p = Profile::require()?;
+    let api = sallyport_cli::http::user_api(&p)?;
+    let text = api
+        .get_text(&format!("/v1/sessions/{id}/recording"))
+        .await?;
+    let mut out = std::io::stdout().lock();
+    use std::io::Write;
+    if format == Some("asciicast") {
+        out.write_all(text.as_bytes())?;
+        return Ok(());
+    }
+    let speed = if speed > 0.0 { speed } else { 1.0 };
+    let mut last = 0.0f64;
+    for (i, line) in text.lines().enumerate() {
+        if i == 0 {
+            continue;
+        }
+        let Ok(ev) = serde_json::from_str::<(f64, String, String)>(line) else {
+            continue;
+        };
+        if ev.1 != "o" {
+            continue;
+        }
+        if format.is_none() {
+            let wait = ((ev.0 - last) / speed).clamp(0.0, 5.0);
+            if wait > 0.0 {
+                out.flush()?;
+                std::thread::sleep(std::time::Duration::from_secs_f64(wait));
+            }
+            last = ev.0;
+        }
+        out.write_all(defang(&ev.2).as_bytes())?;
+    }
+    out.flush()?;
     Ok(())
 }

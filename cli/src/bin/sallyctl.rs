@@ -81,6 +81,11 @@ enum Command {
         #[command(subcommand)]
         command: AccessCommand,
     },
+    /// Join tokens for agents.
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+    },
     /// Servers: register agentless OpenSSH nodes, list, remove.
     Nodes {
         #[command(subcommand)]
@@ -115,6 +120,23 @@ enum AccessCommand {
         kube_resource: Option<String>,
         #[arg(long)]
         verb: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokensCommand {
+    /// A one-time token an agent joins with, and the command to run on the server.
+    Add {
+        #[arg(long = "type", value_parser = ["node"])]
+        kind: String,
+        #[arg(long, default_value = "30m")]
+        ttl: String,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    Ls {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
@@ -285,27 +307,7 @@ fn connect(cli: &Cli) -> Result<Api> {
     let p = Profile::load()?.ok_or_else(|| {
         anyhow!("no identity: pass --data-dir DIR (or --config FILE) on the auth host, or log in with `sally login`")
     })?;
-    if p.expires().is_some_and(|e| e <= sallyport_core::unix_now()) {
-        bail!(
-            "your certificates expired at {}; run `sally login --proxy {} --user {}`",
-            p.valid_until,
-            p.proxy,
-            p.user
-        );
-    }
-    let paths = p.paths();
-    let cert = std::fs::read_to_string(&paths.tls_cert)
-        .with_context(|| format!("cannot read {}", paths.tls_cert.display()))?;
-    let key = std::fs::read_to_string(&paths.tls_key)
-        .with_context(|| format!("cannot read {}", paths.tls_key.display()))?;
-    let identity = (pem_to_ders(&cert)?, private_key_from_pem(&key)?);
-    Api::new(
-        &p.proxy,
-        "the auth service via the proxy",
-        Trust::Roots(pem_to_ders(&p.tls_host_ca_pem)?),
-        Some(identity),
-        Some(AUTH_ALPN),
-    )
+    sallyport_cli::http::user_api(&p)
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
@@ -343,6 +345,55 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Edit { what } => edit(&api, what).await?,
         Command::Access { command } => return access(&api, command).await,
         Command::Nodes { command } => nodes(&api, command).await?,
+        Command::Tokens {
+            command: TokensCommand::Add { kind, ttl, format },
+        } => {
+            let ttl = sallyport_core::duration::parse(ttl).map_err(|e| anyhow!("--ttl: {e}"))?;
+            let t: JoinToken = api
+                .post(
+                    "/v1/tokens/join",
+                    &AddJoinToken {
+                        kind: kind.clone(),
+                        ttl_secs: ttl.as_secs(),
+                    },
+                )
+                .await?;
+            if *format == Format::Json {
+                println!(
+                    "{}",
+                    serde_json::to_string(
+                        &serde_json::json!({"token": t.token, "expires": t.expires})
+                    )?
+                );
+            } else {
+                let s: Status = api.get("/v1/status").await?;
+                let pin = s.ca_pins.first().cloned().unwrap_or_default();
+                println!(
+                    "The join token {} expires at {} and works once.",
+                    t.token, t.expires
+                );
+                println!("Run this on the server (as root, so sessions can run as any login):\n");
+                println!(
+                    "  sallyport start --roles=node --proxy=PROXY:3080 --token={} --ca-pin={pin} --data-dir /var/lib/sallyport --labels env=dev\n",
+                    t.token
+                );
+                println!("PROXY is the proxy's address as the server reaches it.");
+            }
+        }
+        Command::Tokens {
+            command: TokensCommand::Ls { format },
+        } => {
+            get(
+                &api,
+                "tokens",
+                if *format == Format::Json {
+                    GetFormat::Json
+                } else {
+                    GetFormat::Text
+                },
+            )
+            .await?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -42,6 +42,7 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>) {
                 state,
                 addr,
                 user: None,
+                refusal: None,
             };
             match russh::server::run_stream(config, tcp, conn).await {
                 Ok(s) => {
@@ -57,6 +58,9 @@ struct Outer {
     state: Arc<SshState>,
     addr: SocketAddr,
     user: Option<String>,
+    /// Set when the certificate is ours and genuine but expired: every channel is refused with
+    /// this, so the person reads why instead of "Permission denied".
+    refusal: Option<String>,
 }
 
 impl russh::server::Handler for Outer {
@@ -69,16 +73,25 @@ impl russh::server::Handler for Outer {
     ) -> Result<Auth, Self::Error> {
         // A new user name starts authentication over: nothing from an earlier attempt counts.
         self.user = None;
+        self.refusal = None;
         let cas = self.state.user_cas();
-        match sallyport_core::sshcert::verify_user_any_login(
-            cert,
-            &cas,
-            sallyport_core::sshcert::now(),
-        ) {
+        let now = sallyport_core::sshcert::now();
+        match sallyport_core::sshcert::verify_user_any_login(cert, &cas, now) {
             Ok(user) => {
                 tracing::debug!(%user, login, peer = %self.addr, "proxy connection authenticated");
                 self.user = Some(user);
                 Ok(Auth::Accept)
+            }
+            Err(e @ sallyport_core::sshcert::CertRefusal::Expired { .. }) => {
+                // Signed by our CA (checked at a time it was valid), only too old: accept, and
+                // refuse every channel with the reason so the person reads it.
+                let at = cert.valid_before().saturating_sub(1);
+                if sallyport_core::sshcert::verify_user_any_login(cert, &cas, at).is_ok() {
+                    tracing::info!(login, peer = %self.addr, error = %e, "expired certificate");
+                    self.refusal = Some(e.to_string());
+                    return Ok(Auth::Accept);
+                }
+                Ok(Auth::reject())
             }
             Err(e) => {
                 tracing::info!(login, peer = %self.addr, error = %e, "certificate refused at the proxy");
@@ -93,6 +106,12 @@ impl russh::server::Handler for Outer {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
+        if let Some(reason) = self.refusal.clone() {
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
         let reason = "the proxy runs nothing itself: connect to a node (ssh -J proxy node, or sally ssh node)".to_string();
         reply
             .reject(ChannelOpenFailure::Other { code: 1, reason })
@@ -110,6 +129,12 @@ impl russh::server::Handler for Outer {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
+        if let Some(reason) = self.refusal.clone() {
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
         let Some(user) = self.user.clone() else {
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)

@@ -49,6 +49,7 @@ pub async fn serve_inner<S>(
         node,
         addr,
         login: None,
+        refusal: None,
         chans: HashMap::new(),
     };
     match russh::server::run_stream(Arc::new(config), stream, inner).await {
@@ -78,6 +79,9 @@ struct Inner {
     node: NodeInfo,
     addr: SocketAddr,
     login: Option<String>,
+    /// Why sessions on this connection will be refused, when the certificate checked out but
+    /// does not cover the login: said at channel open, where OpenSSH shows it to the user.
+    refusal: Option<String>,
     chans: HashMap<ChannelId, Relay>,
 }
 
@@ -164,6 +168,40 @@ impl Inner {
     /// Authorize with auth, then open a session on the node with the per-session certificate.
     async fn open_node_session(&self) -> Result<(SessionGrant, Channel<ClientMsg>), String> {
         let login = self.login.clone().ok_or("not authenticated")?;
+        if let Some(refusal) = &self.refusal {
+            // Ask auth anyway: it audits the refusal with the roles' explanation.
+            let req = SessionRequest {
+                user: self.user.clone(),
+                login: login.clone(),
+                node: self.node.id.clone(),
+                public_key: self
+                    .state
+                    .key
+                    .public_key()
+                    .to_openssh()
+                    .map_err(|e| e.to_string())?,
+                remote_addr: self.addr.to_string(),
+            };
+            return match self
+                .state
+                .auth
+                .json::<_, SessionGrant>(reqwest::Method::POST, "/v1/sessions", Some(&req))
+                .await
+            {
+                Err(e) => Err(e.to_string()),
+                Ok(g) => {
+                    let end = SessionEnd {
+                        status: "complete".into(),
+                        exit_code: Some(255),
+                        ..Default::default()
+                    };
+                    Inner::end_session(self.state.clone(), &g, end).await;
+                    Err(format!(
+                        "{refusal}; run `sally login` to get a certificate with your current logins"
+                    ))
+                }
+            };
+        }
         let public_key = self
             .state
             .key
@@ -427,16 +465,23 @@ impl russh::server::Handler for Inner {
         cert: &Certificate,
     ) -> Result<Auth, Self::Error> {
         self.login = None;
+        self.refusal = None;
         let cas = self.state.user_cas();
-        match sallyport_core::sshcert::verify_user(
-            cert,
-            &cas,
-            login,
-            sallyport_core::sshcert::now(),
-        ) {
+        let now = sallyport_core::sshcert::now();
+        match sallyport_core::sshcert::verify_user(cert, &cas, login, now) {
             // The inner connection must be the same person as the outer one.
             Ok(user) if user == self.user => {
                 self.login = Some(login.to_string());
+                Ok(Auth::Accept)
+            }
+            // Genuine, current, this user's — but without this login: let the session be
+            // refused at channel open, where the reason reaches the person.
+            Err(e @ sallyport_core::sshcert::CertRefusal::Principal { .. })
+                if sallyport_core::sshcert::verify_user_any_login(cert, &cas, now).as_deref()
+                    == Ok(self.user.as_str()) =>
+            {
+                self.login = Some(login.to_string());
+                self.refusal = Some(e.to_string());
                 Ok(Auth::Accept)
             }
             Ok(other) => {
