@@ -380,13 +380,21 @@ impl AuthServer {
         Ok(r.rows_affected())
     }
 
+    /// At an all-in-one start no tunnel exists yet: every agent is offline until it dials in.
+    pub async fn mark_agents_offline(&self) -> Result<(), AuthError> {
+        sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind = 'agent'")
+            .execute(&self.backend.pool)
+            .await?;
+        Ok(())
+    }
+
     pub async fn list_sessions(
         &self,
         only_user: Option<&str>,
     ) -> Result<Vec<SessionInfo>, AuthError> {
         let rows = sqlx::query(
             "SELECT id, user_name, login, node, start, end_time, exit_code, status, kind, command FROM sessions
-             WHERE ($1 = '' OR user_name = $1) ORDER BY start, id",
+             WHERE ($1 = '' OR user_name = $1) ORDER BY start, end_time, id",
         )
         .bind(only_user.unwrap_or(""))
         .fetch_all(&self.backend.pool)

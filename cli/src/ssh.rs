@@ -114,6 +114,18 @@ impl russh::client::Handler for HostCheck {
     }
 }
 
+/// The server's reason for refusing a channel, which russh stores a moment after it reports the
+/// refusal itself.
+async fn reason(failure: &Arc<std::sync::Mutex<Option<String>>>, fallback: String) -> String {
+    for _ in 0..50 {
+        if let Some(why) = failure.lock().ok().and_then(|f| f.clone()) {
+            return why;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    fallback
+}
+
 fn client_config() -> Arc<russh::client::Config> {
     let mut c = russh::client::Config {
         nodelay: true,
@@ -182,15 +194,7 @@ impl Proxy {
             .await
         {
             Ok(ch) => Ok(ch.into_stream()),
-            Err(e) => {
-                let why = self
-                    .failure
-                    .lock()
-                    .ok()
-                    .and_then(|f| f.clone())
-                    .unwrap_or_else(|| e.to_string());
-                Err(anyhow!("{why}"))
-            }
+            Err(e) => Err(anyhow!("{}", reason(&self.failure, e.to_string()).await)),
         }
     }
 }
@@ -271,16 +275,7 @@ pub async fn run_session(
 ) -> Result<i32> {
     let channel = match handle.channel_open_session().await {
         Ok(c) => c,
-        Err(e) => {
-            return Err(anyhow!(
-                "{}",
-                failure
-                    .lock()
-                    .ok()
-                    .and_then(|f| f.clone())
-                    .unwrap_or_else(|| e.to_string())
-            ));
-        }
+        Err(e) => return Err(anyhow!("{}", reason(failure, e.to_string()).await)),
     };
     if tty {
         let (cols, rows) = terminal_size::terminal_size()

@@ -86,6 +86,7 @@ pub async fn run(
         .await
         .context("cannot open the auth service")?;
     let cluster = auth.config.cluster_name.clone();
+    auth.mark_agents_offline().await?;
     let interrupted = auth.mark_interrupted_sessions().await?;
     if interrupted > 0 {
         tracing::warn!(

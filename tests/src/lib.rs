@@ -124,6 +124,8 @@ pub struct Cluster {
     pub config: PathBuf,
     pub proxy: String,
     pub auth: String,
+    /// The proxy's SSH port (ProxyJump target).
+    pub ssh_port: u16,
     pub pin: String,
     pub stdout: String,
     child: Option<Child>,
@@ -138,7 +140,7 @@ impl Cluster {
 
     pub fn start_with(o: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let (auth, web) = (free_port(), free_port());
+        let (auth, web, ssh_port) = (free_port(), free_port(), free_port());
         let storage = match &o.postgres {
             Some(url) => format!("{{type: postgres, conn_string: \"{url}\"}}"),
             None => "{type: sqlite}".into(),
@@ -150,6 +152,7 @@ impl Cluster {
                 "version: v1
 sallyport:
   data_dir: {data}
+  nodename: local1
   log: {{severity: info, format: text}}
   storage: {storage}
 auth_service:
@@ -169,7 +172,7 @@ ssh_service: {{enabled: true, labels: {{env: dev}}}}
                 cluster = o.cluster_name,
                 sf = if o.second_factor { "otp" } else { "off" },
                 max = o.max_login_attempts,
-                ssh = free_port(),
+                ssh = ssh_port,
                 tunnel = free_port(),
                 kube = free_port(),
             ),
@@ -180,6 +183,7 @@ ssh_service: {{enabled: true, labels: {{env: dev}}}}
             config,
             proxy: format!("127.0.0.1:{web}"),
             auth: format!("127.0.0.1:{auth}"),
+            ssh_port,
             pin: String::new(),
             stdout: String::new(),
             child: None,
@@ -359,6 +363,152 @@ ssh_service: {{enabled: true, labels: {{env: dev}}}}
             "sqlite: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// A node agent (`sallyport start --roles=node`) in its own process, killed when dropped.
+pub struct Agent {
+    pub name: String,
+    pub labels: String,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Agent {
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Cluster {
+    /// A join token from `sallyctl tokens add --type=node --format json`.
+    pub fn join_token(&self) -> String {
+        let out = self
+            .sallyctl(&["tokens", "add", "--type=node", "--format", "json"])
+            .ok();
+        let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    /// Runs `sallyport start --roles=node` and returns what it printed if it exited.
+    pub fn agent_command(
+        &self,
+        name: &str,
+        labels: &str,
+        token: Option<&str>,
+        dir: &Path,
+    ) -> Command {
+        let mut cmd = Command::new(bin("sallyport"));
+        cmd.args([
+            "start",
+            "--roles=node",
+            "--proxy",
+            &self.proxy,
+            "--nodename",
+            name,
+            "--ca-pin",
+            &self.pin,
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .env("SALLYPORT_LOG", "warn");
+        if !labels.is_empty() {
+            cmd.args(["--labels", labels]);
+        }
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        cmd
+    }
+
+    /// Starts an agent named `name` and waits until `sally ls` would show it online.
+    pub fn agent(&self, name: &str, labels: &str) -> Agent {
+        let dir = self.dir.path().join(format!("agent-{name}"));
+        let token = self.join_token();
+        let child = self
+            .agent_command(name, labels, Some(&token), &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let agent = Agent {
+            name: name.into(),
+            labels: labels.into(),
+            dir,
+            child: Some(child),
+        };
+        self.wait_online(name);
+        agent
+    }
+
+    /// Restarts a stopped agent from its data dir (no token: it reuses its identity).
+    pub fn restart_agent(&self, agent: &mut Agent) {
+        agent.stop();
+        let child = self
+            .agent_command(&agent.name, &agent.labels, None, &agent.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        agent.child = Some(child);
+    }
+
+    pub fn node_online(&self, name: &str) -> bool {
+        let out = self.sallyctl(&["nodes", "ls", "--format", "json"]);
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) else {
+            return false;
+        };
+        v.as_array().is_some_and(|nodes| {
+            nodes
+                .iter()
+                .any(|n| n["hostname"] == name && n["online"] == true)
+        })
+    }
+
+    pub fn wait_online(&self, name: &str) {
+        assert!(
+            eventually(Duration::from_secs(30), || self.node_online(name)),
+            "node {name} never came online"
+        );
+    }
+
+    /// An ssh_config for plain OpenSSH as the user logged in under `home`: `proxy` is the
+    /// proxy's SSH port, every other host is verified through the cluster's host CA.
+    pub fn ssh_config(&self, home: &Path, user: &str) -> PathBuf {
+        let keys = home.join("keys").join(self.proxy.replace(':', "_"));
+        let cfg = home.join("ssh_config");
+        std::fs::write(
+            &cfg,
+            format!(
+                "Host proxy\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\nHost *\n  UserKnownHostsFile {kh}\n  IdentityFile {key}\n  CertificateFile {key}-cert.pub\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 20\n",
+                port = self.ssh_port,
+                kh = home.join("known_hosts").display(),
+                key = keys.join(user).display(),
+            ),
+        )
+        .unwrap();
+        cfg
+    }
+
+    /// `ssh -F <config> -J proxy <args>` with stdin.
+    pub fn ssh(&self, cfg: &Path, args: &[&str], stdin: &str) -> Run {
+        run(
+            Command::new("ssh")
+                .arg("-F")
+                .arg(cfg)
+                .args(["-J", "proxy"])
+                .args(args),
+            stdin,
+        )
     }
 }
 

@@ -58,8 +58,8 @@ struct Outer {
     state: Arc<SshState>,
     addr: SocketAddr,
     user: Option<String>,
-    /// Set when the certificate is ours and genuine but expired: every channel is refused with
-    /// this, so the person reads why instead of "Permission denied".
+    /// When set, every channel is refused with this reason (russh itself already refuses
+    /// expired certificates before the handler sees them).
     refusal: Option<String>,
 }
 
@@ -81,17 +81,6 @@ impl russh::server::Handler for Outer {
                 tracing::debug!(%user, login, peer = %self.addr, "proxy connection authenticated");
                 self.user = Some(user);
                 Ok(Auth::Accept)
-            }
-            Err(e @ sallyport_core::sshcert::CertRefusal::Expired { .. }) => {
-                // Signed by our CA (checked at a time it was valid), only too old: accept, and
-                // refuse every channel with the reason so the person reads it.
-                let at = cert.valid_before().saturating_sub(1);
-                if sallyport_core::sshcert::verify_user_any_login(cert, &cas, at).is_ok() {
-                    tracing::info!(login, peer = %self.addr, error = %e, "expired certificate");
-                    self.refusal = Some(e.to_string());
-                    return Ok(Auth::Accept);
-                }
-                Ok(Auth::reject())
             }
             Err(e) => {
                 tracing::info!(login, peer = %self.addr, error = %e, "certificate refused at the proxy");

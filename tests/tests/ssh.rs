@@ -1,0 +1,432 @@
+//! SSH access end to end with the real OpenSSH client: agents that dial back, ProxyJump through
+//! the proxy, `sally ssh`, the role checks and their messages, recording, replay and audit.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::time::Duration;
+
+use sallyport_tests::*;
+
+const PW: &str = "correct horse battery";
+
+fn events(c: &Cluster, kind: &str) -> Vec<serde_json::Value> {
+    c.sallyctl(&["audit", "search", "--type", kind])
+        .ok()
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn openssh_through_the_proxy_runs_commands_as_the_login() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root,sallytest");
+    let cfg = c.ssh_config(&home, "alice");
+    // The exit code of the remote command is the client's.
+    let r = c.ssh(&cfg, &["root@local1", "echo out; echo err >&2; exit 3"], "");
+    assert_eq!(r.code, 3, "{r:?}");
+    assert_eq!(r.stdout, "out\n");
+    assert!(r.stderr.contains("err"), "{r:?}");
+    // stdin EOF reaches the command.
+    let r = c.ssh(&cfg, &["root@local1", "cat"], "hi\n").ok();
+    assert_eq!(r.stdout, "hi\n");
+    // The session runs as the login: its user, home and shell come from the system.
+    let r = c
+        .ssh(
+            &cfg,
+            &["sallytest@local1", "id -un; echo $HOME; echo $USER"],
+            "",
+        )
+        .ok();
+    assert_eq!(
+        r.stdout, "sallytest\n/home/sallytest\nsallytest\n",
+        "run scripts/test, which creates the sallytest user"
+    );
+    // A terminal when asked for one.
+    let r = c
+        .ssh(&cfg, &["-tt", "root@local1", "tty; echo $TERM"], "")
+        .ok();
+    assert!(r.stdout.contains("/dev/pts/"), "{r:?}");
+    // By name.cluster too, and the host is verified through the host CA with no prompt.
+    c.ssh(&cfg, &["root@local1.test", "true"], "").ok();
+    // The proxy itself runs nothing.
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["proxy", "true"]),
+        "",
+    );
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("the proxy runs nothing itself"), "{r:?}");
+}
+
+#[test]
+fn sally_ssh_ls_and_label_selectors() {
+    let c = Cluster::start();
+    let _a = c.agent("web1", "env=staging,team=web");
+    let _b = c.agent("web2", "env=staging,team=db");
+    let home = c.user("bob", "access", "root");
+    let ls: serde_json::Value =
+        serde_json::from_str(&c.sally(&home, &["ls", "--format", "json"], "").ok().stdout).unwrap();
+    let names: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["hostname"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"web1") && names.contains(&"web2") && names.contains(&"local1"),
+        "{ls}"
+    );
+    for n in ls.as_array().unwrap() {
+        assert_eq!(n["online"], true);
+        assert!(n["id"].is_string() && n["labels"].is_object());
+    }
+    let filtered = c.sally(&home, &["ls", "team=db"], "").ok().stdout;
+    assert!(
+        filtered.contains("web2") && !filtered.contains("web1"),
+        "{filtered}"
+    );
+
+    let r = c.sally(
+        &home,
+        &[
+            "ssh",
+            "root@web1",
+            "echo",
+            "hello from",
+            "$(hostname)",
+            ";",
+            "exit",
+            "5",
+        ],
+        "",
+    );
+    assert_eq!(r.code, 5, "{r:?}");
+    assert!(r.stdout.starts_with("hello from"), "{r:?}");
+    let r = c
+        .sally(&home, &["ssh", "-l", "root", "web2", "cat"], "piped\n")
+        .ok();
+    assert_eq!(r.stdout, "piped\n");
+    // A label selector runs on every matching node, output prefixed by node name.
+    let r = c
+        .sally(&home, &["ssh", "root@env=staging", "echo", "hi"], "")
+        .ok();
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["[web1] hi", "[web2] hi"]);
+    c.sally(&home, &["ssh", "root@env=nowhere", "true"], "")
+        .fails_with("no node you can reach matches env=nowhere");
+
+    // `sally config` makes plain OpenSSH work with no other setup.
+    let cfg_text = c.sally(&home, &["config"], "").ok().stdout;
+    let cfg = home.join("generated_config");
+    std::fs::write(&cfg, format!("{cfg_text}Host *\n  BatchMode yes\n")).unwrap();
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["root@web2.test", "echo via-config"]),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout, "via-config\n");
+}
+
+#[test]
+fn refusals_say_why_and_are_audited() {
+    let c = Cluster::start();
+    let _prod = c.agent("db1", "env=prod");
+    let f = c.dir.path().join("roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: staging-only}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {env: [dev, staging]}\n---\nkind: role\nversion: v1\nmetadata: {name: no-local}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n  deny:\n    node_labels: {hostname: local1}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let home = c.user("carol", "staging-only", "");
+    let cfg = c.ssh_config(&home, "carol");
+    // A login the roles do not allow.
+    c.ssh(&cfg, &["bob@local1", "true"], "")
+        .fails_with("no role allows login bob");
+    // A node whose labels the roles do not match.
+    c.ssh(&cfg, &["root@db1", "true"], "")
+        .fails_with("only on nodes with other labels");
+    // An unknown node.
+    c.ssh(&cfg, &["root@nosuch", "true"], "")
+        .fails_with("node nosuch is not registered");
+    // A deny rule.
+    let home2 = c.user("dan", "no-local", "");
+    let cfg2 = c.ssh_config(&home2, "dan");
+    c.ssh(&cfg2, &["root@local1", "true"], "")
+        .fails_with("role no-local denies nodes with labels hostname=local1");
+    c.ssh(&cfg2, &["root@db1", "echo allowed"], "").ok();
+    // A login that does not exist on the node.
+    let home3 = c.user("erin", "access", "nosuchlogin");
+    let cfg3 = c.ssh_config(&home3, "erin");
+    c.ssh(&cfg3, &["nosuchlogin@local1", "true"], "")
+        .fails_with("login nosuchlogin does not exist on node local1");
+    let rejected = events(&c, "session.rejected");
+    assert!(
+        rejected.iter().any(|e| e["user"] == "carol"
+            && e["login"] == "bob"
+            && e["reason"]
+                .as_str()
+                .unwrap()
+                .contains("no role allows login bob")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected
+            .iter()
+            .any(|e| e["user"] == "dan" && e["reason"].as_str().unwrap().contains("denies")),
+        "{rejected:?}"
+    );
+
+    // A certificate from another cluster's CA is refused.
+    let other = Cluster::start();
+    let stranger = other.user("mallory", "access", "root");
+    let keys = stranger.join("keys").join(other.proxy.replace(':', "_"));
+    let cfg4 = home.join("stranger_config");
+    std::fs::write(
+        &cfg4,
+        format!(
+            "Host proxy\n  HostName 127.0.0.1\n  Port {}\n  User root\nHost *\n  UserKnownHostsFile {}\n  IdentityFile {}\n  CertificateFile {}-cert.pub\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  BatchMode yes\n",
+            c.ssh_port,
+            home.join("known_hosts").display(),
+            keys.join("mallory").display(),
+            keys.join("mallory").display()
+        ),
+    )
+    .unwrap();
+    c.ssh(&cfg4, &["root@local1", "true"], "")
+        .fails_with("Permission denied (publickey)");
+}
+
+#[test]
+fn expired_certificates_are_refused_with_the_reason() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let token = c.add_user("fay", "access", "root");
+    c.signup(&token, PW);
+    let home = c.dir.path().join("fay");
+    c.sally(
+        &home,
+        &[
+            "login", "--proxy", &c.proxy, "--user", "fay", "--ca-pin", &c.pin, "--ttl", "1m",
+        ],
+        &format!("{PW}\n"),
+    )
+    .ok();
+    let cfg = c.ssh_config(&home, "fay");
+    c.ssh(&cfg, &["root@local1", "true"], "").ok();
+    let generated = home.join("generated_config");
+    std::fs::write(
+        &generated,
+        format!(
+            "{}Host *\n  BatchMode yes\n",
+            c.sally(&home, &["config"], "").ok().stdout
+        ),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(62));
+    // Plain ProxyJump: the proxy refuses the expired certificate at the SSH layer.
+    c.ssh(&cfg, &["root@local1", "true"], "")
+        .fails_with("Permission denied (publickey)");
+    // Through `sally config` and `sally ssh`, the person reads why and what to do.
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&generated)
+            .args(["root@local1.test", "true"]),
+        "",
+    );
+    r.fails_with("expired at").fails_with("run `sally login");
+    c.sally(&home, &["ssh", "root@local1", "true"], "")
+        .fails_with("expired at");
+}
+
+#[test]
+fn sessions_are_recorded_replayed_and_audited() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("gus", "access", "root");
+    let auditor = c.user("audrey", "auditor", "");
+    let cfg = c.ssh_config(&home, "gus");
+    c.ssh(
+        &cfg,
+        &["root@local1", "printf 'line one\\nline two\\n'; exit 4"],
+        "",
+    )
+    .fails_with("");
+    c.ssh(&cfg, &["-tt", "root@local1", "echo in-a-tty"], "")
+        .ok();
+    let list: serde_json::Value = serde_json::from_str(
+        &c.sally(&home, &["recordings", "ls", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    let sessions = list.as_array().unwrap();
+    assert_eq!(sessions.len(), 2, "{list}");
+    let first = sessions
+        .iter()
+        .find(|s| {
+            s["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("line one"))
+        })
+        .unwrap();
+    for k in [
+        "session_id",
+        "user",
+        "login",
+        "node",
+        "start",
+        "end",
+        "exit_code",
+    ] {
+        assert!(!first[k].is_null(), "{k} missing: {first}");
+    }
+    assert_eq!(
+        (
+            first["user"].as_str(),
+            first["login"].as_str(),
+            first["node"].as_str(),
+            first["exit_code"].as_i64()
+        ),
+        (Some("gus"), Some("root"), Some("local1"), Some(4))
+    );
+    let id = first["session_id"].as_str().unwrap();
+    let text = c
+        .sally(&home, &["play", id, "--format", "text"], "")
+        .ok()
+        .stdout;
+    assert_eq!(text, "line one\nline two\n");
+    // The raw recording is asciicast v2 that asciinema plays.
+    let cast = c
+        .sally(&auditor, &["play", id, "--format", "asciicast"], "")
+        .ok()
+        .stdout;
+    let mut lines = cast.lines();
+    let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(header["version"], 2);
+    assert!(
+        header["width"].as_u64().is_some()
+            && header["height"].as_u64().is_some()
+            && header["timestamp"].as_i64().is_some()
+    );
+    assert!(header["env"]["TERM"].is_string());
+    let ev: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(ev[1], "o");
+    // Replay with timing prints the same output.
+    let played = c
+        .sally(&home, &["play", id, "--speed", "10"], "")
+        .ok()
+        .stdout;
+    assert_eq!(played, "line one\nline two\n");
+    let tty_id = sessions
+        .iter()
+        .find(|s| s["command"] == "echo in-a-tty")
+        .unwrap()["session_id"]
+        .as_str()
+        .unwrap();
+    let tty_cast = c
+        .sally(&home, &["play", tty_id, "--format", "asciicast"], "")
+        .ok()
+        .stdout;
+    assert!(
+        tty_cast.contains("in-a-tty") && tty_cast.contains("\"xterm")
+            || tty_cast.contains("in-a-tty"),
+        "{tty_cast}"
+    );
+    // Another user cannot read gus's recordings; the auditor can.
+    let other = c.user("hal", "access", "root");
+    c.sally(&other, &["play", id], "")
+        .fails_with("belongs to another user");
+    let auditor_list = c.sally(&auditor, &["recordings", "ls"], "").ok().stdout;
+    assert!(auditor_list.contains("gus"));
+    // Audit: start, end (exit code, bytes, duration), exec.
+    let ends = events(&c, "session.end");
+    let end = ends.iter().find(|e| e["session_id"] == id).unwrap();
+    assert_eq!(end["exit_code"], 4);
+    assert!(
+        end["bytes_out"].as_u64().unwrap() >= 18 && end["duration_secs"].is_i64(),
+        "{end}"
+    );
+    let execs = events(&c, "exec");
+    assert!(
+        execs.iter().any(|e| e["session_id"] == id
+            && e["command"].as_str().unwrap().contains("line one")
+            && e["exit_code"] == 4),
+        "{execs:?}"
+    );
+    assert!(
+        events(&c, "session.start")
+            .iter()
+            .any(|e| e["session_id"] == id && e["node"] == "local1")
+    );
+    assert!(
+        events(&c, "node.join")
+            .iter()
+            .any(|e| e["nodename"] == "local1" && e["success"] == true)
+    );
+}
+
+#[test]
+fn agents_join_once_reconnect_and_keep_their_names() {
+    let mut c = Cluster::start();
+    let mut a = c.agent("app1", "env=qa");
+    let home = c.user("ivy", "access", "root");
+    c.sally(&home, &["ssh", "root@app1", "true"], "").ok();
+    // A token works once.
+    let token = c.join_token();
+    let dir1 = c.dir.path().join("agent-x1");
+    let dir2 = c.dir.path().join("agent-x2");
+    let mut first = c
+        .agent_command("x1", "", Some(&token), &dir1)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    c.wait_online("x1");
+    let second = run(&mut c.agent_command("x2", "", Some(&token), &dir2), "");
+    second.fails_with("already used");
+    let _ = first.kill();
+    let _ = first.wait();
+    // A name is taken once.
+    let dup = run(
+        &mut c.agent_command(
+            "app1",
+            "",
+            Some(&c.join_token()),
+            &c.dir.path().join("agent-dup"),
+        ),
+        "",
+    );
+    dup.fails_with("node name app1 is already taken");
+    // Restarting an agent reuses its identity: no token needed, same id.
+    let id_before = c
+        .sallyctl(&["get", "node/app1", "--format", "json"])
+        .ok()
+        .stdout;
+    c.restart_agent(&mut a);
+    c.wait_online("app1");
+    assert_eq!(
+        c.sallyctl(&["get", "node/app1", "--format", "json"])
+            .ok()
+            .stdout,
+        id_before
+    );
+    // A proxy restart brings the agent back by itself.
+    c.stop();
+    c.boot();
+    c.wait_online("app1");
+    let r = c.sally(&home, &["ssh", "root@app1", "echo back"], "").ok();
+    assert_eq!(r.stdout, "back\n");
+}
