@@ -91,6 +91,8 @@ struct NodeClient {
     state: Arc<SshState>,
     node: NodeInfo,
     open_failure: Shared<Option<String>>,
+    /// Why the node's host key was not trusted, for the person's error message.
+    host_key_problem: Shared<Option<String>>,
 }
 
 impl russh::client::Handler for NodeClient {
@@ -110,6 +112,12 @@ impl russh::client::Handler for NodeClient {
                 );
                 if let Err(e) = &ok {
                     tracing::warn!(node = %self.node.hostname, error = %e, "node host certificate refused");
+                    if let Ok(mut p) = self.host_key_problem.lock() {
+                        *p = Some(format!(
+                            "node {}: host certificate refused: {e}",
+                            self.node.hostname
+                        ));
+                    }
                 }
                 Ok(ok.is_ok())
             }
@@ -135,6 +143,12 @@ impl russh::client::Handler for NodeClient {
                     .unwrap_or(false);
                 if !ok {
                     tracing::warn!(node = %self.node.hostname, "agentless node presented a host key other than the pinned one");
+                    if let Ok(mut p) = self.host_key_problem.lock() {
+                        *p = Some(format!(
+                            "node {} presented a host key other than the one pinned at its first connection; if the server was reinstalled, remove the node and add it again",
+                            self.node.hostname
+                        ));
+                    }
                 }
                 Ok(ok)
             }
@@ -223,10 +237,19 @@ impl Inner {
             .map_err(|e| e.to_string())?;
         let cert = Certificate::from_openssh(grant.ssh_cert.trim()).map_err(|e| e.to_string())?;
         let open_failure = Arc::new(Mutex::new(None));
+        let host_key_problem: Shared<Option<String>> = Arc::new(Mutex::new(None));
         let client = NodeClient {
             state: self.state.clone(),
             node: grant.node.clone(),
             open_failure: open_failure.clone(),
+            host_key_problem: host_key_problem.clone(),
+        };
+        let explain = |e: russh::Error| -> String {
+            host_key_problem
+                .lock()
+                .ok()
+                .and_then(|p| p.clone())
+                .unwrap_or_else(|| format!("node {}: {e}", grant.node.hostname))
         };
         let mut config = russh::client::Config {
             inactivity_timeout: None,
@@ -252,7 +275,7 @@ impl Inner {
                 .ok_or_else(offline)?;
             russh::client::connect_stream(config, stream, client)
                 .await
-                .map_err(|e| format!("node {}: {e}", grant.node.hostname))?
+                .map_err(explain)?
         } else {
             let addr = grant.node.addr.clone().ok_or("the node has no address")?;
             let tcp = tokio::time::timeout(
@@ -265,7 +288,7 @@ impl Inner {
             let _ = tcp.set_nodelay(true);
             russh::client::connect_stream(config, tcp, client)
                 .await
-                .map_err(|e| format!("node {}: {e}", grant.node.hostname))?
+                .map_err(explain)?
         };
         let auth = handle
             .authenticate_openssh_cert(login.clone(), self.state.key.clone(), cert)
