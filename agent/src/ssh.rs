@@ -50,6 +50,9 @@ impl NodeServer {
             inactivity_timeout: None,
             nodelay: true,
             window_size: 8 * 1024 * 1024,
+            // Slack between nested session loops: see `sallyport_core::flow`.
+            channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
+            event_buffer_size: 1024,
             ..Default::default()
         };
         Ok(NodeServer {
@@ -70,7 +73,13 @@ impl NodeServer {
             user: None,
             channels: HashMap::new(),
         };
-        match russh::server::run_stream(self.config.clone(), stream, conn).await {
+        match russh::server::run_stream(
+            self.config.clone(),
+            sallyport_core::flow::Decoupled::new(stream),
+            conn,
+        )
+        .await
+        {
             Ok(running) => {
                 if let Err(e) = running.await {
                     tracing::debug!(error = %e, "ssh connection ended");
@@ -491,10 +500,18 @@ impl russh::server::Handler for Conn {
         &mut self,
         ch: ChannelId,
         data: &[u8],
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
         if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone()) {
-            tx.send(Input::Data(Bytes::copy_from_slice(data))).await;
+            if !tx.send(Input::Data(Bytes::copy_from_slice(data))).await {
+                tracing::warn!("closing a channel whose command stopped reading its input");
+                if let Some(c) = self.channels.remove(&ch) {
+                    if let Some(pid) = c.pid {
+                        kill(pid, nix::sys::signal::Signal::SIGHUP);
+                    }
+                }
+                session.close(ch)?;
+            }
         }
         Ok(())
     }

@@ -130,6 +130,8 @@ fn client_config() -> Arc<russh::client::Config> {
     let mut c = russh::client::Config {
         nodelay: true,
         window_size: 8 * 1024 * 1024,
+        // Slack between nested session loops: see `sallyport_core::flow`.
+        channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
         ..Default::default()
     };
     c.preferred.host_key_certificates = std::borrow::Cow::Borrowed(&[ssh_key::Algorithm::Ed25519]);
@@ -166,9 +168,13 @@ pub async fn connect_proxy(p: &Profile, keys: &Keys, ssh_port: u16) -> Result<Pr
         .await
         .with_context(|| format!("cannot reach the proxy's SSH port at {addr}"))?;
     let _ = tcp.set_nodelay(true);
-    let mut handle = russh::client::connect_stream(client_config(), tcp, check)
-        .await
-        .map_err(|e| anyhow!("proxy {addr}: {e}"))?;
+    let mut handle = russh::client::connect_stream(
+        client_config(),
+        sallyport_core::flow::Decoupled::new(tcp),
+        check,
+    )
+    .await
+    .map_err(|e| anyhow!("proxy {addr}: {e}"))?;
     let login = keys
         .cert
         .valid_principals()
@@ -213,9 +219,13 @@ pub async fn connect_node(
         name: target.to_string(),
         failure: failure.clone(),
     };
-    let mut handle = russh::client::connect_stream(client_config(), stream, check)
-        .await
-        .map_err(|e| anyhow!("{target}: {e}"))?;
+    let mut handle = russh::client::connect_stream(
+        client_config(),
+        sallyport_core::flow::Decoupled::new(stream),
+        check,
+    )
+    .await
+    .map_err(|e| anyhow!("{target}: {e}"))?;
     let ok = handle
         .authenticate_openssh_cert(login, keys.key.clone(), keys.cert.clone())
         .await

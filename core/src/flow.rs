@@ -3,17 +3,22 @@
 //! russh hands channel data to the handler on the session's only task and re-opens the window
 //! as soon as data arrives. A handler that waits for a slow consumer stalls that task — and with
 //! it the output path the consumer may itself be waiting on (`cat` both ways deadlocks). So the
-//! handler queues without waiting up to a high-water mark and only then waits: memory per
-//! channel is bounded, and ordinary traffic never stalls the session loop.
+//! handler never waits: it queues, and a channel whose consumer falls [`HIGH_WATER`] bytes behind
+//! is closed (a flood closes the channel; it never stalls the connection).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-/// Bytes a channel may queue before its producer waits.
-pub const HIGH_WATER: usize = 16 * 1024 * 1024;
+/// Bytes a channel may queue before it is closed as a flood.
+pub const HIGH_WATER: usize = 64 * 1024 * 1024;
+
+/// Messages russh may queue for one channel before its session loop waits. An SSH connection
+/// carried inside another's channel (ProxyJump) links two session loops; with russh's default of
+/// 100, a transfer saturating both directions (`cat` of 32 MiB) fills the queue while each loop
+/// waits on the other. Queues are allocated as they fill, so slack costs nothing until used.
+pub const CHANNEL_BUFFER: usize = 8192;
 
 /// What a session loop hands to a channel's consumer.
 #[derive(Debug)]
@@ -47,15 +52,12 @@ pub fn inbox() -> (Sender, Receiver) {
 }
 
 impl Sender {
-    /// Queues `input`; waits only while more than [`HIGH_WATER`] bytes are queued. Returns false
-    /// when the consumer is gone.
+    /// Queues `input` without waiting. Returns false when the consumer is gone or more than
+    /// [`HIGH_WATER`] bytes are already queued: the caller closes the channel.
     pub async fn send(&self, input: Input) -> bool {
         if let Input::Data(d) = &input {
-            while self.queued.load(Ordering::Acquire) > HIGH_WATER {
-                if self.tx.is_closed() {
-                    return false;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+            if self.queued.load(Ordering::Acquire) > HIGH_WATER {
+                return false;
             }
             self.queued.fetch_add(d.len(), Ordering::AcqRel);
         }
@@ -70,5 +72,127 @@ impl Receiver {
             self.queued.fetch_sub(d.len(), Ordering::AcqRel);
         }
         Some(item)
+    }
+}
+
+/// A transport whose writes never wait: one task of its own owns the real stream, reading it
+/// into a small queue and writing to it from an unbounded one.
+///
+/// russh reads and writes its transport on one task. When both peers of a connection are russh
+/// (agent ↔ proxy over the tunnel, the inner connections of ProxyJump, `sally ssh`) and both
+/// directions are saturated, each can block writing while the other blocks writing too, and
+/// neither reads again. Decoupling the writes removes that cycle. What is queued is what the
+/// peer produced, which its own channels' inboxes bound ([`HIGH_WATER`]).
+///
+/// Both directions are driven by the same task on purpose: a yamux stream shares one command
+/// queue between its reads (window updates) and its writes, and parks only one waiting task on
+/// it, so reading and writing it from two tasks loses wake-ups and stalls.
+pub struct Decoupled {
+    rx: mpsc::Receiver<bytes::Bytes>,
+    pending: bytes::Bytes,
+    tx: Option<mpsc::UnboundedSender<bytes::Bytes>>,
+}
+
+impl Decoupled {
+    pub fn new<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
+        stream: S,
+    ) -> Self {
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<bytes::Bytes>();
+        let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(16);
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut r, mut w) = tokio::io::split(stream);
+            let reading = async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match r.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if in_tx
+                        .send(bytes::Bytes::copy_from_slice(&buf[..n]))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            };
+            let writing = async move {
+                while let Some(chunk) = out_rx.recv().await {
+                    // Coalesce what is already queued into one write.
+                    let mut buf = bytes::BytesMut::from(&chunk[..]);
+                    while buf.len() < 256 * 1024 {
+                        match out_rx.try_recv() {
+                            Ok(more) => buf.extend_from_slice(&more),
+                            Err(_) => break,
+                        }
+                    }
+                    if w.write_all(&buf).await.is_err() || w.flush().await.is_err() {
+                        return;
+                    }
+                }
+                let _ = w.shutdown().await;
+            };
+            tokio::join!(reading, writing);
+        });
+        Decoupled {
+            rx: in_rx,
+            pending: bytes::Bytes::new(),
+            tx: Some(out_tx),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Decoupled {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.pending.is_empty() {
+            match self.rx.poll_recv(cx) {
+                std::task::Poll::Ready(Some(b)) => self.pending = b,
+                std::task::Poll::Ready(None) => return std::task::Poll::Ready(Ok(())),
+                std::task::Poll::Pending => return std::task::Poll::Pending,
+            }
+        }
+        let n = self.pending.len().min(buf.remaining());
+        let chunk = self.pending.split_to(n);
+        buf.put_slice(&chunk);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for Decoupled {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send(bytes::Bytes::copy_from_slice(buf)).is_ok());
+        std::task::Poll::Ready(if sent {
+            Ok(buf.len())
+        } else {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        })
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.tx = None;
+        std::task::Poll::Ready(Ok(()))
     }
 }

@@ -172,3 +172,67 @@ mod tests {
         drop(echo);
     }
 }
+
+#[cfg(test)]
+mod bulk {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// 32 MiB echoed through one stream, both directions at once, over TCP loopback.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bulk_echo_both_ways() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let server = tokio::spawn(async move {
+            let (tcp, _) = l.accept().await.unwrap_or_else(|e| panic!("{e}"));
+            let (_o, mut inbound) = run(tcp, Side::Agent);
+            let s = inbound.recv().await.unwrap_or_else(|| panic!("no stream"));
+            // As every russh transport here is used: through `flow::Decoupled`.
+            let (mut r, mut w) = tokio::io::split(crate::flow::Decoupled::new(s));
+            let mut buf = vec![0u8; 32 * 1024];
+            loop {
+                let n = r.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                if w.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = w.shutdown().await;
+        });
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (opener, _in) = run(tcp, Side::Proxy);
+        let s = opener.open().await.unwrap_or_else(|e| panic!("{e}"));
+        let (mut r, mut w) = tokio::io::split(crate::flow::Decoupled::new(s));
+        let total = 32 * 1024 * 1024;
+        let writer = tokio::spawn(async move {
+            let chunk = vec![7u8; 32 * 1024];
+            for _ in 0..total / chunk.len() {
+                w.write_all(&chunk).await.unwrap_or_else(|e| panic!("{e}"));
+            }
+            w
+        });
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 * 1024];
+        let res = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while got < total {
+                let n = r.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+        })
+        .await;
+        assert!(res.is_ok(), "stalled after {got} bytes");
+        assert_eq!(got, total);
+        drop(writer);
+        drop(server);
+    }
+}

@@ -430,3 +430,88 @@ fn agents_join_once_reconnect_and_keep_their_names() {
     let r = c.sally(&home, &["ssh", "root@app1", "echo back"], "").ok();
     assert_eq!(r.stdout, "back\n");
 }
+
+#[test]
+fn a_proxy_killed_mid_session_leaves_a_readable_recording_marked_incomplete() {
+    let mut c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("kim", "access", "root");
+    let mut session = Command::new(bin("sally"))
+        .env("SALLY_HOME", &home)
+        .args(["ssh", "root@local1", "echo before-the-crash; sleep 30"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(session.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "before-the-crash\n");
+    // Give the recorder its flush interval, then kill the proxy without warning.
+    std::thread::sleep(Duration::from_millis(1500));
+    c.stop();
+    let _ = session.kill();
+    let _ = session.wait();
+    c.boot();
+    let list: serde_json::Value = serde_json::from_str(
+        &c.sally(&home, &["recordings", "ls", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    let s = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| {
+            s["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("before-the-crash"))
+        })
+        .unwrap();
+    assert_eq!(s["status"], "incomplete", "{s}");
+    let text = c
+        .sally(
+            &home,
+            &[
+                "play",
+                s["session_id"].as_str().unwrap(),
+                "--format",
+                "text",
+            ],
+            "",
+        )
+        .ok()
+        .stdout;
+    assert_eq!(text, "before-the-crash\n");
+}
+
+#[test]
+fn strict_recording_refuses_a_session_that_cannot_be_recorded() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let f = c.dir.path().join("strict.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: strict}\nspec:\n  options: {record_session: {ssh: strict}}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    let strict = c.user("sam", "strict", "");
+    let relaxed = c.user("rex", "access", "root");
+    // Recordings cannot be written: their directory is now a file.
+    let rec = c.data_dir().join("recordings");
+    let _ = std::fs::remove_dir_all(&rec);
+    std::fs::write(&rec, "not a directory").unwrap();
+    c.sally(
+        &strict,
+        &["ssh", "root@local1", "echo", "should not run"],
+        "",
+    )
+    .fails_with("must be recorded (record_session: strict) and the recording failed");
+    // best_effort (the default) carries on unrecorded.
+    let r = c
+        .sally(&relaxed, &["ssh", "root@local1", "echo", "runs"], "")
+        .ok();
+    assert_eq!(r.stdout, "runs\n");
+}

@@ -24,6 +24,8 @@ pub fn config(state: &SshState) -> russh::server::Config {
         max_auth_attempts: 6,
         nodelay: true,
         window_size: 8 * 1024 * 1024,
+        // Slack between nested session loops: see `sallyport_core::flow`.
+        channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
         ..Default::default()
     }
 }
@@ -44,7 +46,9 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>) {
                 user: None,
                 refusal: None,
             };
-            match russh::server::run_stream(config, tcp, conn).await {
+            match russh::server::run_stream(config, sallyport_core::flow::Decoupled::new(tcp), conn)
+                .await
+            {
                 Ok(s) => {
                     let _ = s.await;
                 }
@@ -137,7 +141,7 @@ impl russh::server::Handler for Outer {
                 let addr = self.addr;
                 tokio::spawn(super::relay::serve_inner(
                     state,
-                    channel.into_stream(),
+                    sallyport_core::flow::Decoupled::new(channel.into_stream()),
                     user,
                     node,
                     cert,

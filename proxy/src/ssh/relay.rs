@@ -41,6 +41,8 @@ pub async fn serve_inner<S>(
         certificates: vec![cert],
         inactivity_timeout: None,
         window_size: 8 * 1024 * 1024,
+        // Slack between nested session loops: see `sallyport_core::flow`.
+        channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
         ..Default::default()
     };
     let inner = Inner {
@@ -254,6 +256,8 @@ impl Inner {
         let mut config = russh::client::Config {
             inactivity_timeout: None,
             window_size: 8 * 1024 * 1024,
+            // Slack between nested session loops: see `sallyport_core::flow`.
+            channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
             nodelay: true,
             ..Default::default()
         };
@@ -273,9 +277,13 @@ impl Inner {
                 .open(&grant.node.id)
                 .await
                 .ok_or_else(offline)?;
-            russh::client::connect_stream(config, stream, client)
-                .await
-                .map_err(explain)?
+            russh::client::connect_stream(
+                config,
+                sallyport_core::flow::Decoupled::new(stream),
+                client,
+            )
+            .await
+            .map_err(explain)?
         } else {
             let addr = grant.node.addr.clone().ok_or("the node has no address")?;
             let tcp = tokio::time::timeout(
@@ -286,7 +294,7 @@ impl Inner {
             .map_err(|_| format!("node {} at {addr} did not answer", grant.node.hostname))?
             .map_err(|e| format!("node {} at {addr}: {e}", grant.node.hostname))?;
             let _ = tcp.set_nodelay(true);
-            russh::client::connect_stream(config, tcp, client)
+            russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(tcp), client)
                 .await
                 .map_err(explain)?
         };
@@ -665,9 +673,17 @@ impl russh::server::Handler for Inner {
                     rec.input(data);
                 }
             }
-            r.input
+            if !r
+                .input
                 .send(Input::Data(Bytes::copy_from_slice(data)))
-                .await;
+                .await
+            {
+                tracing::warn!(user = %self.user, node = %self.node.hostname, "closing a channel the node stopped reading");
+                if let Some(r) = self.chans.remove(&ch) {
+                    let _ = r.node.close().await;
+                }
+                return _session.close(ch);
+            }
         }
         Ok(())
     }
