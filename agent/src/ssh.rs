@@ -52,6 +52,7 @@ impl NodeServer {
             window_size: 8 * 1024 * 1024,
             // Slack between nested session loops: see `sallyport_core::flow`.
             channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
+            preferred: sallyport_core::sshcert::preferred(),
             event_buffer_size: 1024,
             ..Default::default()
         };

@@ -267,6 +267,17 @@ pub fn verify_host(
     verify(cert, host_cas, hostname, now, certificate::CertType::Host)
 }
 
+/// Algorithm preferences for every russh endpoint here: AES-256-GCM first, which the CPU
+/// accelerates, then ChaCha20-Poly1305. The client's order decides, so this matters most where
+/// we are the client (proxy → node, `sally ssh`).
+pub fn preferred() -> russh::Preferred {
+    use russh::cipher::{AES_256_CTR, AES_256_GCM, CHACHA20_POLY1305};
+    russh::Preferred {
+        cipher: std::borrow::Cow::Borrowed(&[AES_256_GCM, CHACHA20_POLY1305, AES_256_CTR]),
+        ..Default::default()
+    }
+}
+
 pub fn now() -> u64 {
     unix_after(Duration::ZERO)
 }

@@ -43,6 +43,7 @@ pub async fn serve_inner<S>(
         window_size: 8 * 1024 * 1024,
         // Slack between nested session loops: see `sallyport_core::flow`.
         channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
+            preferred: sallyport_core::sshcert::preferred(),
         ..Default::default()
     };
     let inner = Inner {
@@ -258,6 +259,7 @@ impl Inner {
             window_size: 8 * 1024 * 1024,
             // Slack between nested session loops: see `sallyport_core::flow`.
             channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
+            preferred: sallyport_core::sshcert::preferred(),
             nodelay: true,
             ..Default::default()
         };
