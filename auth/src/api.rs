@@ -173,6 +173,7 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/nodes/{name}/host-key", post(pin_host_key))
         .route("/v1/sessions", get(list_sessions).post(session_grant))
         .route("/v1/sessions/{id}/end", post(session_end))
+        .route("/v1/sessions/{id}/update", post(session_update))
         .route("/v1/sessions/{id}/recording", get(recording))
         .with_state(auth)
 }
@@ -674,4 +675,20 @@ async fn recording(
         bytes,
     )
         .into_response())
+}
+
+async fn session_update(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+    Json(end): Json<SessionEnd>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    auth.session_update(
+        &id,
+        end.kind.as_deref().unwrap_or("shell"),
+        end.command.as_deref(),
+    )
+    .await?;
+    Ok(Json(serde_json::json!({})))
 }

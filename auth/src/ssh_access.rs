@@ -380,6 +380,25 @@ impl AuthServer {
         Ok(r.rows_affected())
     }
 
+    /// What a running session is doing (shell or the command), so that even a session whose
+    /// proxy dies says what it was.
+    pub async fn session_update(
+        &self,
+        id: &str,
+        kind: &str,
+        command: Option<&str>,
+    ) -> Result<(), AuthError> {
+        sqlx::query(
+            "UPDATE sessions SET kind = $1, command = $2 WHERE id = $3 AND status = 'running'",
+        )
+        .bind(kind)
+        .bind(command)
+        .bind(id)
+        .execute(&self.backend.pool)
+        .await?;
+        Ok(())
+    }
+
     /// At an all-in-one start no tunnel exists yet: every agent is offline until it dials in.
     pub async fn mark_agents_offline(&self) -> Result<(), AuthError> {
         sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind = 'agent'")

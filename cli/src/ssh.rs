@@ -132,7 +132,7 @@ fn client_config() -> Arc<russh::client::Config> {
         window_size: 8 * 1024 * 1024,
         // Slack between nested session loops: see `sallyport_core::flow`.
         channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            preferred: sallyport_core::sshcert::preferred(),
+        preferred: sallyport_core::sshcert::preferred(),
         ..Default::default()
     };
     c.preferred.host_key_certificates = std::borrow::Cow::Borrowed(&[ssh_key::Algorithm::Ed25519]);

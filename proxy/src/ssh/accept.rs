@@ -26,7 +26,7 @@ pub fn config(state: &SshState) -> russh::server::Config {
         window_size: 8 * 1024 * 1024,
         // Slack between nested session loops: see `sallyport_core::flow`.
         channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            preferred: sallyport_core::sshcert::preferred(),
+        preferred: sallyport_core::sshcert::preferred(),
         ..Default::default()
     }
 }

@@ -43,7 +43,7 @@ pub async fn serve_inner<S>(
         window_size: 8 * 1024 * 1024,
         // Slack between nested session loops: see `sallyport_core::flow`.
         channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            preferred: sallyport_core::sshcert::preferred(),
+        preferred: sallyport_core::sshcert::preferred(),
         ..Default::default()
     };
     let inner = Inner {
@@ -350,6 +350,21 @@ impl Inner {
         r.recording_started = true;
         if let (Some(c), Ok(mut slot)) = (command, r.command.lock()) {
             *slot = Some(c.to_string());
+        }
+        {
+            let state = self.state.clone();
+            let path = format!("/v1/sessions/{}/update", r.grant.session_id);
+            let body = SessionEnd {
+                kind: Some(if command.is_some() { "exec" } else { "shell" }.into()),
+                command: command.map(str::to_string),
+                ..Default::default()
+            };
+            tokio::spawn(async move {
+                let _ = state
+                    .auth
+                    .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&body))
+                    .await;
+            });
         }
         let (term, cols, rows) = r.pty.clone().unwrap_or_else(|| ("dumb".into(), 80, 24));
         let title = format!(
