@@ -10,6 +10,8 @@ pub struct Recorder {
     file: std::io::BufWriter<std::fs::File>,
     start: Instant,
     last_flush: Instant,
+    /// Events written since the last flush.
+    dirty: bool,
     /// Bytes of a UTF-8 sequence split across two chunks, per stream.
     carry: [Vec<u8>; 2],
     pub path: PathBuf,
@@ -50,6 +52,7 @@ impl Recorder {
             file,
             start: now,
             last_flush: now,
+            dirty: false,
             carry: [Vec::new(), Vec::new()],
             path,
         })
@@ -59,9 +62,11 @@ impl Recorder {
         let t = self.start.elapsed().as_secs_f64();
         let line = serde_json::json!([(t * 1e6).round() / 1e6, kind, text]);
         let _ = writeln!(self.file, "{line}");
+        self.dirty = true;
         if self.last_flush.elapsed() >= Duration::from_millis(500) {
             let _ = self.file.flush();
             self.last_flush = Instant::now();
+            self.dirty = false;
         }
     }
 
@@ -114,11 +119,13 @@ impl Recorder {
         self.event("r", &format!("{cols}x{rows}"));
     }
 
-    /// Flushes if the last flush is older than a second (called by a timer while idle).
+    /// Flushes whatever was written since the last flush; a timer calls it every second, so
+    /// nothing seen stays unwritten for longer.
     pub fn tick(&mut self) {
-        if self.last_flush.elapsed() >= Duration::from_secs(1) {
+        if self.dirty {
             let _ = self.file.flush();
             self.last_flush = Instant::now();
+            self.dirty = false;
         }
     }
 

@@ -411,7 +411,7 @@ async fn node_to_user(
 ) {
     let mut exit_code: Option<i64> = None;
     let mut bytes_out = 0u64;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
     let record = |data: &[u8]| {
         if let Ok(mut r) = rec.lock() {
             if let Some(r) = r.as_mut() {
