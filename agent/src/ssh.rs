@@ -278,10 +278,10 @@ async fn pipe_input(mut rx: flow::Receiver, mut stdin: Option<tokio::process::Ch
     while let Some(item) = rx.recv().await {
         match item {
             Input::Data(d) => {
-                if let Some(s) = stdin.as_mut() {
-                    if s.write_all(&d).await.is_err() {
-                        stdin = None;
-                    }
+                if let Some(s) = stdin.as_mut()
+                    && s.write_all(&d).await.is_err()
+                {
+                    stdin = None;
                 }
             }
             // EOF from the client closes the command's stdin (`echo hi | ssh node cat`).
@@ -503,16 +503,16 @@ impl russh::server::Handler for Conn {
         data: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone()) {
-            if !tx.send(Input::Data(Bytes::copy_from_slice(data))).await {
-                tracing::warn!("closing a channel whose command stopped reading its input");
-                if let Some(c) = self.channels.remove(&ch) {
-                    if let Some(pid) = c.pid {
-                        kill(pid, nix::sys::signal::Signal::SIGHUP);
-                    }
-                }
-                session.close(ch)?;
+        if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone())
+            && !tx.send(Input::Data(Bytes::copy_from_slice(data))).await
+        {
+            tracing::warn!("closing a channel whose command stopped reading its input");
+            if let Some(c) = self.channels.remove(&ch)
+                && let Some(pid) = c.pid
+            {
+                kill(pid, nix::sys::signal::Signal::SIGHUP);
             }
+            session.close(ch)?;
         }
         Ok(())
     }
@@ -563,10 +563,10 @@ impl russh::server::Handler for Conn {
         ch: ChannelId,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(c) = self.channels.remove(&ch) {
-            if let Some(pid) = c.pid {
-                kill(pid, nix::sys::signal::Signal::SIGHUP);
-            }
+        if let Some(c) = self.channels.remove(&ch)
+            && let Some(pid) = c.pid
+        {
+            kill(pid, nix::sys::signal::Signal::SIGHUP);
         }
         Ok(())
     }

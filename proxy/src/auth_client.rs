@@ -88,7 +88,7 @@ impl AuthClient {
         body: Option<&B>,
     ) -> Result<T, ClientError> {
         let body = body
-            .map(|b| serde_json::to_value(b))
+            .map(serde_json::to_value)
             .transpose()
             .map_err(|e| ClientError::Setup(e.to_string()))?;
         let (status, bytes) = self.call(method, path, body).await?;

@@ -522,7 +522,7 @@ async fn ssh(
     let proxy = sallyport_cli::ssh::connect_proxy(&p, &keys, port).await?;
     if target.contains('=') {
         // A label selector: run on every matching node, output prefixed by node name.
-        let sel = parse_selector(&[target.clone()])?;
+        let sel = parse_selector(std::slice::from_ref(&target))?;
         let targets: Vec<NodeInfo> = nodes(&p)
             .await?
             .into_iter()

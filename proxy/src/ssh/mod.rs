@@ -79,12 +79,11 @@ impl SshState {
             .strip_suffix(&format!(".{}", self.cluster))
             .unwrap_or(target)
             .to_string();
-        if let Ok(cache) = self.node_certs.lock() {
-            if let Some((at, cert, node)) = cache.get(&name) {
-                if at.elapsed() < Duration::from_secs(300) {
-                    return Ok((cert.clone(), node.clone()));
-                }
-            }
+        if let Ok(cache) = self.node_certs.lock()
+            && let Some((at, cert, node)) = cache.get(&name)
+            && at.elapsed() < Duration::from_secs(300)
+        {
+            return Ok((cert.clone(), node.clone()));
         }
         let public = self
             .key

@@ -127,9 +127,7 @@ impl russh::client::Handler for NodeClient {
             russh::keys::PublicKeyOrCertificate::PublicKey { key, .. }
                 if self.node.kind == "agentless" =>
             {
-                let text = key
-                    .to_openssh()
-                    .map_err(|e| russh::Error::from(ssh_key::Error::from(e)))?;
+                let text = key.to_openssh().map_err(russh::Error::from)?;
                 let path = format!("/v1/nodes/{}/host-key", self.node.id);
                 let pinned: Result<serde_json::Value, _> = self
                     .state
@@ -413,19 +411,18 @@ async fn node_to_user(
     let mut bytes_out = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let record = |data: &[u8]| {
-        if let Ok(mut r) = rec.lock() {
-            if let Some(r) = r.as_mut() {
-                r.output(data);
-            }
+        if let Ok(mut r) = rec.lock()
+            && let Some(r) = r.as_mut()
+        {
+            r.output(data);
         }
     };
     loop {
         let msg = tokio::select! {
             m = read.wait() => m,
             _ = tick.tick() => {
-                if let Ok(mut r) = rec.lock() {
-                    if let Some(r) = r.as_mut() { r.tick(); }
-                }
+                if let Ok(mut r) = rec.lock()
+                    && let Some(r) = r.as_mut() { r.tick(); }
                 continue;
             }
         };
@@ -685,10 +682,10 @@ impl russh::server::Handler for Inner {
     ) -> Result<(), Self::Error> {
         if let Some(r) = self.chans.get(&ch) {
             r.bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
-            if let Ok(mut rec) = r.rec.lock() {
-                if let Some(rec) = rec.as_mut() {
-                    rec.input(data);
-                }
+            if let Ok(mut rec) = r.rec.lock()
+                && let Some(rec) = rec.as_mut()
+            {
+                rec.input(data);
             }
             if !r
                 .input
@@ -726,10 +723,10 @@ impl russh::server::Handler for Inner {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         if let Some(r) = self.chans.get(&ch) {
-            if let Ok(mut rec) = r.rec.lock() {
-                if let Some(rec) = rec.as_mut() {
-                    rec.resize(cols, rows);
-                }
+            if let Ok(mut rec) = r.rec.lock()
+                && let Some(rec) = rec.as_mut()
+            {
+                rec.resize(cols, rows);
             }
             r.input.send(Input::Resize { cols, rows }).await;
         }
