@@ -1,8 +1,6 @@
 //! The node registry. This slice holds agentless nodes registered by admins; agents that dial
 //! in register themselves here when SSH access lands.
 
-use std::collections::BTreeMap;
-
 use sallyport_core::api::{AddNode, NodeInfo};
 use sallyport_core::audit::Event;
 use sqlx::Row;
@@ -28,20 +26,7 @@ fn node_from_row(r: &AnyRow) -> Result<NodeInfo, AuthError> {
     })
 }
 
-/// Parses `k=v,k2=v2` label lists.
-pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
-    let mut out = BTreeMap::new();
-    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("label {pair:?} is not key=value"))?;
-        if k.is_empty() {
-            return Err(format!("label {pair:?} has an empty key"));
-        }
-        out.insert(k.to_string(), v.to_string());
-    }
-    Ok(out)
-}
+pub use sallyport_core::names::parse_labels;
 
 impl AuthServer {
     pub async fn add_node(&self, req: &AddNode, by: &str) -> Result<NodeInfo, AuthError> {

@@ -55,15 +55,7 @@ impl UserRecord {
     }
 }
 
-pub fn rfc3339(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
+pub use sallyport_core::rfc3339;
 
 fn token_hash(token: &str) -> String {
     hex::encode(sallyport_core::sha256(token.as_bytes()))

@@ -31,6 +31,21 @@ pub fn validate(what: &'static str, name: &str) -> Result<(), NameError> {
     }
 }
 
+/// Parses `k=v,k2=v2` label lists (`--labels`, `--kube-labels`).
+pub fn parse_labels(text: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("label {pair:?} is not key=value"))?;
+        if k.is_empty() {
+            return Err(format!("label {pair:?} has an empty key"));
+        }
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -161,16 +161,6 @@ pub enum CertRefusal {
     NoKeyId,
 }
 
-fn rfc3339(unix: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix.min(i64::MAX as u64) as i64)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
-
 /// Checks a certificate the way sshd would — and what russh leaves to the caller: the CA is a
 /// plain key byte-equal to a trusted one, the type, the validity window, the signature, that a
 /// principal equals `principal` byte for byte, and that no unknown critical option is present.
@@ -196,7 +186,7 @@ fn verify(
     if cert.valid_before() <= now {
         return Err(CertRefusal::Expired {
             user,
-            at: rfc3339(cert.valid_before()),
+            at: crate::rfc3339(cert.valid_before().min(i64::MAX as u64) as i64),
         });
     }
     if cert.valid_after() > now {

@@ -57,7 +57,7 @@ pub async fn run(
     }
     if let Some(l) = &flags.labels {
         let extra =
-            sallyport_auth::nodes::parse_labels(l).map_err(|e| anyhow::anyhow!("--labels: {e}"))?;
+            sallyport_core::names::parse_labels(l).map_err(|e| anyhow::anyhow!("--labels: {e}"))?;
         cfg.ssh_service.labels.extend(extra);
     }
     if flags.nodename.is_some() {
@@ -436,6 +436,14 @@ async fn run_agent(cfg: &Config, flags: &Flags) -> Result<()> {
             sallyport_core::tls::Trust::Insecure
         }
         (false, Some(p)) => sallyport_core::tls::Trust::Pin(p.to_ascii_lowercase()),
+        (false, None)
+            if sallyport_agent::AgentIdentity::load(&cfg.sallyport.data_dir)?.is_none() =>
+        {
+            bail!(
+                "first start of an agent: give --ca-pin sha256:... (from `sallyctl status`) to verify the proxy, or --insecure"
+            )
+        }
+        // Joined already: the identity carries the CA; the join trust is not used.
         (false, None) => sallyport_core::tls::Trust::Insecure,
     };
     agent_main(cfg, proxy, token, trust, nodename, false).await
@@ -461,9 +469,6 @@ async fn agent_main(
                     "first start of an agent: give --token (from `sallyctl tokens add --type=node`)"
                 )
             })?;
-            if matches!(trust, sallyport_core::tls::Trust::Insecure) && !quiet {
-                eprintln!("WARNING: joining without --ca-pin: the proxy is not verified");
-            }
             let params = sallyport_agent::join::JoinParams {
                 proxy,
                 token,

@@ -891,17 +891,7 @@ async fn access(api: &Api, cmd: &AccessCommand) -> Result<ExitCode> {
 }
 
 fn parse_labels(text: &str) -> Result<std::collections::BTreeMap<String, String>> {
-    let mut out = std::collections::BTreeMap::new();
-    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| anyhow!("label {pair:?} is not key=value"))?;
-        if k.is_empty() {
-            bail!("label {pair:?} has an empty key");
-        }
-        out.insert(k.to_string(), v.to_string());
-    }
-    Ok(out)
+    sallyport_core::names::parse_labels(text).map_err(anyhow::Error::msg)
 }
 
 async fn nodes(api: &Api, cmd: &NodesCommand) -> Result<()> {
