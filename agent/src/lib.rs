@@ -6,6 +6,7 @@
 //! join, checks them itself (CA, type, principal, validity), and runs every session as the
 //! login, never as the agent's own user when that differs.
 
+pub mod forward;
 pub mod identity;
 pub mod join;
 pub mod passwd;

@@ -14,6 +14,9 @@ use russh::server::{Auth, Handle, Msg, Session};
 use russh::{Channel, ChannelId, ChannelOpenFailure, Sig};
 use sallyport_core::flow::{self, Input};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::forward;
 
 use crate::passwd::{self, Login};
 use crate::{AgentError, AgentIdentity};
@@ -73,6 +76,9 @@ impl NodeServer {
             login: None,
             user: None,
             channels: HashMap::new(),
+            permits: Permits::default(),
+            stop: CancellationToken::new(),
+            remote: HashMap::new(),
         };
         match russh::server::run_stream(
             self.config.clone(),
@@ -104,6 +110,36 @@ struct Conn {
     login: Option<Login>,
     user: Option<String>,
     channels: HashMap<ChannelId, Chan>,
+    /// What the session certificate permits (`permit-*` extensions, set by auth from roles).
+    permits: Permits,
+    /// Ends every listener and forwarded connection with this SSH connection.
+    stop: CancellationToken,
+    /// Remote forwards by the (address, port) the client asked for.
+    remote: HashMap<(String, u32), CancellationToken>,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Permits {
+    port_forwarding: bool,
+    agent_forwarding: bool,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The system's SFTP server, run as the login for the `sftp` subsystem.
+fn sftp_server() -> Option<&'static str> {
+    [
+        "/usr/lib/openssh/sftp-server",
+        "/usr/libexec/openssh/sftp-server",
+        "/usr/libexec/sftp-server",
+        "/usr/lib/ssh/sftp-server",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).is_file())
 }
 
 fn signal_number(sig: &Sig) -> Option<nix::sys::signal::Signal> {
@@ -386,6 +422,11 @@ impl russh::server::Handler for Conn {
         ) {
             Ok(user) => {
                 self.user = Some(user);
+                let ext = cert.extensions();
+                self.permits = Permits {
+                    port_forwarding: ext.contains_key("permit-port-forwarding"),
+                    agent_forwarding: ext.contains_key("permit-agent-forwarding"),
+                };
                 self.login = passwd::lookup(login).or(Some(Login {
                     // Unknown logins are refused when a session opens, with a message.
                     name: login.to_string(),
@@ -492,9 +533,129 @@ impl russh::server::Handler for Conn {
         name: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        tracing::debug!(name, "subsystem refused");
-        session.channel_failure(ch)?;
+        if name != "sftp" {
+            tracing::debug!(name, "subsystem refused");
+            session.channel_failure(ch)?;
+            return Ok(());
+        }
+        match sftp_server() {
+            Some(path) => self.start_reply(ch, Some(path.to_string()), session),
+            None => {
+                let msg = format!(
+                    "sallyport: node {} has no sftp-server (install openssh-sftp-server)\r\n",
+                    self.srv.nodename
+                );
+                session.extended_data(ch, 1, Bytes::from(msg))?;
+                session.channel_failure(ch)
+            }
+        }
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host: &str,
+        port: u32,
+        _originator: &str,
+        _originator_port: u32,
+        reply: russh::server::ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if self.login.is_none() || !self.permits.port_forwarding {
+            let reason = "port forwarding is not permitted by the session certificate".into();
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
+        tokio::spawn(forward::direct(
+            channel,
+            host.to_string(),
+            port,
+            reply,
+            self.stop.clone(),
+        ));
         Ok(())
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        if self.login.is_none() || !self.permits.port_forwarding {
+            tracing::info!(address, port = *port, "remote forward not permitted");
+            return Ok(false);
+        }
+        let listener = match forward::bind_remote(address, *port).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::info!(address, port = *port, error = %e, "remote forward refused");
+                return Ok(false);
+            }
+        };
+        let bound = listener
+            .local_addr()
+            .map(|a| u32::from(a.port()))
+            .unwrap_or(*port);
+        if *port == 0 {
+            *port = bound;
+        }
+        let stop = self.stop.child_token();
+        self.remote
+            .insert((address.to_string(), bound), stop.clone());
+        tokio::spawn(forward::listen_remote(
+            listener,
+            session.handle(),
+            address.to_string(),
+            bound,
+            stop,
+        ));
+        Ok(true)
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        match self.remote.remove(&(address.to_string(), port)) {
+            Some(stop) => {
+                stop.cancel();
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn agent_request(
+        &mut self,
+        ch: ChannelId,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some(login) = self.login.clone() else {
+            return Ok(false);
+        };
+        if !self.permits.agent_forwarding || !self.channels.contains_key(&ch) {
+            tracing::info!(login = %login.name, "agent forwarding not permitted");
+            return Ok(false);
+        }
+        match forward::AgentSocket::create(login.uid, login.gid) {
+            Ok((sock, listener)) => {
+                if let Some(c) = self.channels.get_mut(&ch) {
+                    c.env
+                        .push(("SSH_AUTH_SOCK".into(), sock.path.display().to_string()));
+                }
+                tokio::spawn(sock.serve(listener, session.handle(), self.stop.clone()));
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "agent forwarding failed");
+                Ok(false)
+            }
+        }
     }
 
     async fn data(

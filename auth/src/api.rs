@@ -174,6 +174,7 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/sessions", get(list_sessions).post(session_grant))
         .route("/v1/sessions/{id}/end", post(session_end))
         .route("/v1/sessions/{id}/update", post(session_update))
+        .route("/v1/sessions/{id}/events", post(session_events))
         .route("/v1/sessions/{id}/recording", get(recording))
         .with_state(auth)
 }
@@ -675,6 +676,17 @@ async fn recording(
         bytes,
     )
         .into_response())
+}
+
+async fn session_events(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+    Json(events): Json<Vec<sallyport_core::api::SessionEvent>>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    auth.session_events(&id, &events).await?;
+    Ok(Json(serde_json::json!({})))
 }
 
 async fn session_update(

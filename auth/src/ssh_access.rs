@@ -316,6 +316,8 @@ impl AuthServer {
             record: record.into(),
             port_forwarding: set.port_forwarding(),
             forward_agent: set.forward_agent(),
+            file_copy: set.ssh_file_copy(),
+            x11_forwarding: set.permit_x11_forwarding(),
             explanation: decision.explanation,
             node,
         })
@@ -396,6 +398,50 @@ impl AuthServer {
         .bind(id)
         .execute(&self.backend.pool)
         .await?;
+        Ok(())
+    }
+
+    /// Records what the proxy saw inside session `id`: who, as which login and where come from
+    /// the session's own row, never from the report.
+    pub async fn session_events(
+        &self,
+        id: &str,
+        events: &[sallyport_core::api::SessionEvent],
+    ) -> Result<(), AuthError> {
+        if events.len() > 10_000 {
+            return Err(AuthError::BadRequest(
+                "too many events in one report".into(),
+            ));
+        }
+        if let Some(bad) = events
+            .iter()
+            .find(|e| !sallyport_core::api::SESSION_EVENTS.contains(&e.event.as_str()))
+        {
+            return Err(AuthError::BadRequest(format!(
+                "{:?} is not a session event",
+                bad.event
+            )));
+        }
+        let s = self
+            .get_session(id)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("session {id} does not exist")))?;
+        for e in events {
+            let mut event = Event::new(&e.event, Some(&s.user));
+            for (k, v) in &e.fields {
+                if !matches!(
+                    k.as_str(),
+                    "session_id" | "login" | "node" | "user" | "event" | "time" | "seq"
+                ) {
+                    event = event.with(k, v.clone());
+                }
+            }
+            event = event
+                .with("session_id", s.session_id.clone())
+                .with("login", s.login.clone())
+                .with("node", s.node.clone());
+            self.emit(event).await?;
+        }
         Ok(())
     }
 

@@ -304,8 +304,25 @@ pub struct SessionGrant {
     pub record: String,
     pub port_forwarding: bool,
     pub forward_agent: bool,
+    /// `ssh_file_copy`: scp, sftp and rsync. Every role must allow it.
+    #[serde(default)]
+    pub file_copy: bool,
+    #[serde(default)]
+    pub x11_forwarding: bool,
     pub explanation: String,
 }
+
+/// Events the proxy saw inside a session (`sftp`, `scp`, `port`, `x11-forward`,
+/// `agent-forward`); auth adds who, where and which session from its own records.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionEvent {
+    pub event: String,
+    #[serde(default)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The session events a proxy may report.
+pub const SESSION_EVENTS: &[&str] = &["sftp", "scp", "port", "x11-forward", "agent-forward"];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionEnd {

@@ -14,6 +14,8 @@ pub mod identity;
 pub mod names;
 pub mod resource;
 pub mod role;
+pub mod scp;
+pub mod sftp;
 pub mod sshcert;
 pub mod tls;
 pub mod tunnel;

@@ -10,6 +10,7 @@
 //!    and relays every channel request one for one, recording as it goes (`record`).
 
 pub mod accept;
+pub mod events;
 pub mod record;
 pub mod relay;
 

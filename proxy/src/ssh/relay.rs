@@ -1,12 +1,17 @@
 //! The inner connection: the client's SSH session with the node, terminated here as the node
 //! (host certificate for its names) so that every channel request can be authorized, relayed
 //! one for one to the node, recorded and audited. One node connection per session channel, so
-//! closing one channel never touches another (ControlMaster).
+//! closing one channel never touches another (ControlMaster). Forwarding channels (`-L`, `-D`,
+//! `-R`) share one further node connection per inner connection, opened at the first forward.
+//!
+//! File copies are checked against `ssh_file_copy` and audited as they pass: the SFTP packets
+//! (`sftp` events per operation), legacy scp headers (`scp` events per file) and rsync (one
+//! `scp` event with the bytes moved). Their bytes are not put in the terminal recording.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,10 +23,130 @@ use russh::{
 };
 use sallyport_core::api::{NodeInfo, SessionEnd, SessionGrant, SessionRequest};
 use sallyport_core::flow::{self, Input};
+use sallyport_core::scp::{Direction, FileCopy, ScpStream};
+use sallyport_core::sftp::SftpAudit;
+use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::SshState;
+use super::events::EventSink;
 use super::record::{Header, Recorder};
+
+type NodeConn = Arc<russh::client::Handle<NodeClient>>;
+
+/// What a file copy's bytes are read for.
+enum CopyAudit {
+    Sftp(SftpAudit),
+    Scp {
+        stream: ScpStream,
+        direction: Direction,
+        path: String,
+    },
+    Rsync {
+        direction: Direction,
+        path: String,
+        bytes: u64,
+    },
+}
+
+impl CopyAudit {
+    fn new(copy: FileCopy) -> Self {
+        match copy {
+            FileCopy::Scp { direction, path } => CopyAudit::Scp {
+                stream: ScpStream::new(),
+                direction,
+                path,
+            },
+            FileCopy::Rsync { direction, path } => CopyAudit::Rsync {
+                direction,
+                path,
+                bytes: 0,
+            },
+            FileCopy::SftpServer => CopyAudit::Sftp(SftpAudit::new()),
+        }
+    }
+
+    /// Reads bytes going `dir` (upload: from the person; download: from the node). Returns the
+    /// events completed, or why the stream can no longer be audited.
+    fn feed(
+        &mut self,
+        dir: Direction,
+        data: &[u8],
+    ) -> Result<Vec<(&'static str, serde_json::Value)>, String> {
+        match self {
+            CopyAudit::Sftp(a) => {
+                let r = match dir {
+                    Direction::Upload => a.client(data),
+                    Direction::Download => a.server(data),
+                };
+                r.map_err(|e| e.to_string())?;
+                Ok(a.take().into_iter().map(sftp_event).collect())
+            }
+            CopyAudit::Scp {
+                stream,
+                direction,
+                path,
+            } if *direction == dir => {
+                stream.feed(data);
+                Ok(stream
+                    .take()
+                    .into_iter()
+                    .map(|f| {
+                        let e = json!({"tool": "scp", "path": path, "file": f.name,
+                            "direction": direction.as_str(), "size": f.size});
+                        ("scp", e)
+                    })
+                    .collect())
+            }
+            CopyAudit::Rsync {
+                direction, bytes, ..
+            } if *direction == dir => {
+                *bytes += data.len() as u64;
+                Ok(vec![])
+            }
+            _ => Ok(vec![]),
+        }
+    }
+
+    fn finish(&mut self, exit_code: Option<i64>) -> Vec<(&'static str, serde_json::Value)> {
+        match self {
+            CopyAudit::Sftp(a) => a.finish().into_iter().map(sftp_event).collect(),
+            CopyAudit::Scp { .. } => vec![],
+            CopyAudit::Rsync {
+                direction,
+                path,
+                bytes,
+            } => vec![(
+                "scp",
+                json!({"tool": "rsync", "path": path, "direction": direction.as_str(),
+                    "size": *bytes, "exit_code": exit_code}),
+            )],
+        }
+    }
+}
+
+fn sftp_event(op: sallyport_core::sftp::Op) -> (&'static str, serde_json::Value) {
+    let mut e =
+        json!({"action": op.action, "path": op.path, "bytes": op.bytes, "result": op.result});
+    if let Some(t) = op.target {
+        e["target"] = t.into();
+    }
+    if let Some(m) = op.mode {
+        e["mode"] = m.into();
+    }
+    ("sftp", e)
+}
+
+async fn send_all(events: &EventSink, list: Vec<(&'static str, serde_json::Value)>) {
+    for (name, fields) in list {
+        events.send(name, fields).await;
+    }
+}
+
+const FILE_COPY_REFUSED: &str =
+    "file copy (scp, sftp, rsync) is not allowed by your roles (ssh_file_copy: false)";
+const PORT_FORWARDING_REFUSED: &str =
+    "port forwarding is not allowed by your roles (port_forwarding)";
 
 pub async fn serve_inner<S>(
     state: Arc<SshState>,
@@ -54,6 +179,8 @@ pub async fn serve_inner<S>(
         login: None,
         refusal: None,
         chans: HashMap::new(),
+        forwarder: None,
+        remote_forwards: Arc::new(Mutex::new(HashSet::new())),
     };
     match russh::server::run_stream(Arc::new(config), stream, inner).await {
         Ok(s) => {
@@ -71,9 +198,22 @@ struct Relay {
     grant: SessionGrant,
     rec: Shared<Option<Recorder>>,
     pty: Option<(String, u32, u32)>,
-    command: Shared<Option<String>>,
+    command: Shared<Option<(&'static str, Option<String>)>>,
     bytes_in: Arc<AtomicU64>,
     recording_started: bool,
+    copy: Shared<Option<CopyAudit>>,
+    events: EventSink,
+    /// Set once the person asked for agent forwarding and the roles allow it.
+    agent_ok: Arc<AtomicBool>,
+}
+
+/// The node connection that carries an inner connection's forwards.
+struct Forwarder {
+    grant: SessionGrant,
+    conn: NodeConn,
+    events: EventSink,
+    open_failure: Shared<Option<String>>,
+    bytes: Arc<(AtomicU64, AtomicU64)>,
 }
 
 struct Inner {
@@ -86,6 +226,31 @@ struct Inner {
     /// does not cover the login: said at channel open, where OpenSSH shows it to the user.
     refusal: Option<String>,
     chans: HashMap<ChannelId, Relay>,
+    forwarder: Option<Forwarder>,
+    /// Remote forwards the person asked for and the node granted, by (address, port).
+    remote_forwards: Shared<HashSet<(String, u32)>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(f) = self.forwarder.take() {
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                let _ = f
+                    .conn
+                    .disconnect(russh::Disconnect::ByApplication, "", "")
+                    .await;
+                let end = SessionEnd {
+                    status: "complete".into(),
+                    bytes_in: f.bytes.0.load(Ordering::Relaxed),
+                    bytes_out: f.bytes.1.load(Ordering::Relaxed),
+                    kind: Some("forward".into()),
+                    ..Default::default()
+                };
+                Inner::end_session(state, &f.grant, end).await;
+            });
+        }
+    }
 }
 
 /// The proxy's SSH client toward a node: checks the node's host certificate (agents) or its
@@ -96,6 +261,35 @@ struct NodeClient {
     open_failure: Shared<Option<String>>,
     /// Why the node's host key was not trusted, for the person's error message.
     host_key_problem: Shared<Option<String>>,
+    /// The person's inner connection, for channels the node opens toward them.
+    user: Handle,
+    /// Agent channels are relayed only after an allowed `auth-agent-req`.
+    agent_ok: Arc<AtomicBool>,
+    remote_forwards: Shared<HashSet<(String, u32)>>,
+    events: Arc<OnceLock<EventSink>>,
+    forward_bytes: Arc<(AtomicU64, AtomicU64)>,
+}
+
+/// Relays two channel streams; returns bytes (a→b, b→a).
+async fn splice<A, B>(mut a: A, mut b: B) -> (u64, u64)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::io::copy_bidirectional(&mut a, &mut b)
+        .await
+        .unwrap_or((0, 0))
+}
+
+/// russh reports a refused channel open before the handler has stored the node's reason.
+async fn failure_reason(slot: &Shared<Option<String>>, e: russh::Error) -> String {
+    for _ in 0..20 {
+        if let Some(why) = slot.lock().ok().and_then(|mut f| f.take()) {
+            return why;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    e.to_string()
 }
 
 impl russh::client::Handler for NodeClient {
@@ -170,6 +364,137 @@ impl russh::client::Handler for NodeClient {
         }
         Ok(())
     }
+
+    async fn server_channel_open_forwarded_tcpip(
+        &mut self,
+        channel: Channel<ClientMsg>,
+        connected_address: &str,
+        connected_port: u32,
+        originator_address: &str,
+        originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        let asked = self
+            .remote_forwards
+            .lock()
+            .map(|f| f.contains(&(connected_address.to_string(), connected_port)))
+            .unwrap_or(false);
+        if !asked {
+            tracing::warn!(node = %self.node.hostname, connected_address, connected_port, "node opened a forward nobody asked for");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        let user = self.user.clone();
+        let events = self.events.get().cloned();
+        let bytes = self.forward_bytes.clone();
+        let (addr, oaddr) = (
+            connected_address.to_string(),
+            originator_address.to_string(),
+        );
+        tokio::spawn(async move {
+            match user
+                .channel_open_forwarded_tcpip(
+                    addr.clone(),
+                    connected_port,
+                    oaddr.clone(),
+                    originator_port,
+                )
+                .await
+            {
+                Ok(uch) => {
+                    reply.accept().await;
+                    let (down, up) = splice(channel.into_stream(), uch.into_stream()).await;
+                    bytes.0.fetch_add(up, Ordering::Relaxed);
+                    bytes.1.fetch_add(down, Ordering::Relaxed);
+                    if let Some(ev) = events {
+                        ev.send(
+                            "port",
+                            json!({"kind": "remote", "addr": format!("{addr}:{connected_port}"),
+                            "originator": format!("{oaddr}:{originator_port}"),
+                            "bytes_in": up, "bytes_out": down}),
+                        )
+                        .await;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "person refused a remote-forwarded connection");
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_agent_forward(
+        &mut self,
+        channel: Channel<ClientMsg>,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        if !self.agent_ok.load(Ordering::Relaxed) {
+            tracing::warn!(node = %self.node.hostname, "node opened an agent channel nobody asked for");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        let user = self.user.clone();
+        tokio::spawn(async move {
+            match user.channel_open_agent().await {
+                Ok(uch) => {
+                    reply.accept().await;
+                    splice(channel.into_stream(), uch.into_stream()).await;
+                }
+                Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_x11(
+        &mut self,
+        _channel: Channel<ClientMsg>,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn server_channel_open_session(
+        &mut self,
+        _channel: Channel<ClientMsg>,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn server_channel_open_direct_tcpip(
+        &mut self,
+        _channel: Channel<ClientMsg>,
+        _host_to_connect: &str,
+        _port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
 }
 
 fn refuse(reason: impl Into<String>) -> ChannelOpenFailure {
@@ -181,7 +506,83 @@ fn refuse(reason: impl Into<String>) -> ChannelOpenFailure {
 
 impl Inner {
     /// Authorize with auth, then open a session on the node with the per-session certificate.
-    async fn open_node_session(&self) -> Result<(SessionGrant, Channel<ClientMsg>), String> {
+    async fn open_node_session(
+        &self,
+        user: Handle,
+    ) -> Result<(SessionGrant, NodeConn, Channel<ClientMsg>, Arc<AtomicBool>), String> {
+        let agent_ok = Arc::new(AtomicBool::new(false));
+        let events = Arc::new(OnceLock::new());
+        let (grant, conn, open_failure) = self
+            .connect_node(user, agent_ok.clone(), events, Default::default())
+            .await?;
+        match conn.channel_open_session().await {
+            Ok(c) => Ok((grant, conn, c, agent_ok)),
+            Err(e) => {
+                let why = failure_reason(&open_failure, e).await;
+                let end = SessionEnd {
+                    status: "complete".into(),
+                    exit_code: Some(255),
+                    ..Default::default()
+                };
+                Inner::end_session(self.state.clone(), &grant, end).await;
+                Err(why)
+            }
+        }
+    }
+
+    /// The forwarding connection to the node, opened (and authorized) at the first forward.
+    async fn forwarder(&mut self, user: Handle) -> Result<&Forwarder, String> {
+        if self.forwarder.is_none() {
+            let events = Arc::new(OnceLock::new());
+            let bytes: Arc<(AtomicU64, AtomicU64)> = Default::default();
+            let (grant, conn, open_failure) = self
+                .connect_node(
+                    user,
+                    Arc::new(AtomicBool::new(false)),
+                    events.clone(),
+                    bytes.clone(),
+                )
+                .await?;
+            let sink = EventSink::spawn(self.state.clone(), grant.session_id.clone());
+            let _ = events.set(sink.clone());
+            self.update_kind(&grant, "forward", None);
+            self.forwarder = Some(Forwarder {
+                grant,
+                conn,
+                events: sink,
+                open_failure,
+                bytes,
+            });
+        }
+        self.forwarder
+            .as_ref()
+            .ok_or_else(|| "no forwarding connection".to_string())
+    }
+
+    fn update_kind(&self, grant: &SessionGrant, kind: &str, command: Option<&str>) {
+        let state = self.state.clone();
+        let path = format!("/v1/sessions/{}/update", grant.session_id);
+        let body = SessionEnd {
+            kind: Some(kind.into()),
+            command: command.map(str::to_string),
+            ..Default::default()
+        };
+        tokio::spawn(async move {
+            let _ = state
+                .auth
+                .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&body))
+                .await;
+        });
+    }
+
+    /// Authorize with auth and connect to the node with the per-session certificate.
+    async fn connect_node(
+        &self,
+        user: Handle,
+        agent_ok: Arc<AtomicBool>,
+        events: Arc<OnceLock<EventSink>>,
+        forward_bytes: Arc<(AtomicU64, AtomicU64)>,
+    ) -> Result<(SessionGrant, NodeConn, Shared<Option<String>>), String> {
         let login = self.login.clone().ok_or("not authenticated")?;
         if let Some(refusal) = &self.refusal {
             // Ask auth anyway: it audits the refusal with the roles' explanation.
@@ -236,14 +637,55 @@ impl Inner {
             .json(reqwest::Method::POST, "/v1/sessions", Some(&req))
             .await
             .map_err(|e| e.to_string())?;
+        let open_failure: Shared<Option<String>> = Arc::new(Mutex::new(None));
+        let dialed = self
+            .dial(
+                &grant,
+                &login,
+                user,
+                agent_ok,
+                events,
+                forward_bytes,
+                &open_failure,
+            )
+            .await;
+        match dialed {
+            Ok(handle) => Ok((grant, Arc::new(handle), open_failure)),
+            Err(why) => {
+                let end = SessionEnd {
+                    status: "complete".into(),
+                    exit_code: Some(255),
+                    ..Default::default()
+                };
+                Inner::end_session(self.state.clone(), &grant, end).await;
+                Err(why)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn dial(
+        &self,
+        grant: &SessionGrant,
+        login: &str,
+        user: Handle,
+        agent_ok: Arc<AtomicBool>,
+        events: Arc<OnceLock<EventSink>>,
+        forward_bytes: Arc<(AtomicU64, AtomicU64)>,
+        open_failure: &Shared<Option<String>>,
+    ) -> Result<russh::client::Handle<NodeClient>, String> {
         let cert = Certificate::from_openssh(grant.ssh_cert.trim()).map_err(|e| e.to_string())?;
-        let open_failure = Arc::new(Mutex::new(None));
         let host_key_problem: Shared<Option<String>> = Arc::new(Mutex::new(None));
         let client = NodeClient {
             state: self.state.clone(),
             node: grant.node.clone(),
             open_failure: open_failure.clone(),
             host_key_problem: host_key_problem.clone(),
+            user,
+            agent_ok,
+            remote_forwards: self.remote_forwards.clone(),
+            events,
+            forward_bytes,
         };
         let explain = |e: russh::Error| -> String {
             host_key_problem
@@ -299,7 +741,7 @@ impl Inner {
                 .map_err(explain)?
         };
         let auth = handle
-            .authenticate_openssh_cert(login.clone(), self.state.key.clone(), cert)
+            .authenticate_openssh_cert(login.to_string(), self.state.key.clone(), cert)
             .await
             .map_err(|e| format!("node {}: {e}", grant.node.hostname))?;
         if !auth.success() {
@@ -308,23 +750,30 @@ impl Inner {
                 grant.node.hostname
             ));
         }
-        let channel = match handle.channel_open_session().await {
-            Ok(c) => c,
-            Err(e) => {
-                let why = open_failure
-                    .lock()
-                    .ok()
-                    .and_then(|f| f.clone())
-                    .unwrap_or_else(|| e.to_string());
-                return Err(why);
-            }
-        };
-        // The node connection lives as long as its channel: dropping the handle does not close it.
-        tokio::spawn(async move {
-            let _keep = handle;
-            std::future::pending::<()>().await;
-        });
-        Ok((grant, channel))
+        Ok(handle)
+    }
+
+    /// Refuses a channel request with a message the person sees on stderr, and closes it.
+    fn refuse_request(
+        &mut self,
+        ch: ChannelId,
+        why: &str,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        tracing::info!(user = %self.user, node = %self.node.hostname, why, "channel request refused");
+        // Accepted, then ended with the message and status 1: OpenSSH clients exit at once on
+        // a failed subsystem request, before printing what the channel said.
+        session.channel_success(ch)?;
+        session.extended_data(ch, 1, Bytes::from(format!("sallyport: {why}\r\n")))?;
+        session.exit_status_request(ch, 1)?;
+        session.eof(ch)?;
+        if let Some(r) = self.chans.remove(&ch) {
+            let node = r.node.clone();
+            tokio::spawn(async move {
+                let _ = node.close().await;
+            });
+        }
+        session.close(ch)
     }
 
     async fn end_session(state: Arc<SshState>, grant: &SessionGrant, end: SessionEnd) {
@@ -338,31 +787,32 @@ impl Inner {
         }
     }
 
-    fn start_recording(&mut self, ch: ChannelId, command: Option<&str>) -> Result<(), String> {
-        let Some(r) = self.chans.get_mut(&ch) else {
+    /// The channel starts `kind` (`shell`, `exec`, `sftp`): tells auth, and records it unless
+    /// it is a file copy (audited per file instead).
+    fn begin(
+        &mut self,
+        ch: ChannelId,
+        kind: &'static str,
+        command: Option<&str>,
+        record: bool,
+    ) -> Result<(), String> {
+        let Some(r) = self.chans.get(&ch) else {
             return Ok(());
         };
         if r.recording_started {
             return Ok(());
         }
-        r.recording_started = true;
-        if let (Some(c), Ok(mut slot)) = (command, r.command.lock()) {
-            *slot = Some(c.to_string());
+        if let Ok(mut slot) = r.command.lock() {
+            *slot = Some((kind, command.map(str::to_string)));
         }
-        {
-            let state = self.state.clone();
-            let path = format!("/v1/sessions/{}/update", r.grant.session_id);
-            let body = SessionEnd {
-                kind: Some(if command.is_some() { "exec" } else { "shell" }.into()),
-                command: command.map(str::to_string),
-                ..Default::default()
-            };
-            tokio::spawn(async move {
-                let _ = state
-                    .auth
-                    .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&body))
-                    .await;
-            });
+        let grant = r.grant.clone();
+        self.update_kind(&grant, kind, command);
+        let Some(r) = self.chans.get_mut(&ch) else {
+            return Ok(());
+        };
+        r.recording_started = true;
+        if !record {
+            return Ok(());
         }
         let (term, cols, rows) = r.pty.clone().unwrap_or_else(|| ("dumb".into(), 80, 24));
         let title = format!(
@@ -396,17 +846,44 @@ impl Inner {
     }
 }
 
-/// Node → user: output, exit status, replies; records output; ends the session in auth.
+/// What a session channel's node side writes to.
+struct Outputs {
+    grant: SessionGrant,
+    rec: Shared<Option<Recorder>>,
+    command: Shared<Option<(&'static str, Option<String>)>>,
+    bytes_in: Arc<AtomicU64>,
+    copy: Shared<Option<CopyAudit>>,
+    events: EventSink,
+}
+
+/// Node → user: output, exit status, replies; records output; audits file copies; ends the
+/// session in auth and closes the node connection.
 async fn node_to_user(
     state: Arc<SshState>,
     mut read: ChannelReadHalf,
     user: Handle,
     ch: ChannelId,
-    grant: SessionGrant,
-    rec: Shared<Option<Recorder>>,
-    command: Shared<Option<String>>,
-    bytes_in: Arc<AtomicU64>,
+    conn: NodeConn,
+    out: Outputs,
 ) {
+    let Outputs {
+        grant,
+        rec,
+        command,
+        bytes_in,
+        copy,
+        events,
+    } = out;
+    // Reads download bytes of a file copy; false when they can no longer be audited.
+    let audit = |data: &[u8]| -> Result<Vec<(&'static str, serde_json::Value)>, String> {
+        match copy.lock() {
+            Ok(mut c) => match c.as_mut() {
+                Some(c) => c.feed(Direction::Download, data),
+                None => Ok(vec![]),
+            },
+            Err(_) => Err("audit state lost".into()),
+        }
+    };
     let mut exit_code: Option<i64> = None;
     let mut bytes_out = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -431,6 +908,21 @@ async fn node_to_user(
             ChannelMsg::Data { data } => {
                 bytes_out += data.len() as u64;
                 record(&data);
+                match audit(&data) {
+                    Ok(list) if list.is_empty() => {}
+                    Ok(list) => send_all(&events, list).await,
+                    Err(e) => {
+                        tracing::warn!(session = %grant.session_id, error = %e, "closing a file copy that cannot be audited");
+                        let _ = user
+                            .extended_data(
+                                ch,
+                                1,
+                                Bytes::from(format!("sallyport: {e}; closing\r\n")),
+                            )
+                            .await;
+                        break;
+                    }
+                }
                 if user.data(ch, data).await.is_err() {
                     break;
                 }
@@ -471,17 +963,30 @@ async fn node_to_user(
         }
     }
     let _ = user.close(ch).await;
+    let _ = conn
+        .disconnect(russh::Disconnect::ByApplication, "", "")
+        .await;
+    let last = copy
+        .lock()
+        .ok()
+        .and_then(|mut c| c.as_mut().map(|c| c.finish(exit_code)))
+        .unwrap_or_default();
+    send_all(&events, last).await;
     let finished = rec.lock().ok().and_then(|mut r| r.take());
     if let Some(r) = finished {
         r.finish();
     }
-    let command = command.lock().ok().and_then(|c| c.clone());
+    let (kind, command) = command
+        .lock()
+        .ok()
+        .and_then(|c| c.clone())
+        .unwrap_or(("shell", None));
     let end = SessionEnd {
         exit_code,
         bytes_in: bytes_in.load(Ordering::Relaxed),
         bytes_out,
         status: "complete".into(),
-        kind: Some(if command.is_some() { "exec" } else { "shell" }.into()),
+        kind: Some(kind.into()),
         command,
     };
     Inner::end_session(state, &grant, end).await;
@@ -548,38 +1053,41 @@ impl russh::server::Handler for Inner {
     ) -> Result<(), Self::Error> {
         let id = channel.id();
         drop(channel);
-        match self.open_node_session().await {
-            Ok((grant, node_channel)) => {
+        match self.open_node_session(session.handle()).await {
+            Ok((grant, conn, node_channel, agent_ok)) => {
                 let (read, write) = node_channel.split();
                 let write = Arc::new(write);
                 let (tx, rx) = flow::inbox();
-                let rec = Arc::new(Mutex::new(None));
-                let command = Arc::new(Mutex::new(None));
-                let bytes_in = Arc::new(AtomicU64::new(0));
-                tokio::spawn(user_to_node(rx, write.clone()));
+                let relay = Relay {
+                    node: write.clone(),
+                    input: tx,
+                    events: EventSink::spawn(self.state.clone(), grant.session_id.clone()),
+                    grant,
+                    rec: Arc::new(Mutex::new(None)),
+                    pty: None,
+                    command: Arc::new(Mutex::new(None)),
+                    bytes_in: Arc::new(AtomicU64::new(0)),
+                    recording_started: false,
+                    copy: Arc::new(Mutex::new(None)),
+                    agent_ok,
+                };
+                tokio::spawn(user_to_node(rx, write));
                 tokio::spawn(node_to_user(
                     self.state.clone(),
                     read,
                     session.handle(),
                     id,
-                    grant.clone(),
-                    rec.clone(),
-                    command.clone(),
-                    bytes_in.clone(),
-                ));
-                self.chans.insert(
-                    id,
-                    Relay {
-                        node: write,
-                        input: tx,
-                        grant,
-                        rec,
-                        pty: None,
-                        command,
-                        bytes_in,
-                        recording_started: false,
+                    conn,
+                    Outputs {
+                        grant: relay.grant.clone(),
+                        rec: relay.rec.clone(),
+                        command: relay.command.clone(),
+                        bytes_in: relay.bytes_in.clone(),
+                        copy: relay.copy.clone(),
+                        events: relay.events.clone(),
                     },
-                );
+                ));
+                self.chans.insert(id, relay);
                 reply.accept().await;
             }
             Err(reason) => {
@@ -633,7 +1141,7 @@ impl russh::server::Handler for Inner {
         ch: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Err(e) = self.start_recording(ch, None) {
+        if let Err(e) = self.begin(ch, "shell", None, true) {
             session.extended_data(ch, 1, Bytes::from(format!("sallyport: {e}\r\n")))?;
             session.channel_failure(ch)?;
             return session.close(ch);
@@ -651,7 +1159,24 @@ impl russh::server::Handler for Inner {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let cmd = String::from_utf8_lossy(data).into_owned();
-        if let Err(e) = self.start_recording(ch, Some(&cmd)) {
+        let copy = sallyport_core::scp::classify(&cmd);
+        if let Some(copy) = copy {
+            let Some(r) = self.chans.get(&ch) else {
+                return session.channel_failure(ch);
+            };
+            if !r.grant.file_copy {
+                r.events
+                    .send("scp", json!({"command": cmd, "result": FILE_COPY_REFUSED}))
+                    .await;
+                return self.refuse_request(ch, FILE_COPY_REFUSED, session);
+            }
+            if let Ok(mut slot) = r.copy.lock() {
+                *slot = Some(CopyAudit::new(copy));
+            }
+            if let Err(e) = self.begin(ch, "exec", Some(&cmd), false) {
+                return self.refuse_request(ch, &e, session);
+            }
+        } else if let Err(e) = self.begin(ch, "exec", Some(&cmd), true) {
             session.extended_data(ch, 1, Bytes::from(format!("sallyport: {e}\r\n")))?;
             session.channel_failure(ch)?;
             return session.close(ch);
@@ -668,9 +1193,190 @@ impl russh::server::Handler for Inner {
         name: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
+        let Some(r) = self.chans.get(&ch) else {
+            return session.channel_failure(ch);
+        };
+        if name != "sftp" {
+            let msg = format!("subsystem {name:?} is not offered (only sftp)");
+            return self.refuse_request(ch, &msg, session);
+        }
+        if !r.grant.file_copy {
+            r.events
+                .send(
+                    "sftp",
+                    json!({"action": "start", "result": FILE_COPY_REFUSED}),
+                )
+                .await;
+            return self.refuse_request(ch, FILE_COPY_REFUSED, session);
+        }
+        if let Ok(mut slot) = r.copy.lock() {
+            *slot = Some(CopyAudit::Sftp(SftpAudit::new()));
+        }
+        if let Err(e) = self.begin(ch, "sftp", None, false) {
+            return self.refuse_request(ch, &e, session);
+        }
         match self.chans.get(&ch) {
             Some(r) if r.node.request_subsystem(true, name).await.is_ok() => Ok(()),
             _ => session.channel_failure(ch),
+        }
+    }
+
+    async fn agent_request(
+        &mut self,
+        ch: ChannelId,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some(r) = self.chans.get(&ch) else {
+            return Ok(false);
+        };
+        if !r.grant.forward_agent {
+            let msg =
+                "sallyport: agent forwarding is not allowed by your roles (forward_agent)\r\n";
+            session.extended_data(ch, 1, Bytes::from(msg))?;
+            return Ok(false);
+        }
+        r.agent_ok.store(true, Ordering::Relaxed);
+        if r.node.agent_forward(false).await.is_err() {
+            return Ok(false);
+        }
+        r.events
+            .send("agent-forward", json!({"result": "ok"}))
+            .await;
+        Ok(true)
+    }
+
+    async fn x11_request(
+        &mut self,
+        ch: ChannelId,
+        _single_connection: bool,
+        _x11_auth_protocol: &str,
+        _x11_auth_cookie: &str,
+        _x11_screen_number: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let allowed = self.chans.get(&ch).is_some_and(|r| r.grant.x11_forwarding);
+        let msg = if allowed {
+            "sallyport: X11 forwarding is not offered by this proxy yet\r\n"
+        } else {
+            "sallyport: X11 forwarding is not allowed by your roles (permit_x11_forwarding)\r\n"
+        };
+        session.extended_data(ch, 1, Bytes::from(msg))?;
+        session.channel_failure(ch)
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host: &str,
+        port: u32,
+        originator: &str,
+        originator_port: u32,
+        reply: russh::server::ChannelOpenHandle,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let fwd = match self.forwarder(session.handle()).await {
+            Ok(f) => f,
+            Err(reason) => {
+                reply.reject(refuse(reason)).await;
+                return Ok(());
+            }
+        };
+        if !fwd.grant.port_forwarding {
+            tracing::info!(user = %self.user, node = %self.node.hostname, host, port, "port forward refused by roles");
+            reply.reject(refuse(PORT_FORWARDING_REFUSED)).await;
+            return Ok(());
+        }
+        let (conn, events, slot, bytes) = (
+            fwd.conn.clone(),
+            fwd.events.clone(),
+            fwd.open_failure.clone(),
+            fwd.bytes.clone(),
+        );
+        let (host, originator) = (host.to_string(), originator.to_string());
+        tokio::spawn(async move {
+            match conn
+                .channel_open_direct_tcpip(host.clone(), port, originator.clone(), originator_port)
+                .await
+            {
+                Ok(nch) => {
+                    reply.accept().await;
+                    let (up, down) = splice(channel.into_stream(), nch.into_stream()).await;
+                    bytes.0.fetch_add(up, Ordering::Relaxed);
+                    bytes.1.fetch_add(down, Ordering::Relaxed);
+                    events
+                        .send(
+                            "port",
+                            json!({"kind": "local", "addr": format!("{host}:{port}"),
+                                "originator": format!("{originator}:{originator_port}"),
+                                "bytes_in": up, "bytes_out": down}),
+                        )
+                        .await;
+                }
+                Err(e) => {
+                    let why = failure_reason(&slot, e).await;
+                    reply.reject(refuse(why)).await;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let user = self.user.clone();
+        let fwd = match self.forwarder(session.handle()).await {
+            Ok(f) => f,
+            Err(reason) => {
+                tracing::info!(%user, %reason, "remote forward refused");
+                return Ok(false);
+            }
+        };
+        if !fwd.grant.port_forwarding {
+            tracing::info!(%user, address, port = *port, "remote forward refused by roles");
+            fwd.events
+                .send(
+                    "port",
+                    json!({"kind": "remote", "addr": format!("{address}:{port}"),
+                    "result": PORT_FORWARDING_REFUSED}),
+                )
+                .await;
+            return Ok(false);
+        }
+        match fwd.conn.tcpip_forward(address, *port).await {
+            Ok(allocated) => {
+                if *port == 0 {
+                    *port = allocated;
+                }
+                if let Ok(mut f) = self.remote_forwards.lock() {
+                    f.insert((address.to_string(), *port));
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::info!(%user, address, port = *port, error = %e, "node refused a remote forward");
+                Ok(false)
+            }
+        }
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let known = self
+            .remote_forwards
+            .lock()
+            .map(|mut f| f.remove(&(address.to_string(), port)))
+            .unwrap_or(false);
+        match (&self.forwarder, known) {
+            (Some(f), true) => Ok(f.conn.cancel_tcpip_forward(address, port).await.is_ok()),
+            _ => Ok(false),
         }
     }
 
@@ -682,6 +1388,29 @@ impl russh::server::Handler for Inner {
     ) -> Result<(), Self::Error> {
         if let Some(r) = self.chans.get(&ch) {
             r.bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
+            let audited = match r.copy.lock() {
+                Ok(mut c) => match c.as_mut() {
+                    Some(c) => c.feed(Direction::Upload, data),
+                    None => Ok(vec![]),
+                },
+                Err(_) => Err("audit state lost".to_string()),
+            };
+            match audited {
+                Ok(list) if list.is_empty() => {}
+                Ok(list) => send_all(&r.events, list).await,
+                Err(e) => {
+                    tracing::warn!(user = %self.user, error = %e, "closing a file copy that cannot be audited");
+                    _session.extended_data(
+                        ch,
+                        1,
+                        Bytes::from(format!("sallyport: {e}; closing\r\n")),
+                    )?;
+                    if let Some(r) = self.chans.remove(&ch) {
+                        let _ = r.node.close().await;
+                    }
+                    return _session.close(ch);
+                }
+            }
             if let Ok(mut rec) = r.rec.lock()
                 && let Some(rec) = rec.as_mut()
             {

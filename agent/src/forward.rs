@@ -1,0 +1,185 @@
+//! What the node does for forwarding, as sshd would: connects `direct-tcpip` channels (`ssh -L`,
+//! `ssh -D`), listens for `tcpip-forward` (`ssh -R`, on loopback only), and offers a forwarded
+//! SSH agent (`ssh -A`) on a socket only the login can reach. Every listener and connection
+//! belongs to one SSH connection and ends with it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use russh::server::{Handle, Msg};
+use russh::{Channel, ChannelOpenFailure};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio_util::sync::CancellationToken;
+
+/// Connects a `direct-tcpip` channel to `host:port` from the node, then relays until either
+/// side closes or the SSH connection ends.
+pub async fn direct(
+    channel: Channel<Msg>,
+    host: String,
+    port: u32,
+    reply: russh::server::ChannelOpenHandle,
+    stop: CancellationToken,
+) {
+    let Ok(port) = u16::try_from(port) else {
+        reply.reject(ChannelOpenFailure::ConnectFailed).await;
+        return;
+    };
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        TcpStream::connect((host.as_str(), port)),
+    )
+    .await;
+    let tcp = match tcp {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            tracing::debug!(%host, port, error = %e, "forward target refused");
+            reply
+                .reject(ChannelOpenFailure::Other {
+                    code: 2,
+                    reason: format!("connect to {host}:{port} failed: {e}"),
+                })
+                .await;
+            return;
+        }
+        Err(_) => {
+            reply
+                .reject(ChannelOpenFailure::Other {
+                    code: 2,
+                    reason: format!("connect to {host}:{port} timed out"),
+                })
+                .await;
+            return;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    reply.accept().await;
+    splice(channel.into_stream(), tcp, stop).await;
+}
+
+/// Relays two byte streams until both directions end or `stop` fires.
+pub async fn splice<A, B>(mut a: A, mut b: B, stop: CancellationToken) -> (u64, u64)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut a, &mut b) => r.unwrap_or((0, 0)),
+        _ = stop.cancelled() => (0, 0),
+    }
+}
+
+/// The address a remote forward listens on: loopback, whatever the client asked for, unless it
+/// named a loopback address itself. `None` for anything else (refused, as sshd's
+/// `GatewayPorts no` would bind loopback and refuse explicit outside addresses).
+pub fn bind_address(requested: &str) -> Option<IpAddr> {
+    match requested {
+        "" | "localhost" | "0.0.0.0" | "*" | "::" => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        other => other.parse::<IpAddr>().ok().filter(|ip| ip.is_loopback()),
+    }
+}
+
+/// Listens for `ssh -R`: each connection becomes a `forwarded-tcpip` channel to the client,
+/// named with the address and port the client asked for.
+pub async fn listen_remote(
+    listener: TcpListener,
+    handle: Handle,
+    requested: String,
+    port: u32,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.cancelled() => return,
+        };
+        let Ok((tcp, peer)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let (handle, requested, stop) = (handle.clone(), requested.clone(), stop.clone());
+        tokio::spawn(async move {
+            match handle
+                .channel_open_forwarded_tcpip(
+                    requested,
+                    port,
+                    peer.ip().to_string(),
+                    u32::from(peer.port()),
+                )
+                .await
+            {
+                Ok(ch) => {
+                    splice(ch.into_stream(), tcp, stop).await;
+                }
+                Err(e) => tracing::debug!(error = %e, "remote forward refused by the client"),
+            }
+        });
+    }
+}
+
+pub async fn bind_remote(requested: &str, port: u32) -> Result<TcpListener, String> {
+    let ip = bind_address(requested).ok_or_else(|| {
+        format!("remote forwards bind on the node's loopback only, not {requested}")
+    })?;
+    let port = u16::try_from(port).map_err(|_| format!("{port} is not a port"))?;
+    TcpListener::bind(SocketAddr::new(ip, port))
+        .await
+        .map_err(|e| format!("cannot listen on {ip}:{port}: {e}"))
+}
+
+/// A forwarded agent: a socket in a fresh directory owned by the login (0700), whose
+/// connections become `auth-agent@openssh.com` channels to the client. The directory is
+/// removed when the connection ends.
+pub struct AgentSocket {
+    pub dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl AgentSocket {
+    pub fn create(uid: u32, gid: u32) -> Result<(Self, UnixListener), String> {
+        let name = format!("sallyport-agent-{}", sallyport_core::random_hex(8));
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let owned = || -> Result<(PathBuf, UnixListener), String> {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| e.to_string())?;
+            let path = dir.join("agent.sock");
+            let listener = UnixListener::bind(&path).map_err(|e| e.to_string())?;
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+            Ok((path, listener))
+        };
+        match owned() {
+            Ok((path, listener)) => Ok((AgentSocket { dir, path }, listener)),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(format!("cannot create the forwarded agent socket: {e}"))
+            }
+        }
+    }
+
+    pub async fn serve(self, listener: UnixListener, handle: Handle, stop: CancellationToken) {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.cancelled() => break,
+            };
+            let Ok((unix, _)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let (handle, stop) = (handle.clone(), stop.clone());
+            tokio::spawn(async move {
+                match handle.channel_open_agent().await {
+                    Ok(ch) => {
+                        splice(ch.into_stream(), unix, stop).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "agent channel refused by the client"),
+                }
+            });
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

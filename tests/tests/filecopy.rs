@@ -1,0 +1,306 @@
+//! File transfer through the proxy with the real clients: `scp` (SFTP-based and legacy `-O`),
+//! `scp -r`, `sftp -b`, `rsync -e ssh`; byte-identical results checked by SHA-256; the
+//! `ssh_file_copy` role option; and the `sftp`/`scp` audit events.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use sallyport_tests::*;
+
+fn events(c: &Cluster, kind: &str) -> Vec<serde_json::Value> {
+    c.sallyctl(&["audit", "search", "--type", kind])
+        .ok()
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// A file of `len` pseudo-random bytes.
+fn random_file(path: &Path, len: usize) {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+fn tool(name: &str, cfg: &Path) -> Command {
+    let mut c = Command::new(name);
+    c.arg("-F").arg(cfg).args(["-o", "ProxyJump=proxy"]);
+    c
+}
+
+#[test]
+fn scp_sftp_and_rsync_carry_files_byte_for_byte_and_are_audited() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root,sallytest");
+    let cfg = c.ssh_config(&home, "alice");
+    let work = c.dir.path().join("files");
+    std::fs::create_dir_all(work.join("tree/sub")).unwrap();
+    let big = work.join("big.bin");
+    random_file(&big, 12 * 1024 * 1024 + 17);
+    std::fs::write(work.join("tree/a.txt"), "alpha\n").unwrap();
+    std::fs::write(work.join("tree/sub/b.txt"), "beta\n").unwrap();
+    let remote = format!("/tmp/sallyport-copy-{}", std::process::id());
+
+    // scp (SFTP underneath, OpenSSH 9): up, then back down, byte-identical.
+    run(
+        tool("ssh", &cfg).args(["root@local1", &format!("mkdir -p {remote}")]),
+        "",
+    )
+    .ok();
+    run(
+        tool("scp", &cfg)
+            .arg("-q")
+            .arg(&big)
+            .arg(format!("root@local1:{remote}/big.bin")),
+        "",
+    )
+    .ok();
+    let back = work.join("back.bin");
+    run(
+        tool("scp", &cfg)
+            .arg("-q")
+            .arg(format!("root@local1:{remote}/big.bin"))
+            .arg(&back),
+        "",
+    )
+    .ok();
+    assert_eq!(sha256(&big), sha256(&back));
+
+    // Legacy scp protocol (`scp -O`), recursive.
+    run(
+        tool("scp", &cfg)
+            .args(["-O", "-q", "-r"])
+            .arg(work.join("tree"))
+            .arg(format!("root@local1:{remote}/")),
+        "",
+    )
+    .ok();
+    let r = run(
+        tool("ssh", &cfg).args(["root@local1", &format!("cat {remote}/tree/sub/b.txt")]),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout, "beta\n");
+    let legacy_back = work.join("legacy.bin");
+    run(
+        tool("scp", &cfg)
+            .args(["-O", "-q"])
+            .arg(format!("root@local1:{remote}/big.bin"))
+            .arg(&legacy_back),
+        "",
+    )
+    .ok();
+    assert_eq!(sha256(&big), sha256(&legacy_back));
+
+    // sftp in batch mode: put, rename, mkdir, get, remove.
+    let batch = work.join("batch");
+    std::fs::write(
+        &batch,
+        format!(
+            "put {a} {remote}/s.txt\nrename {remote}/s.txt {remote}/t.txt\nmkdir {remote}/newdir\nget {remote}/t.txt {got}\nrm {remote}/t.txt\n",
+            a = work.join("tree/a.txt").display(),
+            got = work.join("got.txt").display(),
+        ),
+    )
+    .unwrap();
+    run(
+        tool("sftp", &cfg).arg("-b").arg(&batch).arg("root@local1"),
+        "",
+    )
+    .ok();
+    assert_eq!(
+        std::fs::read_to_string(work.join("got.txt")).unwrap(),
+        "alpha\n"
+    );
+
+    // rsync over ssh.
+    if Command::new("rsync").arg("--version").output().is_ok() {
+        let ssh = format!("ssh -F {} -o ProxyJump=proxy", cfg.display());
+        run(
+            Command::new("rsync")
+                .args(["-a", "-e", &ssh])
+                .arg(format!("{}/", work.join("tree").display()))
+                .arg(format!("root@local1:{remote}/synced/")),
+            "",
+        )
+        .ok();
+        let r = run(
+            tool("ssh", &cfg).args(["root@local1", &format!("cat {remote}/synced/sub/b.txt")]),
+            "",
+        )
+        .ok();
+        assert_eq!(r.stdout, "beta\n");
+    } else {
+        panic!("rsync is not installed: run scripts/test, which installs it");
+    }
+
+    // Files are written as the login.
+    run(
+        tool("scp", &cfg)
+            .arg("-q")
+            .arg(work.join("tree/a.txt"))
+            .arg("sallytest@local1:/home/sallytest/mine.txt"),
+        "",
+    )
+    .ok();
+    let r = run(
+        tool("ssh", &cfg).args(["sallytest@local1", "stat -c %U /home/sallytest/mine.txt"]),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout.trim(), "sallytest");
+
+    // A full or forbidden destination is an error the client sees, not a success.
+    run(
+        tool("scp", &cfg)
+            .arg("-q")
+            .arg(work.join("tree/a.txt"))
+            .arg("sallytest@local1:/root/nope.txt"),
+        "",
+    )
+    .fails_with("ermission denied");
+
+    // The audit trail: every SFTP operation with path, bytes and result; legacy scp per file.
+    let mut sftp = vec![];
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            sftp = events(&c, "sftp");
+            sftp.iter().any(|e| e["action"] == "remove")
+        }),
+        "{sftp:#?}"
+    );
+    let upload = sftp
+        .iter()
+        .find(|e| e["path"] == format!("{remote}/big.bin") && e["mode"] == "write")
+        .expect("upload audited");
+    assert_eq!(upload["bytes"], 12 * 1024 * 1024 + 17);
+    assert_eq!(upload["result"], "ok");
+    assert_eq!(upload["user"], "alice");
+    assert_eq!(upload["login"], "root");
+    assert_eq!(upload["node"], "local1");
+    assert!(sftp.iter().any(|e| e["path"] == format!("{remote}/big.bin")
+        && e["mode"] == "read"
+        && e["bytes"] == 12 * 1024 * 1024 + 17));
+    assert!(sftp.iter().any(|e| e["action"] == "rename"
+        && e["path"] == format!("{remote}/s.txt")
+        && e["target"] == format!("{remote}/t.txt")));
+    assert!(
+        sftp.iter()
+            .any(|e| e["action"] == "mkdir" && e["path"] == format!("{remote}/newdir"))
+    );
+    assert!(sftp.iter().any(|e| e["path"] == "/root/nope.txt"
+        && e["result"].as_str().unwrap().contains("ermission denied")));
+    let scp = events(&c, "scp");
+    assert!(
+        scp.iter().any(|e| e["tool"] == "scp"
+            && e["file"] == "tree/sub/b.txt"
+            && e["direction"] == "upload"
+            && e["size"] == 5),
+        "{scp:#?}"
+    );
+    assert!(scp.iter().any(|e| e["tool"] == "scp"
+        && e["direction"] == "download"
+        && e["size"] == 12 * 1024 * 1024 + 17));
+    assert!(
+        scp.iter()
+            .any(|e| e["tool"] == "rsync" && e["direction"] == "upload")
+    );
+    run(
+        tool("ssh", &cfg).args(["root@local1", &format!("rm -rf {remote}")]),
+        "",
+    )
+    .ok();
+}
+
+#[test]
+fn ssh_file_copy_false_refuses_copies_but_not_shells() {
+    let c = Cluster::start();
+    let f = c.dir.path().join("roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: no-copy}\nspec:\n  options: {ssh_file_copy: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let home = c.user("erin", "no-copy", "");
+    let cfg = c.ssh_config(&home, "erin");
+    let file = c.dir.path().join("x.txt");
+    std::fs::write(&file, "x\n").unwrap();
+    let remote = format!("/tmp/sallyport-nocopy-{}", std::process::id());
+    // scp over SFTP, legacy scp, sftp and rsync are each refused, saying why.
+    run(
+        tool("scp", &cfg)
+            .arg(&file)
+            .arg(format!("root@local1:{remote}")),
+        "",
+    )
+    .fails_with("ssh_file_copy");
+    run(
+        tool("scp", &cfg)
+            .arg("-O")
+            .arg(&file)
+            .arg(format!("root@local1:{remote}")),
+        "",
+    )
+    .fails_with("ssh_file_copy");
+    let batch = c.dir.path().join("batch");
+    std::fs::write(&batch, "ls /\n").unwrap();
+    run(
+        tool("sftp", &cfg).arg("-b").arg(&batch).arg("root@local1"),
+        "",
+    )
+    .fails_with("ssh_file_copy");
+    let ssh = format!("ssh -F {} -o ProxyJump=proxy", cfg.display());
+    run(
+        Command::new("rsync")
+            .args(["-e", &ssh])
+            .arg(&file)
+            .arg(format!("root@local1:{remote}")),
+        "",
+    )
+    .fails_with("ssh_file_copy");
+    // Nothing arrived.
+    let r = run(
+        tool("ssh", &cfg).args([
+            "root@local1",
+            &format!("test -e {remote} && echo there || echo absent"),
+        ]),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout, "absent\n");
+    // The refusals are in the audit log.
+    assert!(eventually(Duration::from_secs(10), || {
+        events(&c, "scp").iter().any(|e| {
+            e["result"]
+                .as_str()
+                .is_some_and(|r| r.contains("ssh_file_copy"))
+        }) && events(&c, "sftp").iter().any(|e| {
+            e["result"]
+                .as_str()
+                .is_some_and(|r| r.contains("ssh_file_copy"))
+        })
+    }));
+}
