@@ -58,14 +58,14 @@ pub async fn direct(
 }
 
 /// Relays two byte streams until both directions end or `stop` fires.
-pub async fn splice<A, B>(mut a: A, mut b: B, stop: CancellationToken) -> (u64, u64)
+pub async fn splice<A, B>(a: A, b: B, stop: CancellationToken)
 where
-    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite,
 {
     tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut a, &mut b) => r.unwrap_or((0, 0)),
-        _ = stop.cancelled() => (0, 0),
+        _ = sallyport_core::flow::splice(a, b) => {}
+        _ = stop.cancelled() => {}
     }
 }
 

@@ -196,3 +196,37 @@ impl tokio::io::AsyncWrite for Decoupled {
         std::task::Poll::Ready(Ok(()))
     }
 }
+
+/// Relays two byte streams both ways until each direction has ended (EOF or error), shutting
+/// down the writing side of each direction as its reading side ends. Returns the bytes that went
+/// a→b and b→a, counted even when a direction ends in an error (a reset, a closed channel).
+pub async fn splice<A, B>(a: A, b: B) -> (u64, u64)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn pump<R: tokio::io::AsyncRead, W: tokio::io::AsyncWrite>(
+        mut r: tokio::io::ReadHalf<R>,
+        mut w: tokio::io::WriteHalf<W>,
+    ) -> u64 {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0u64;
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if w.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    total += n as u64;
+                }
+            }
+        }
+        let _ = w.shutdown().await;
+        total
+    }
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    tokio::join!(pump(ar, bw), pump(br, aw))
+}

@@ -270,16 +270,7 @@ struct NodeClient {
     forward_bytes: Arc<(AtomicU64, AtomicU64)>,
 }
 
-/// Relays two channel streams; returns bytes (a→b, b→a).
-async fn splice<A, B>(mut a: A, mut b: B) -> (u64, u64)
-where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    tokio::io::copy_bidirectional(&mut a, &mut b)
-        .await
-        .unwrap_or((0, 0))
-}
+use sallyport_core::flow::splice;
 
 /// russh reports a refused channel open before the handler has stored the node's reason.
 async fn failure_reason(slot: &Shared<Option<String>>, e: russh::Error) -> String {

@@ -1,0 +1,389 @@
+//! Forwarding through the proxy with the real OpenSSH client: `ssh -L` to an HTTP server on the
+//! node, `ssh -D` with `curl --socks5`, `ssh -R` back to the person's side, `ssh -A` with a real
+//! `ssh-agent`, ControlMaster/ControlPersist with many independent channels; each refused
+//! when the roles say so, and audited.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sallyport_tests::*;
+
+fn events(c: &Cluster, kind: &str) -> Vec<serde_json::Value> {
+    c.sallyctl(&["audit", "search", "--type", kind])
+        .ok()
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A process killed when the test ends.
+struct Bg(Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `python3 -m http.server` on 127.0.0.1 serving `dir`; waits until it answers.
+fn http_server(dir: &Path) -> (Bg, u16) {
+    let port = free_port();
+    let child = Command::new("python3")
+        .args(["-m", "http.server", "--bind", "127.0.0.1"])
+        .arg(port.to_string())
+        .arg("--directory")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    }));
+    (Bg(child), port)
+}
+
+fn curl(args: &[&str]) -> Run {
+    run(
+        Command::new("curl")
+            .args(["-s", "--max-time", "10"])
+            .args(args),
+        "",
+    )
+}
+
+/// `ssh -N` with forwarding flags in the background; waits until `port` listens locally.
+fn forward(c: &Cluster, cfg: &Path, flags: &[&str], port: u16) -> Bg {
+    let child = Command::new("ssh")
+        .arg("-F")
+        .arg(cfg)
+        .args(["-J", "proxy", "-N", "-o", "ExitOnForwardFailure=yes"])
+        .args(flags)
+        .arg("root@local1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _ = c;
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }),
+        "forward on {port} never listened"
+    );
+    Bg(child)
+}
+
+#[test]
+fn local_dynamic_and_remote_forwards_work_and_are_audited() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello through the tunnel\n").unwrap();
+    let (_web, web) = http_server(&site);
+
+    // -L: a local port reaches a server on the node.
+    let lport = free_port();
+    let _l = forward(
+        &c,
+        &cfg,
+        &["-L", &format!("127.0.0.1:{lport}:127.0.0.1:{web}")],
+        lport,
+    );
+    let r = curl(&[&format!("http://127.0.0.1:{lport}/hello.txt")]).ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+    // Several at once over the same connection.
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                curl(&[&format!("http://127.0.0.1:{lport}/hello.txt")])
+                    .ok()
+                    .stdout
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), "hello through the tunnel\n");
+    }
+
+    // -D: SOCKS, with the name resolved on the node's side.
+    let dport = free_port();
+    let _d = forward(&c, &cfg, &["-D", &format!("127.0.0.1:{dport}")], dport);
+    let r = curl(&[
+        "--socks5-hostname",
+        &format!("127.0.0.1:{dport}"),
+        &format!("http://localhost:{web}/hello.txt"),
+    ])
+    .ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+
+    // -R: a port on the node's loopback reaches back to the person's side.
+    let rport = free_port();
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-J", "proxy", "-o", "ExitOnForwardFailure=yes", "-R"])
+            .arg(format!("{rport}:127.0.0.1:{web}"))
+            .arg("root@local1")
+            .arg(format!(
+                "curl -s --max-time 10 http://127.0.0.1:{rport}/hello.txt"
+            )),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+    // The remote listener is gone with the session.
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", rport)).is_err()
+    }));
+
+    // A target nothing listens on is an error the client sees, not a hang.
+    let dead = free_port();
+    let r = curl(&[
+        "--socks5-hostname",
+        &format!("127.0.0.1:{dport}"),
+        &format!("http://127.0.0.1:{dead}/"),
+    ]);
+    assert_ne!(r.code, 0);
+
+    let mut port = vec![];
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            port = events(&c, "port");
+            port.iter().any(|e| e["kind"] == "remote")
+                && port.iter().filter(|e| e["kind"] == "local").count() >= 10
+        }),
+        "{port:#?}"
+    );
+    // (The probes that waited for the listener are audited too, with no bytes.)
+    let local = port
+        .iter()
+        .filter(|e| e["kind"] == "local" && e["addr"] == format!("127.0.0.1:{web}"))
+        .max_by_key(|e| e["bytes_out"].as_u64())
+        .unwrap();
+    assert_eq!(local["user"], "alice");
+    assert!(local["bytes_out"].as_u64().unwrap() > 25, "{local}");
+    assert!(local["bytes_in"].as_u64().unwrap() > 10, "{local}");
+}
+
+/// A real `ssh-agent` holding one key commented `forwarded-key`; returns it and its socket.
+fn ssh_agent(dir: &Path) -> (Bg, std::path::PathBuf) {
+    let sock = dir.join("agent.sock");
+    let agent = Command::new("ssh-agent")
+        .arg("-D")
+        .arg("-a")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(5), || sock.exists()));
+    let key = dir.join("id_test");
+    run(
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "forwarded-key", "-f"])
+            .arg(&key),
+        "",
+    )
+    .ok();
+    run(
+        Command::new("ssh-add")
+            .env("SSH_AUTH_SOCK", &sock)
+            .arg(&key),
+        "",
+    )
+    .ok();
+    (Bg(agent), sock)
+}
+
+#[test]
+fn agent_forwarding_reaches_a_real_ssh_agent() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let (agent, sock) = ssh_agent(c.dir.path());
+    let r = run(
+        Command::new("ssh")
+            .env("SSH_AUTH_SOCK", &sock)
+            .arg("-F")
+            .arg(&cfg)
+            .args([
+                "-J",
+                "proxy",
+                "-A",
+                "root@local1",
+                "ssh-add -l; stat -c %a $(dirname $SSH_AUTH_SOCK)",
+            ]),
+        "",
+    );
+    drop(agent);
+    let r = r.ok();
+    assert!(r.stdout.contains("forwarded-key"), "{r:?}");
+    assert!(
+        r.stdout.contains("\n700\n"),
+        "the socket's directory is the login's alone: {r:?}"
+    );
+    assert!(eventually(Duration::from_secs(10), || !events(
+        &c,
+        "agent-forward"
+    )
+    .is_empty()));
+}
+
+#[test]
+fn roles_refuse_forwarding_and_say_so() {
+    let c = Cluster::start();
+    let f = c.dir.path().join("roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: plain}\nspec:\n  options: {port_forwarding: false, forward_agent: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let home = c.user("frank", "plain", "");
+    let cfg = c.ssh_config(&home, "frank");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("secret.txt"), "nope\n").unwrap();
+    let (_web, web) = http_server(&site);
+
+    // -L: the listener comes up on the client, but every connection is refused with the reason.
+    let lport = free_port();
+    let mut child = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-J", "proxy", "-N", "-L"])
+        .arg(format!("127.0.0.1:{lport}:127.0.0.1:{web}"))
+        .arg("root@local1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(15), || {
+        std::net::TcpStream::connect(("127.0.0.1", lport)).is_ok()
+    }));
+    let r = curl(&[&format!("http://127.0.0.1:{lport}/secret.txt")]);
+    assert_ne!(r.stdout, "nope\n");
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("port_forwarding"), "{stderr}");
+
+    // -R: refused outright.
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-J", "proxy", "-o", "ExitOnForwardFailure=yes", "-R"])
+            .arg(format!("{}:127.0.0.1:{web}", free_port()))
+            .arg("root@local1")
+            .arg("true"),
+        "",
+    );
+    assert!(r.stderr.contains("remote port forwarding failed"), "{r:?}");
+
+    // -A: no agent on the node, and a message saying why; the shell still works.
+    let (_agent, sock) = ssh_agent(c.dir.path());
+    let r = run(
+        Command::new("ssh")
+            .env("SSH_AUTH_SOCK", &sock)
+            .arg("-F")
+            .arg(&cfg)
+            .args([
+                "-J",
+                "proxy",
+                "-A",
+                "root@local1",
+                "echo shell-ok; echo ${SSH_AUTH_SOCK:-none}",
+            ]),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout, "shell-ok\nnone\n");
+    assert!(r.stderr.contains("forward_agent"), "{r:?}");
+
+    // The session certificate agrees with the roles: no permit-port-forwarding.
+    let cert = home
+        .join("keys")
+        .read_dir()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("frank-cert.pub");
+    let r = run(
+        Command::new("ssh-keygen").arg("-L").arg("-f").arg(&cert),
+        "",
+    )
+    .ok();
+    assert!(!r.stdout.contains("permit-port-forwarding"), "{}", r.stdout);
+    assert!(
+        !r.stdout.contains("permit-agent-forwarding"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("permit-pty"), "{}", r.stdout);
+}
+
+#[test]
+fn control_master_keeps_channels_independent() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let control = c.dir.path().join("cm-%C");
+    let mux = |args: &[&str]| {
+        let mut cmd = Command::new("ssh");
+        cmd.arg("-F")
+            .arg(&cfg)
+            .args([
+                "-J",
+                "proxy",
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                "ControlPersist=60s",
+            ])
+            .arg("-o")
+            .arg(format!("ControlPath={}", control.display()))
+            .args(args);
+        cmd
+    };
+    // A long-running channel, started first.
+    let slow = mux(&["root@local1", "sleep 3; echo slow-done; exit 7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Twenty more over the same connection, each with its own exit status.
+    for i in 0..20 {
+        let r = run(
+            &mut mux(&["root@local1", &format!("echo run-{i}; exit {}", i % 4)]),
+            "",
+        );
+        assert_eq!(r.code, i % 4, "{r:?}");
+        assert_eq!(r.stdout, format!("run-{i}\n"));
+    }
+    // Their closing touched nothing else: the first channel finishes with its own status.
+    let out = slow.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "slow-done\n");
+    // One connection carried them all: the master is still there.
+    run(&mut mux(&["-O", "check", "root@local1"]), "").ok();
+    run(&mut mux(&["-O", "exit", "root@local1"]), "");
+}
