@@ -1,6 +1,7 @@
 //! What `sally` and `sallyctl` share: the profile under `$SALLY_HOME`, HTTPS clients that trust
 //! the cluster by pin or by saved CA, prompts that work on a terminal and on a pipe, and output.
 
+pub mod forward;
 pub mod http;
 pub mod profile;
 pub mod prompt;

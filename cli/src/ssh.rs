@@ -67,6 +67,8 @@ pub struct HostCheck {
     host_cas: Vec<PublicKey>,
     name: String,
     failure: Arc<std::sync::Mutex<Option<String>>>,
+    /// What the node may open toward us (`-R`, `-A`); nothing by default.
+    incoming: crate::forward::Incoming,
 }
 
 impl russh::client::Handler for HostCheck {
@@ -112,13 +114,118 @@ impl russh::client::Handler for HostCheck {
         }
         Ok(())
     }
+
+    async fn server_channel_open_forwarded_tcpip(
+        &mut self,
+        channel: russh::Channel<Msg>,
+        connected_address: &str,
+        connected_port: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        let target = self.incoming.remote.lock().ok().and_then(|r| {
+            r.get(&(connected_address.to_string(), connected_port))
+                .cloned()
+        });
+        let Some((host, port)) = target else {
+            reply
+                .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        tokio::spawn(async move {
+            match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    reply.accept().await;
+                    sallyport_core::flow::splice(tcp, channel.into_stream()).await;
+                }
+                Err(e) => {
+                    eprintln!("sally: remote forward to {host}:{port} failed: {e}");
+                    reply.reject(russh::ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_agent_forward(
+        &mut self,
+        channel: russh::Channel<Msg>,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        let Some(path) = self.incoming.agent.clone() else {
+            reply
+                .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        tokio::spawn(async move {
+            match tokio::net::UnixStream::connect(&path).await {
+                Ok(unix) => {
+                    reply.accept().await;
+                    sallyport_core::flow::splice(unix, channel.into_stream()).await;
+                }
+                Err(_) => reply.reject(russh::ChannelOpenFailure::ConnectFailed).await,
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_session(
+        &mut self,
+        _channel: russh::Channel<Msg>,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn server_channel_open_x11(
+        &mut self,
+        _channel: russh::Channel<Msg>,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn server_channel_open_direct_tcpip(
+        &mut self,
+        _channel: russh::Channel<Msg>,
+        _host_to_connect: &str,
+        _port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
 }
 
 /// The server's reason for refusing a channel, which russh stores a moment after it reports the
 /// refusal itself.
-async fn reason(failure: &Arc<std::sync::Mutex<Option<String>>>, fallback: String) -> String {
+pub(crate) async fn reason(
+    failure: &Arc<std::sync::Mutex<Option<String>>>,
+    fallback: String,
+) -> String {
     for _ in 0..50 {
-        if let Some(why) = failure.lock().ok().and_then(|f| f.clone()) {
+        if let Some(why) = failure.lock().ok().and_then(|mut f| f.take()) {
             return why;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -164,6 +271,7 @@ pub async fn connect_proxy(p: &Profile, keys: &Keys, ssh_port: u16) -> Result<Pr
         host_cas: keys.host_cas.clone(),
         name: host,
         failure: failure.clone(),
+        incoming: Default::default(),
     };
     let tcp = tokio::net::TcpStream::connect(&addr)
         .await
@@ -212,6 +320,7 @@ pub async fn connect_node(
     keys: &Keys,
     target: &str,
     login: &str,
+    incoming: crate::forward::Incoming,
 ) -> Result<(Handle<HostCheck>, Arc<std::sync::Mutex<Option<String>>>)> {
     let stream = proxy.open(target, 22).await?;
     let failure = Arc::new(std::sync::Mutex::new(None));
@@ -219,6 +328,7 @@ pub async fn connect_node(
         host_cas: keys.host_cas.clone(),
         name: target.to_string(),
         failure: failure.clone(),
+        incoming,
     };
     let mut handle = russh::client::connect_stream(
         client_config(),
@@ -283,6 +393,7 @@ pub async fn run_session(
     tty: bool,
     stdin_on: bool,
     output: Output,
+    forward_agent: bool,
 ) -> Result<i32> {
     let channel = match handle.channel_open_session().await {
         Ok(c) => c,
@@ -299,6 +410,9 @@ pub async fn run_session(
     }
     if let Ok(lang) = std::env::var("LANG") {
         let _ = channel.set_env(false, "LANG", lang).await;
+    }
+    if forward_agent {
+        channel.agent_forward(false).await?;
     }
     match &command {
         Some(c) => channel.exec(true, c.as_bytes().to_vec()).await?,

@@ -387,3 +387,115 @@ fn control_master_keeps_channels_independent() {
     run(&mut mux(&["-O", "check", "root@local1"]), "").ok();
     run(&mut mux(&["-O", "exit", "root@local1"]), "");
 }
+
+#[test]
+fn sally_ssh_forwards_and_sally_scp_copies() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello through the tunnel\n").unwrap();
+    let (_web, web) = http_server(&site);
+
+    // sally ssh -N -L ... -D ...: both listen here and reach the node's side.
+    let (lport, dport) = (free_port(), free_port());
+    let child = Command::new(bin("sally"))
+        .env("SALLY_HOME", &home)
+        .env("HOME", &home)
+        .args(["ssh", "-N", "-L"])
+        .arg(format!("{lport}:127.0.0.1:{web}"))
+        .arg("-D")
+        .arg(dport.to_string())
+        .arg("root@local1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _bg = Bg(child);
+    assert!(eventually(Duration::from_secs(15), || {
+        std::net::TcpStream::connect(("127.0.0.1", dport)).is_ok()
+    }));
+    let r = curl(&[&format!("http://127.0.0.1:{lport}/hello.txt")]).ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+    let r = curl(&[
+        "--socks5-hostname",
+        &format!("127.0.0.1:{dport}"),
+        &format!("http://localhost:{web}/hello.txt"),
+    ])
+    .ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+    // SOCKS4a too.
+    let r = curl(&[
+        "--socks4a",
+        &format!("127.0.0.1:{dport}"),
+        &format!("http://localhost:{web}/hello.txt"),
+    ])
+    .ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+
+    // sally ssh -R: the node reaches back here.
+    let rport = free_port();
+    let r = c
+        .sally(
+            &home,
+            &[
+                "ssh",
+                "-R",
+                &format!("{rport}:127.0.0.1:{web}"),
+                "root@local1",
+                &format!("curl -s --max-time 10 http://127.0.0.1:{rport}/hello.txt"),
+            ],
+            "",
+        )
+        .ok();
+    assert_eq!(r.stdout, "hello through the tunnel\n");
+
+    // sally ssh -A with a real agent.
+    let (_agent, sock) = ssh_agent(c.dir.path());
+    let r = run(
+        Command::new(bin("sally"))
+            .env("SALLY_HOME", &home)
+            .env("HOME", &home)
+            .env("SSH_AUTH_SOCK", &sock)
+            .args(["ssh", "-A", "root@local1", "ssh-add -l"]),
+        "",
+    )
+    .ok();
+    assert!(r.stdout.contains("forwarded-key"), "{r:?}");
+
+    // sally scp, both ways and recursive; quiet without a terminal.
+    let remote = format!("/tmp/sallyport-sallyscp-{}", std::process::id());
+    let r = c
+        .sally(
+            &home,
+            &[
+                "scp",
+                "-r",
+                &site.display().to_string(),
+                &format!("root@local1:{remote}"),
+            ],
+            "",
+        )
+        .ok();
+    assert_eq!(r.stdout, "", "no progress output without a terminal");
+    let back = c.dir.path().join("back.txt");
+    c.sally(
+        &home,
+        &[
+            "scp",
+            &format!("root@local1:{remote}/hello.txt"),
+            &back.display().to_string(),
+        ],
+        "",
+    )
+    .ok();
+    assert_eq!(
+        std::fs::read_to_string(&back).unwrap(),
+        "hello through the tunnel\n"
+    );
+    c.sally(&home, &["scp", "a", "b"], "")
+        .fails_with("neither side is remote");
+    let _ = std::fs::remove_dir_all(&remote);
+}

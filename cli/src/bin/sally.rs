@@ -86,10 +86,41 @@ enum Command {
         no_tty: bool,
         #[arg(short = 'l')]
         login: Option<String>,
+        /// Forward a local port: [bind_address:]port:host:hostport.
+        #[arg(short = 'L', value_name = "SPEC")]
+        local: Vec<sallyport_cli::forward::Spec>,
+        /// Forward a port on the node back here: [bind_address:]port:host:hostport.
+        #[arg(short = 'R', value_name = "SPEC")]
+        remote: Vec<sallyport_cli::forward::Spec>,
+        /// A local SOCKS proxy whose connections leave from the node: [bind_address:]port.
+        #[arg(short = 'D', value_name = "SPEC")]
+        dynamic: Vec<sallyport_cli::forward::DynamicSpec>,
+        /// Forward your SSH agent ($SSH_AUTH_SOCK) to the node.
+        #[arg(short = 'A')]
+        forward_agent: bool,
+        /// Run no command: only forward.
+        #[arg(short = 'N')]
+        no_command: bool,
         /// [LOGIN@]TARGET
         target: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
+    },
+    /// Copy files to and from nodes (remote side LOGIN@NODE:PATH), with OpenSSH's scp through
+    /// the proxy: a progress bar on a terminal, quiet otherwise.
+    Scp {
+        /// Copy directories recursively.
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// Port on the node (agentless nodes).
+        #[arg(short = 'P')]
+        port: Option<u16>,
+        /// Quiet: no progress bar.
+        #[arg(short = 'q')]
+        quiet: bool,
+        /// SRC... DST
+        #[arg(required = true, num_args = 2..)]
+        paths: Vec<String>,
     },
     /// Print an ssh_config block that sends plain ssh, scp, sftp and rsync through the proxy.
     Config,
@@ -170,10 +201,31 @@ async fn run(cli: Cli) -> Result<()> {
             tty,
             no_tty,
             login,
+            local,
+            remote,
+            dynamic,
+            forward_agent,
+            no_command,
             target,
             command,
         } => {
-            let code = ssh(tty, no_tty, login, &target, command).await?;
+            let fwd = Forwards {
+                local,
+                remote,
+                dynamic,
+                agent: forward_agent,
+                no_command,
+            };
+            let code = ssh(tty, no_tty, login, &target, command, fwd).await?;
+            std::process::exit(code);
+        }
+        Command::Scp {
+            recursive,
+            port,
+            quiet,
+            paths,
+        } => {
+            let code = scp(recursive, port, quiet, &paths)?;
             std::process::exit(code);
         }
         Command::Config => config(),
@@ -497,12 +549,28 @@ fn default_login(p: &Profile) -> Result<String> {
         .ok_or_else(|| anyhow!("your roles allow no logins; ask an admin"))
 }
 
+/// `sally ssh`'s forwarding flags.
+struct Forwards {
+    local: Vec<sallyport_cli::forward::Spec>,
+    remote: Vec<sallyport_cli::forward::Spec>,
+    dynamic: Vec<sallyport_cli::forward::DynamicSpec>,
+    agent: bool,
+    no_command: bool,
+}
+
+impl Forwards {
+    fn any(&self) -> bool {
+        !self.local.is_empty() || !self.remote.is_empty() || !self.dynamic.is_empty() || self.agent
+    }
+}
+
 async fn ssh(
     tty: bool,
     no_tty: bool,
     login: Option<String>,
     target: &str,
     command: Vec<String>,
+    fwd: Forwards,
 ) -> Result<i32> {
     use std::io::IsTerminal;
     let p = Profile::require()?;
@@ -520,6 +588,12 @@ async fn ssh(
     let command = (!command.is_empty()).then(|| command.join(" "));
     let port = ssh_port(&p).await?;
     let proxy = sallyport_cli::ssh::connect_proxy(&p, &keys, port).await?;
+    if fwd.no_command && command.is_some() {
+        bail!("-N runs no command; drop the command or -N");
+    }
+    if target.contains('=') && (fwd.any() || fwd.no_command) {
+        bail!("forwarding (-L, -R, -D, -A, -N) needs one node, not a label selector");
+    }
     if target.contains('=') {
         // A label selector: run on every matching node, output prefixed by node name.
         let sel = parse_selector(std::slice::from_ref(&target))?;
@@ -536,8 +610,14 @@ async fn ssh(
             let (proxy, keys, login, command) = (&proxy, &keys, &login, command.clone());
             async move {
                 let r = async {
-                    let (h, f) =
-                        sallyport_cli::ssh::connect_node(proxy, keys, &n.hostname, login).await?;
+                    let (h, f) = sallyport_cli::ssh::connect_node(
+                        proxy,
+                        keys,
+                        &n.hostname,
+                        login,
+                        Default::default(),
+                    )
+                    .await?;
                     sallyport_cli::ssh::run_session(
                         &h,
                         &f,
@@ -545,6 +625,7 @@ async fn ssh(
                         false,
                         false,
                         sallyport_cli::ssh::Output::Prefixed(n.hostname.clone()),
+                        false,
                     )
                     .await
                 }
@@ -562,7 +643,43 @@ async fn ssh(
         return Ok(codes.into_iter().find(|&c| c != 0).unwrap_or(0));
     }
     let tty = !no_tty && (tty || (command.is_none() && std::io::stdin().is_terminal()));
-    let (h, f) = sallyport_cli::ssh::connect_node(&proxy, &keys, &target, &login).await?;
+    let mut incoming = sallyport_cli::forward::Incoming::default();
+    let mut forward_agent = false;
+    if fwd.agent {
+        match std::env::var_os("SSH_AUTH_SOCK") {
+            Some(sock) => {
+                incoming.agent = Some(sock.into());
+                forward_agent = true;
+            }
+            None => eprintln!("sally: -A: no agent to forward ($SSH_AUTH_SOCK is not set)"),
+        }
+    }
+    let (h, f) =
+        sallyport_cli::ssh::connect_node(&proxy, &keys, &target, &login, incoming.clone()).await?;
+    let h = std::sync::Arc::new(h);
+    for spec in fwd.local {
+        sallyport_cli::forward::local(h.clone(), f.clone(), spec).await?;
+    }
+    for spec in fwd.dynamic {
+        sallyport_cli::forward::dynamic(h.clone(), f.clone(), spec).await?;
+    }
+    for spec in fwd.remote {
+        sallyport_cli::forward::remote(&h, &incoming, spec).await?;
+    }
+    if fwd.no_command {
+        // Forward until interrupted or the connection ends.
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return Ok(0),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
+                    if h.is_closed() {
+                        eprintln!("sally: connection to {target} closed");
+                        return Ok(255);
+                    }
+                }
+            }
+        }
+    }
     match sallyport_cli::ssh::run_session(
         &h,
         &f,
@@ -570,6 +687,7 @@ async fn ssh(
         tty,
         true,
         sallyport_cli::ssh::Output::Direct,
+        forward_agent,
     )
     .await
     {
@@ -592,6 +710,84 @@ async fn proxy_ssh(target: &str) -> Result<()> {
     let port_num = ssh_port(&p).await?;
     let proxy = sallyport_cli::ssh::connect_proxy(&p, &keys, port_num).await?;
     sallyport_cli::ssh::pipe(&proxy, &host, port).await
+}
+
+/// `sally scp`: OpenSSH's scp, routed through the proxy with this profile's certificate and
+/// the cluster's host CA, whatever ~/.ssh/config says.
+fn scp(recursive: bool, port: Option<u16>, quiet: bool, paths: &[String]) -> Result<i32> {
+    let p = Profile::require()?;
+    if p.expires().is_some_and(|e| e <= sallyport_core::unix_now()) {
+        bail!(
+            "your certificate expired at {}; run `sally login --proxy {} --user {}`",
+            p.valid_until,
+            p.proxy,
+            p.user
+        );
+    }
+    if !paths.iter().any(|a| is_remote(a)) {
+        bail!("neither side is remote: name one as LOGIN@NODE:PATH");
+    }
+    let paths_ = p.paths();
+    let home = sallyport_cli::profile::home();
+    let me = std::env::current_exe().context("cannot find the sally binary")?;
+    let mut cmd = std::process::Command::new("scp");
+    cmd.arg("-F")
+        .arg("/dev/null")
+        .arg("-o")
+        .arg(format!(
+            "ProxyCommand=env SALLY_HOME='{}' '{}' proxy ssh %r@%h:%p",
+            home.display(),
+            me.display()
+        ))
+        .arg("-o")
+        .arg(format!(
+            "UserKnownHostsFile={}",
+            home.join("known_hosts").display()
+        ))
+        .arg("-o")
+        .arg(format!("IdentityFile={}", paths_.key.display()))
+        .arg("-o")
+        .arg(format!("CertificateFile={}", paths_.ssh_cert.display()))
+        .args([
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+        ])
+        .args(["-o", "BatchMode=yes"]);
+    if recursive {
+        cmd.arg("-r");
+    }
+    if quiet {
+        cmd.arg("-q");
+    }
+    if let Some(port) = port {
+        cmd.arg("-P").arg(port.to_string());
+    }
+    // A remote side without LOGIN@ gets the profile's default login.
+    let default = default_login(&p).ok();
+    for a in paths {
+        if is_remote(a) && !a.split(':').next().unwrap_or("").contains('@') {
+            match &default {
+                Some(l) => cmd.arg(format!("{l}@{a}")),
+                None => cmd.arg(a),
+            };
+        } else {
+            cmd.arg(a);
+        }
+    }
+    let status = cmd.status().map_err(|e| {
+        anyhow!("cannot run OpenSSH's scp ({e}); `sally scp` needs the OpenSSH client installed")
+    })?;
+    Ok(status.code().unwrap_or(255))
+}
+
+/// `[LOGIN@]NODE:PATH` (a colon before any slash), as scp decides.
+fn is_remote(arg: &str) -> bool {
+    match arg.find(':') {
+        Some(i) => !arg[..i].contains('/') && i > 0,
+        None => false,
+    }
 }
 
 fn config() -> Result<()> {
