@@ -85,6 +85,7 @@ impl AuthServer {
                 let u = self.get_user(&s.common_name).await?.ok_or_else(|| {
                     AuthError::Unauthenticated(format!("user {} no longer exists", s.common_name))
                 })?;
+                self.check_lock(&u.name).await?;
                 Ok(Caller::User {
                     name: u.name,
                     roles: u.roles,
@@ -172,6 +173,8 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/nodes/{name}/proxy-host-cert", post(proxy_host_cert))
         .route("/v1/nodes/{name}/host-key", post(pin_host_key))
         .route("/v1/sessions", get(list_sessions).post(session_grant))
+        .route("/v1/locks", get(list_locks).post(add_lock))
+        .route("/v1/locks/{id}", axum::routing::delete(remove_lock))
         .route("/v1/sessions/{id}/end", post(session_end))
         .route("/v1/sessions/{id}/update", post(session_update))
         .route("/v1/sessions/{id}/events", post(session_events))
@@ -399,6 +402,39 @@ async fn delete_role(
     let caller = caller_of(&auth, &peer).await?;
     auth.authorize(&caller, "role", "delete").await?;
     auth.delete_role(&name, caller.name()).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn list_locks(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<LockInfo>>, AuthError> {
+    // Proxies poll the locks to refuse and disconnect locked users at the SSH door.
+    if require_proxy(&auth, &peer).await.is_err() {
+        let caller = caller_of(&auth, &peer).await?;
+        auth.authorize(&caller, "lock", "list").await?;
+    }
+    Ok(Json(auth.list_locks().await?))
+}
+
+async fn add_lock(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<AddLock>,
+) -> Result<Json<LockInfo>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "lock", "create").await?;
+    Ok(Json(auth.add_lock(&req, caller.name()).await?))
+}
+
+async fn remove_lock(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "lock", "delete").await?;
+    auth.remove_lock(&id, caller.name()).await?;
     Ok(Json(serde_json::json!({})))
 }
 

@@ -7,6 +7,7 @@ pub mod api;
 pub mod audit_log;
 pub mod authority;
 pub mod backend;
+pub mod locks;
 pub mod login;
 pub mod nodes;
 pub mod roles;

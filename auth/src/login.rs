@@ -230,6 +230,17 @@ impl AuthServer {
                 return Err(self.fail_login(user, remote, e).await);
             }
         }
+        if let Err(e) = self.check_lock(user).await {
+            self.emit_logged(
+                Event::new("user.login", Some(user))
+                    .with("success", false)
+                    .with("method", "local")
+                    .with("error", e.to_string())
+                    .with("remote_addr", remote),
+            )
+            .await;
+            return Err(e);
+        }
         sqlx::query("DELETE FROM login_failures WHERE user_name = $1")
             .bind(user)
             .execute(&self.backend.pool)

@@ -248,6 +248,10 @@ impl AuthServer {
             self.emit_logged(reject(why.clone())).await;
             return Err(AuthError::AccessDenied(why));
         };
+        if let Err(e) = self.check_lock(&user.name).await {
+            self.emit_logged(reject(e.to_string())).await;
+            return Err(e);
+        }
         let Some(node) = self.find_node(&req.node).await? else {
             let why = format!("node {} is not registered", req.node);
             self.emit_logged(reject(why.clone())).await;

@@ -100,11 +100,14 @@ impl std::str::FromStr for DynamicSpec {
     }
 }
 
+/// A remote forward as the node names it: the (address, port) asked for.
+pub type RemoteKey = (String, u32);
+
 /// What the node may open toward us: remote forwards by the (address, port) asked for, and
 /// the local agent when `-A` was given.
 #[derive(Clone, Default)]
 pub struct Incoming {
-    pub remote: Arc<Mutex<HashMap<(String, u32), (String, u16)>>>,
+    pub remote: Arc<Mutex<HashMap<RemoteKey, (String, u16)>>>,
     pub agent: Option<PathBuf>,
 }
 

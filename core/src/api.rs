@@ -224,6 +224,28 @@ pub struct AccessCheck {
     pub verb: Option<String>,
 }
 
+/// `sallyctl lock`: stop a user now, until removed or for a while.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AddLock {
+    pub user: String,
+    #[serde(default)]
+    pub message: Option<String>,
+    /// Seconds; none locks until the lock is removed.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LockInfo {
+    pub id: String,
+    pub user: String,
+    pub message: String,
+    /// RFC 3339, or none: until removed.
+    pub expires: Option<String>,
+    pub created_by: String,
+    pub created: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AddJoinToken {
     /// `node`.

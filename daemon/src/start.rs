@@ -201,10 +201,9 @@ pub async fn run(
         tunnels,
         dir.join("recordings"),
     );
-    tokio::spawn(sallyport_proxy::ssh::accept::serve(
-        ssh_listener,
-        Arc::new(state),
-    ));
+    let state = Arc::new(state);
+    tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
+    tokio::spawn(sallyport_proxy::ssh::accept::serve(ssh_listener, state));
     lines.push(format!("web      https://{}", p.web_listen_addr));
     lines.push(format!("ssh      {}", p.ssh_listen_addr));
     lines.push(format!("tunnel   {}", p.tunnel_listen_addr));

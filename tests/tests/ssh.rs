@@ -515,3 +515,88 @@ fn strict_recording_refuses_a_session_that_cannot_be_recorded() {
         .ok();
     assert_eq!(r.stdout, "runs\n");
 }
+
+#[test]
+fn a_lock_stops_a_user_everywhere_at_once_and_lifts_cleanly() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let bob = c.user("bob", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let bob_cfg = c.ssh_config(&bob, "bob");
+    // A live session, to be ended by the lock.
+    let live = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-J", "proxy", "root@local1", "sleep 60; echo finished"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    // Only those allowed to lock may: alice's roles do not allow it.
+    c.sallyctl_as(&home, &["lock", "--user", "bob"])
+        .fails_with("lacks `create` on `lock`");
+    let lock: serde_json::Value = serde_json::from_str(
+        &c.sallyctl(&[
+            "lock",
+            "--user",
+            "alice",
+            "--message",
+            "incident 42",
+            "--format",
+            "json",
+        ])
+        .ok()
+        .stdout,
+    )
+    .unwrap();
+    let id = lock["id"].as_str().unwrap().to_string();
+    // The live connection ends within the proxy's poll.
+    let started = std::time::Instant::now();
+    let out = live.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("finished"));
+    // Nothing new gets through, and every refusal says why.
+    assert!(eventually(Duration::from_secs(10), || {
+        c.ssh(&cfg, &["root@local1", "true"], "")
+            .stderr
+            .contains("user alice is locked: incident 42")
+    }));
+    c.sally(&home, &["ssh", "root@local1", "true"], "")
+        .fails_with("locked: incident 42");
+    c.sally(&home, &["ls"], "")
+        .fails_with("locked: incident 42");
+    c.login(&home, "alice", PW)
+        .fails_with("locked: incident 42");
+    // Nobody else is disturbed.
+    assert_eq!(
+        c.ssh(&bob_cfg, &["root@local1", "echo bob-ok"], "")
+            .ok()
+            .stdout,
+        "bob-ok\n"
+    );
+    let listed = c.sallyctl(&["get", "locks"]).ok().stdout;
+    assert!(
+        listed.contains(&id) && listed.contains("incident 42"),
+        "{listed}"
+    );
+    assert!(!events(&c, "lock.created").is_empty());
+    // Lifted: alice is back within the proxy's poll.
+    c.sallyctl(&["rm", &format!("lock/{id}")]).ok();
+    assert!(eventually(Duration::from_secs(10), || {
+        c.ssh(&cfg, &["root@local1", "true"], "").code == 0
+    }));
+    c.login(&home, "alice", PW).ok();
+    // A lock with a ttl ends by itself.
+    c.sallyctl(&["lock", "--user", "bob", "--ttl", "3s"]).ok();
+    assert!(eventually(Duration::from_secs(10), || {
+        c.ssh(&bob_cfg, &["root@local1", "true"], "").code != 0
+    }));
+    assert!(eventually(Duration::from_secs(15), || {
+        c.ssh(&bob_cfg, &["root@local1", "true"], "").code == 0
+    }));
+    c.sallyctl(&["lock", "--user", "nosuch"])
+        .fails_with("user nosuch does not exist");
+}

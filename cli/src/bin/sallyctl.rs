@@ -66,13 +66,13 @@ enum Command {
         force: bool,
         file: PathBuf,
     },
-    /// Show resources: roles, role/NAME, users, user/NAME, tokens, nodes.
+    /// Show resources: roles, role/NAME, users, user/NAME, tokens, nodes, locks.
     Get {
         what: String,
         #[arg(long, value_enum, default_value = "text")]
         format: GetFormat,
     },
-    /// Delete a resource: role/NAME, user/NAME or node/NAME.
+    /// Delete a resource: role/NAME, user/NAME, node/NAME or lock/ID.
     Rm { what: String },
     /// Edit a role in $EDITOR; it is validated before it is saved.
     Edit { what: String },
@@ -90,6 +90,20 @@ enum Command {
     Nodes {
         #[command(subcommand)]
         command: NodesCommand,
+    },
+    /// Lock a user now: no login, no new session, no API call, and their live SSH connections
+    /// are ended. `sallyctl get locks` lists locks; `sallyctl rm lock/ID` lifts one.
+    Lock {
+        #[arg(long)]
+        user: String,
+        /// Shown to the user with every refusal.
+        #[arg(long)]
+        message: Option<String>,
+        /// For how long (e.g. 1h); until removed when not given.
+        #[arg(long)]
+        ttl: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
     },
 }
 
@@ -380,6 +394,42 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("PROXY is the proxy's address as the server reaches it.");
             }
         }
+        Command::Lock {
+            user,
+            message,
+            ttl,
+            format,
+        } => {
+            let ttl_secs = match ttl {
+                Some(t) => Some(
+                    sallyport_core::duration::parse(t)
+                        .map_err(|e| anyhow!("--ttl: {e}"))?
+                        .as_secs(),
+                ),
+                None => None,
+            };
+            let l: LockInfo = api
+                .post(
+                    "/v1/locks",
+                    &AddLock {
+                        user: user.clone(),
+                        message: message.clone(),
+                        ttl_secs,
+                    },
+                )
+                .await?;
+            if *format == Format::Json {
+                println!("{}", serde_json::to_string(&l)?);
+            } else {
+                println!(
+                    "User {} is locked ({}) until {}; lift with `sallyctl rm lock/{}`",
+                    l.user,
+                    l.message,
+                    l.expires.as_deref().unwrap_or("removed"),
+                    l.id
+                );
+            }
+        }
         Command::Tokens {
             command: TokensCommand::Ls { format },
         } => {
@@ -636,8 +686,9 @@ fn parse_target(what: &str) -> Result<(&'static str, Option<&str>)> {
         "user" | "users" => "user",
         "token" | "tokens" => "token",
         "node" | "nodes" => "node",
+        "lock" | "locks" => "lock",
         other => bail!(
-            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens or nodes"
+            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens, nodes or locks"
         ),
     };
     Ok((kind, name))
@@ -730,6 +781,25 @@ async fn get(api: &Api, what: &str, format: GetFormat) -> Result<()> {
                 }
             }
         }
+        "lock" => {
+            let locks: Vec<LockInfo> = api.get("/v1/locks").await?;
+            match format {
+                GetFormat::Yaml => print_yaml(&locks)?,
+                GetFormat::Json => print_json(&locks, false)?,
+                GetFormat::Text => {
+                    println!("{:<36} {:<20} {:<26} MESSAGE", "ID", "USER", "EXPIRES");
+                    for l in &locks {
+                        println!(
+                            "{:<36} {:<20} {:<26} {}",
+                            l.id,
+                            l.user,
+                            l.expires.as_deref().unwrap_or("(until removed)"),
+                            l.message
+                        );
+                    }
+                }
+            }
+        }
         _ => {
             let nodes: Vec<NodeInfo> = api.get("/v1/nodes").await?;
             let nodes: Vec<NodeInfo> = nodes
@@ -772,6 +842,7 @@ async fn rm(api: &Api, what: &str) -> Result<()> {
         "role" => format!("/v1/roles/{name}"),
         "user" => format!("/v1/users/{name}"),
         "node" => format!("/v1/nodes/{name}"),
+        "lock" => format!("/v1/locks/{name}"),
         _ => bail!("tokens expire on their own; `sallyctl users reset` replaces a sign-up token"),
     };
     let _: serde_json::Value = api.delete(&path).await?;

@@ -42,6 +42,7 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>) {
         let (config, state) = (config.clone(), state.clone());
         tokio::spawn(async move {
             let conn = Outer {
+                id: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 state,
                 addr,
                 user: None,
@@ -59,13 +60,22 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>) {
     }
 }
 
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 struct Outer {
+    id: u64,
     state: Arc<SshState>,
     addr: SocketAddr,
     user: Option<String>,
     /// When set, every channel is refused with this reason (russh itself already refuses
     /// expired certificates before the handler sees them).
     refusal: Option<String>,
+}
+
+impl Drop for Outer {
+    fn drop(&mut self) {
+        self.state.untrack(self.id);
+    }
 }
 
 impl russh::server::Handler for Outer {
@@ -82,6 +92,14 @@ impl russh::server::Handler for Outer {
         let cas = self.state.user_cas();
         let now = sallyport_core::sshcert::now();
         match sallyport_core::sshcert::verify_user_any_login(cert, &cas, now) {
+            Ok(user) if self.state.lock_of(&user).is_some() => {
+                // Let the connection in only to say why every channel is refused.
+                tracing::info!(%user, peer = %self.addr, "locked user refused at the proxy");
+                let why = self.state.lock_of(&user).unwrap_or_default();
+                self.refusal = Some(format!("user {user} is locked: {why}"));
+                self.user = Some(user);
+                Ok(Auth::Accept)
+            }
             Ok(user) => {
                 tracing::debug!(%user, login, peer = %self.addr, "proxy connection authenticated");
                 self.user = Some(user);
@@ -135,8 +153,16 @@ impl russh::server::Handler for Outer {
                 .await;
             return Ok(());
         };
+        if let Some(why) = self.state.lock_of(&user) {
+            let reason = format!("user {user} is locked: {why}");
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
         match self.state.node_identity(host).await {
             Ok((cert, node)) => {
+                self.state.track(self.id, &user, _session.handle());
                 reply.accept().await;
                 let state = self.state.clone();
                 let addr = self.addr;

@@ -37,6 +37,10 @@ pub struct SshState {
     pub tunnels: Tunnels,
     pub recordings: PathBuf,
     node_certs: Mutex<HashMap<String, (Instant, Certificate, NodeInfo)>>,
+    /// Users under a lock, with its message (polled from auth).
+    locked: RwLock<HashMap<String, String>>,
+    /// Live outer connections by user, ended when the user is locked.
+    live: Mutex<HashMap<u64, (String, russh::server::Handle)>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -66,6 +70,75 @@ impl SshState {
             tunnels,
             recordings,
             node_certs: Mutex::new(HashMap::new()),
+            locked: RwLock::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Why `user` is locked, if they are.
+    pub fn lock_of(&self, user: &str) -> Option<String> {
+        self.locked.read().ok().and_then(|l| l.get(user).cloned())
+    }
+
+    /// Remembers live connection `conn` of `user`, to end it if they are locked.
+    pub fn track(&self, conn: u64, user: &str, handle: russh::server::Handle) {
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(conn, (user.to_string(), handle));
+        }
+    }
+
+    /// Connection `conn` ended.
+    pub fn untrack(&self, conn: u64) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&conn);
+        }
+    }
+
+    /// Polls auth's locks every `every`: refuses locked users at the door from then on, and ends
+    /// their live connections.
+    pub async fn watch_locks(self: Arc<Self>, every: Duration) {
+        loop {
+            match self
+                .auth
+                .json::<(), Vec<sallyport_core::api::LockInfo>>(
+                    reqwest::Method::GET,
+                    "/v1/locks",
+                    None,
+                )
+                .await
+            {
+                Ok(locks) => {
+                    let now: HashMap<String, String> =
+                        locks.into_iter().map(|l| (l.user, l.message)).collect();
+                    let doomed: Vec<(String, russh::server::Handle)> = match self.live.lock() {
+                        Ok(mut live) => {
+                            let ids: Vec<u64> = live
+                                .iter()
+                                .filter(|(_, (u, _))| now.contains_key(u))
+                                .map(|(id, _)| *id)
+                                .collect();
+                            ids.iter().filter_map(|id| live.remove(id)).collect()
+                        }
+                        Err(_) => vec![],
+                    };
+                    for (user, handle) in doomed {
+                        let why = now.get(&user).cloned().unwrap_or_default();
+                        tracing::info!(%user, "ending the connection of a locked user");
+                        let _ = handle
+                            .disconnect(
+                                russh::Disconnect::ByApplication,
+                                format!("user {user} is locked: {why}"),
+                                String::new(),
+                            )
+                            .await;
+                    }
+                    if let Ok(mut l) = self.locked.write() {
+                        *l = now;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read locks from auth"),
+            }
+            tokio::time::sleep(every).await;
         }
     }
 

@@ -1,0 +1,75 @@
+# Sourced by the bench/*.sh scripts: brings up a release all-in-one cluster with its local
+# agent (node1), a plain sshd on loopback that trusts the cluster's user CA (so both paths use
+# the same certificate), and a logged-in user; leaves $dir/direct_cfg (host `direct`) and
+# $dir/proxy_cfg (host `proxy`, for -J) for OpenSSH. Needs /usr/sbin/sshd (openssh-server).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cargo build --release --bins -q
+B=$PWD/target/release
+dir=$(mktemp -d)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+auth=$(port); web=$(port); sshp=$(port); tun=$(port); sshd_port=$(port)
+cat > "$dir/sallyport.yaml" <<CFG
+version: v1
+sallyport: {data_dir: $dir/data, nodename: node1, log: {severity: warn}}
+auth_service: {listen_addr: 127.0.0.1:$auth, cluster_name: bench, authentication: {second_factor: off}}
+proxy_service: {web_listen_addr: 127.0.0.1:$web, ssh_listen_addr: 127.0.0.1:$sshp, tunnel_listen_addr: 127.0.0.1:$tun, kube_listen_addr: 127.0.0.1:$(port)}
+ssh_service: {enabled: true, labels: {env: bench}}
+CFG
+$B/sallyport start --config "$dir/sallyport.yaml" > "$dir/out" 2> "$dir/err" &
+pid=$!
+cleanup() { kill $pid 2>/dev/null; [ -f "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+for _ in $(seq 1 100); do grep -q "CA pin" "$dir/out" && break; sleep 0.1; done
+pin=$(awk '/CA pin/ {print $3}' "$dir/out")
+export SALLY_HOME=$dir/home
+token=$($B/sallyctl --data-dir "$dir/data" users add bench --roles access --logins root --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+printf 'benchmark-password\n' | $B/sally signup --proxy 127.0.0.1:$web --token "$token" --ca-pin "$pin" 2>/dev/null
+printf 'benchmark-password\n' | $B/sally login --proxy 127.0.0.1:$web --user bench --ca-pin "$pin" > /dev/null
+keys=$SALLY_HOME/keys/127.0.0.1_$web
+# Plain sshd trusting the same user CA.
+mkdir -p /run/sshd
+ssh-keygen -q -t ed25519 -N '' -f "$dir/hostkey"
+$B/sallyctl --data-dir "$dir/data" auth export --type=user > "$dir/user_ca.pub"
+cat > "$dir/sshd_config" <<CFG
+Port $sshd_port
+ListenAddress 127.0.0.1
+HostKey $dir/hostkey
+TrustedUserCAKeys $dir/user_ca.pub
+PidFile $dir/sshd.pid
+AuthorizedKeysFile none
+PasswordAuthentication no
+PermitRootLogin yes
+UsePAM no
+StrictModes no
+Subsystem sftp /usr/lib/openssh/sftp-server
+CFG
+/usr/sbin/sshd -f "$dir/sshd_config"
+for _ in $(seq 1 50); do [ -f "$dir/sshd.pid" ] && break; sleep 0.1; done
+cat > "$dir/direct_cfg" <<CFG
+Host direct
+  HostName 127.0.0.1
+  Port $sshd_port
+  User root
+  IdentityFile $keys/bench
+  CertificateFile $keys/bench-cert.pub
+  IdentitiesOnly yes
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+  BatchMode yes
+CFG
+cat > "$dir/proxy_cfg" <<CFG
+Host proxy
+  HostName 127.0.0.1
+  Port $sshp
+  User bench
+Host *
+  UserKnownHostsFile $SALLY_HOME/known_hosts
+  IdentityFile $keys/bench
+  CertificateFile $keys/bench-cert.pub
+  IdentitiesOnly yes
+  StrictHostKeyChecking yes
+  BatchMode yes
+CFG
+for _ in $(seq 1 100); do $B/sally ssh root@node1 true 2>/dev/null && break; sleep 0.2; done

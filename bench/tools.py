@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""File copy and Ansible through Sallyport vs direct OpenSSH, side by side in one run.
+
+Started by bench/tools.sh (see bench/setup.sh for the cluster and the plain sshd). Prints
+medians and ratios for (a) `scp` of a 256 MiB file to the node, and (b) a playbook of 50
+`command` module runs with `pipelining = True` and ControlPersist — the shape of Ansible's own
+SSH connection benchmark: many small module runs over one multiplexed connection.
+"""
+import os, statistics, subprocess, sys, time
+
+def timed(cmd, runs, env=None, before=None):
+    samples = []
+    for _ in range(runs):
+        if before:
+            before()
+        t = time.perf_counter()
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        samples.append(time.perf_counter() - t)
+        if r.returncode != 0:
+            sys.exit(f"failed: {' '.join(cmd)}: {r.stderr.decode()[-800:]}")
+    return statistics.median(samples)
+
+def ansible_setup(work, name, host, common_args):
+    d = os.path.join(work, "ansible-" + name)
+    os.makedirs(os.path.join(d, "cp"), exist_ok=True)
+    with open(os.path.join(d, "hosts.ini"), "w") as f:
+        f.write(f"[target]\n{host}\n\n[target:vars]\nansible_user=root\n"
+                f"ansible_python_interpreter=/usr/bin/python3\nansible_ssh_common_args={common_args}\n")
+    with open(os.path.join(d, "ansible.cfg"), "w") as f:
+        f.write(f"[defaults]\ninventory = {d}/hosts.ini\nhost_key_checking = False\n"
+                f"local_tmp = {d}/tmp\nstdout_callback = ansible.builtin.null\n\n"
+                f"[ssh_connection]\npipelining = True\n"
+                f"ssh_args = -o ControlMaster=auto -o ControlPersist=60s\ncontrol_path_dir = {d}/cp\n")
+    with open(os.path.join(d, "play.yml"), "w") as f:
+        f.write("- hosts: target\n  gather_facts: false\n  tasks:\n")
+        for i in range(50):
+            f.write(f"    - ansible.builtin.command: /bin/true\n      changed_when: false\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(d, "ansible.cfg"))
+    return ["ansible-playbook", os.path.join(d, "play.yml")], env
+
+def main():
+    env = os.environ
+    work, blob, node = env["WORK"], env["BLOB"], env["NODE"]
+    runs = int(env.get("RUNS", "3"))
+    size = os.path.getsize(blob) / (1 << 20)
+    rows = []
+    scp = [
+        ("direct OpenSSH", ["scp", "-q", "-F", env["DIRECT_CFG"], blob, "direct:/tmp/sallyport-bench-direct"]),
+        ("OpenSSH scp -J proxy", ["scp", "-q", "-F", env["PROXY_CFG"], "-o", "ProxyJump=proxy", blob,
+                                  f"root@{node}:/tmp/sallyport-bench-proxy"]),
+        ("sally scp", [env["SALLY"], "scp", "-q", blob, f"root@{node}:/tmp/sallyport-bench-sally"]),
+    ]
+    base = None
+    for name, cmd in scp:
+        t = timed(cmd, runs)
+        base = base or t
+        rows.append((f"scp {size:.0f} MiB", name, t, t / base, f"{size / t:.0f} MiB/s"))
+    for p in ["direct", "proxy", "sally"]:
+        try:
+            os.remove(f"/tmp/sallyport-bench-{p}")
+        except OSError:
+            pass
+    plays = [
+        ("direct OpenSSH", ansible_setup(work, "direct", "direct", f"-F {env['DIRECT_CFG']}")),
+        ("OpenSSH -J proxy", ansible_setup(work, "proxy", node,
+                                           f"-F {env['PROXY_CFG']} -o ProxyJump=proxy")),
+    ]
+    base = None
+    for name, (cmd, aenv) in plays:
+        # One warm-up run: Ansible's own start-up (Python imports) is not what is measured.
+        timed(cmd, 1, env=aenv)
+        t = timed(cmd, runs, env=aenv)
+        base = base or t
+        rows.append(("Ansible: 50 module runs, pipelining + ControlPersist", name, t, t / base,
+                      f"{50 / t:.1f} tasks/s"))
+    print("| workload | client | median | vs direct | rate |")
+    print("|---|---|---:|---:|---:|")
+    for w, name, t, ratio, rate in rows:
+        print(f"| {w} | {name} | {t * 1000:.0f} ms | {1 / ratio:.2f}× speed | {rate} |")
+
+if __name__ == "__main__":
+    main()
