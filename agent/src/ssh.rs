@@ -55,7 +55,8 @@ impl NodeServer {
             window_size: 8 * 1024 * 1024,
             // Slack between nested session loops: see `sallyport_core::flow`.
             channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            preferred: sallyport_core::sshcert::preferred(),
+            // Only the proxy reaches this server, through the mTLS tunnel.
+            preferred: sallyport_core::sshcert::preferred_tunnel_server(),
             event_buffer_size: 1024,
             ..Default::default()
         };

@@ -268,6 +268,27 @@ pub fn preferred() -> russh::Preferred {
     }
 }
 
+/// SSH inside an agent's tunnel (proxy → agent): no cipher of its own. The tunnel is TLS,
+/// mutually authenticated with certificates from the cluster's CAs, and already encrypts and
+/// authenticates every byte; a second cipher would only halve throughput. Never used on a
+/// transport that is not inside the tunnel (agentless nodes get [`preferred`]).
+pub fn preferred_in_tunnel() -> russh::Preferred {
+    russh::Preferred {
+        cipher: std::borrow::Cow::Borrowed(&[russh::cipher::NONE]),
+        ..Default::default()
+    }
+}
+
+/// The agent's SSH server, reached only through its tunnel: accepts [`preferred_in_tunnel`]'s
+/// `none` as well as the usual ciphers.
+pub fn preferred_tunnel_server() -> russh::Preferred {
+    use russh::cipher::{AES_256_CTR, AES_256_GCM, CHACHA20_POLY1305, NONE};
+    russh::Preferred {
+        cipher: std::borrow::Cow::Borrowed(&[NONE, AES_256_GCM, CHACHA20_POLY1305, AES_256_CTR]),
+        ..Default::default()
+    }
+}
+
 pub fn now() -> u64 {
     unix_after(Duration::ZERO)
 }
@@ -275,6 +296,14 @@ pub fn now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_ssh_inside_the_tunnel_may_go_without_a_cipher() {
+        let none = russh::cipher::NONE;
+        assert!(!preferred().cipher.contains(&none));
+        assert_eq!(&*preferred_in_tunnel().cipher, &[none]);
+        assert!(preferred_tunnel_server().cipher.contains(&none));
+    }
 
     #[test]
     fn issues_cert_with_principals_and_extensions() {

@@ -690,7 +690,13 @@ impl Inner {
             window_size: 8 * 1024 * 1024,
             // Slack between nested session loops: see `sallyport_core::flow`.
             channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            preferred: sallyport_core::sshcert::preferred(),
+            // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
+            // connection gets real SSH ciphers.
+            preferred: if grant.node.kind == "agent" {
+                sallyport_core::sshcert::preferred_in_tunnel()
+            } else {
+                sallyport_core::sshcert::preferred()
+            },
             nodelay: true,
             ..Default::default()
         };
