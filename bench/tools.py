@@ -28,7 +28,7 @@ def ansible_setup(work, name, host, common_args):
                 f"ansible_python_interpreter=/usr/bin/python3\nansible_ssh_common_args={common_args}\n")
     with open(os.path.join(d, "ansible.cfg"), "w") as f:
         f.write(f"[defaults]\ninventory = {d}/hosts.ini\nhost_key_checking = False\n"
-                f"local_tmp = {d}/tmp\nstdout_callback = ansible.builtin.null\n\n"
+                f"local_tmp = {d}/tmp\n\n"
                 f"[ssh_connection]\npipelining = True\n"
                 f"ssh_args = -o ControlMaster=auto -o ControlPersist=60s\ncontrol_path_dir = {d}/cp\n")
     with open(os.path.join(d, "play.yml"), "w") as f:

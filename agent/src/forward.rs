@@ -183,3 +183,110 @@ impl AgentSocket {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// X11 forwarding as sshd does it with `X11UseLocalhost yes`: a display on 127.0.0.1:6000+N
+/// (N from 10 up), the client's (fake) cookie added to the login's `~/.Xauthority` with
+/// `xauth`, and every connection to the display an `x11` channel to the client, which swaps in
+/// the real cookie. Returns the `DISPLAY` value.
+pub async fn x11_display(
+    login: &crate::passwd::Login,
+    protocol: &str,
+    cookie: &str,
+    screen: u32,
+) -> Result<(String, TcpListener), String> {
+    if protocol != "MIT-MAGIC-COOKIE-1"
+        || cookie.is_empty()
+        || cookie.len() > 256
+        || !cookie.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Err(format!("unsupported X11 authentication {protocol:?}"));
+    }
+    let mut found = None;
+    for n in 10..1000u16 {
+        if let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, 6000 + n)).await {
+            found = Some((n, l));
+            break;
+        }
+    }
+    let (n, listener) = found.ok_or("no free X11 display between 10 and 999")?;
+    let xauth = [
+        "/usr/bin/xauth",
+        "/usr/X11R6/bin/xauth",
+        "/usr/local/bin/xauth",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).is_file())
+    .ok_or("xauth is not installed on the node (Debian: xauth)")?;
+    let mut child = tokio::process::Command::new(xauth)
+        .arg("-q")
+        .arg("-")
+        .env_clear()
+        .env("HOME", &login.home)
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir(if login.home.is_dir() {
+            login.home.clone()
+        } else {
+            "/".into()
+        })
+        .uid(login.uid)
+        .gid(login.gid)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run xauth: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        let script =
+            format!("remove unix:{n}.{screen}\nadd unix:{n}.{screen} {protocol} {cookie}\n");
+        stdin
+            .write_all(script.as_bytes())
+            .await
+            .map_err(|e| format!("xauth: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| format!("xauth: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "xauth failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok((format!("localhost:{n}.{screen}"), listener))
+}
+
+/// Serves an X11 display: each connection becomes an `x11` channel (only the first when
+/// `single`), until the SSH connection ends.
+pub async fn serve_x11(
+    listener: TcpListener,
+    handle: Handle,
+    single: bool,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.cancelled() => return,
+        };
+        let Ok((tcp, peer)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let (handle, stop2) = (handle.clone(), stop.clone());
+        tokio::spawn(async move {
+            match handle
+                .channel_open_x11(peer.ip().to_string(), u32::from(peer.port()))
+                .await
+            {
+                Ok(ch) => splice(ch.into_stream(), tcp, stop2).await,
+                Err(e) => tracing::debug!(error = %e, "x11 channel refused by the client"),
+            }
+        });
+        if single {
+            return;
+        }
+    }
+}

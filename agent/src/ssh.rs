@@ -123,6 +123,7 @@ struct Conn {
 struct Permits {
     port_forwarding: bool,
     agent_forwarding: bool,
+    x11_forwarding: bool,
 }
 
 impl Drop for Conn {
@@ -427,6 +428,7 @@ impl russh::server::Handler for Conn {
                 self.permits = Permits {
                     port_forwarding: ext.contains_key("permit-port-forwarding"),
                     agent_forwarding: ext.contains_key("permit-agent-forwarding"),
+                    x11_forwarding: ext.contains_key("permit-X11-forwarding"),
                 };
                 self.login = passwd::lookup(login).or(Some(Login {
                     // Unknown logins are refused when a session opens, with a message.
@@ -628,6 +630,43 @@ impl russh::server::Handler for Conn {
                 Ok(true)
             }
             None => Ok(false),
+        }
+    }
+
+    async fn x11_request(
+        &mut self,
+        ch: ChannelId,
+        single_connection: bool,
+        protocol: &str,
+        cookie: &str,
+        screen: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(login) = self.login.clone() else {
+            return session.channel_failure(ch);
+        };
+        if !self.permits.x11_forwarding || !self.channels.contains_key(&ch) {
+            tracing::info!(login = %login.name, "X11 forwarding not permitted");
+            return session.channel_failure(ch);
+        }
+        match forward::x11_display(&login, protocol, cookie, screen).await {
+            Ok((display, listener)) => {
+                if let Some(c) = self.channels.get_mut(&ch) {
+                    c.env.push(("DISPLAY".into(), display));
+                }
+                tokio::spawn(forward::serve_x11(
+                    listener,
+                    session.handle(),
+                    single_connection,
+                    self.stop.clone(),
+                ));
+                session.channel_success(ch)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "X11 forwarding failed");
+                session.extended_data(ch, 1, Bytes::from(format!("sallyport: {e}\r\n")))?;
+                session.channel_failure(ch)
+            }
         }
     }
 

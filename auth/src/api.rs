@@ -32,6 +32,7 @@ impl IntoResponse for AuthError {
             AuthError::NotFound(_) => StatusCode::NOT_FOUND,
             AuthError::Conflict(_) => StatusCode::CONFLICT,
             AuthError::Locked(_) => StatusCode::TOO_MANY_REQUESTS,
+            AuthError::Upstream(_) => StatusCode::BAD_GATEWAY,
             AuthError::Storage(_) | AuthError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod locks;
 pub mod login;
 pub mod nodes;
+pub mod oidc;
 pub mod roles;
 pub mod ssh_access;
 pub mod users;
@@ -38,6 +39,9 @@ pub enum AuthError {
     Conflict(String),
     #[error("{0}")]
     Locked(String),
+    /// A system Sallyport depends on (an identity provider) failed.
+    #[error("{0}")]
+    Upstream(String),
     #[error("storage: {0}")]
     Storage(String),
     #[error("internal error: {0}")]

@@ -258,7 +258,7 @@ impl AuthServer {
         Ok(certs)
     }
 
-    async fn issue_user_certs(
+    pub(crate) async fn issue_user_certs(
         &self,
         user: &crate::users::UserRecord,
         req: &LoginRequest,

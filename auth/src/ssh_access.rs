@@ -322,6 +322,8 @@ impl AuthServer {
             forward_agent: set.forward_agent(),
             file_copy: set.ssh_file_copy(),
             x11_forwarding: set.permit_x11_forwarding(),
+            idle_timeout_secs: set.client_idle_timeout().map(|d| d.as_secs().max(1)),
+            disconnect_expired_cert: set.disconnect_expired_cert(),
             explanation: decision.explanation,
             node,
         })

@@ -70,6 +70,47 @@ impl AuthServer {
         row.as_ref().map(UserRecord::from_row).transpose()
     }
 
+    /// Creates or refreshes a user who signed in through SSO: type `sso`, roles and traits from
+    /// the provider's claims at this login. A local user of the same name is never taken over.
+    pub async fn upsert_sso_user(
+        &self,
+        name: &str,
+        roles: &[String],
+        traits: &sallyport_core::identity::Traits,
+    ) -> Result<UserRecord, AuthError> {
+        if let Some(u) = self.get_user(name).await?
+            && u.user_type != "sso"
+        {
+            return Err(AuthError::Conflict(format!(
+                "a local user named {name} exists; single sign-on cannot log in as a local user"
+            )));
+        }
+        self.roles_named(roles)
+            .await
+            .map_err(|e| AuthError::BadRequest(format!("the roles your claims map to: {e}")))?;
+        sqlx::query(
+            "INSERT INTO users (name, user_type, roles, traits, created) VALUES ($1, 'sso', $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE SET roles = excluded.roles, traits = excluded.traits
+             WHERE users.user_type = 'sso'",
+        )
+        .bind(name)
+        .bind(serde_json::to_string(roles)?)
+        .bind(serde_json::to_string(traits)?)
+        .bind(sallyport_core::unix_now())
+        .execute(&self.backend.pool)
+        .await?;
+        let u = self
+            .get_user(name)
+            .await?
+            .ok_or_else(|| AuthError::Internal(format!("user {name} vanished")))?;
+        if u.user_type != "sso" {
+            return Err(AuthError::Conflict(format!(
+                "a local user named {name} exists; single sign-on cannot log in as a local user"
+            )));
+        }
+        Ok(u)
+    }
+
     /// Creates a local user and returns its first sign-up token.
     pub async fn add_user(&self, req: &AddUser, by: &str) -> Result<SignupToken, AuthError> {
         sallyport_core::names::validate("user", &req.name)

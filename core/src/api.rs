@@ -331,6 +331,12 @@ pub struct SessionGrant {
     pub file_copy: bool,
     #[serde(default)]
     pub x11_forwarding: bool,
+    /// `client_idle_timeout`: the session ends after this long with no data either way.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// `disconnect_expired_cert`: the session ends when the person's certificate expires.
+    #[serde(default)]
+    pub disconnect_expired_cert: bool,
     pub explanation: String,
 }
 

@@ -12,6 +12,7 @@ pub mod flow;
 pub mod https;
 pub mod identity;
 pub mod names;
+pub mod oidc;
 pub mod resource;
 pub mod role;
 pub mod scp;

@@ -499,3 +499,66 @@ fn sally_ssh_forwards_and_sally_scp_copies() {
         .fails_with("neither side is remote");
     let _ = std::fs::remove_dir_all(&remote);
 }
+
+#[test]
+fn x11_forwarding_reaches_a_real_x_server_when_the_roles_allow_it() {
+    let c = Cluster::start();
+    let f = c.dir.path().join("roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: x11}\nspec:\n  options: {permit_x11_forwarding: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    // A real X server for the person's side.
+    let display = 100 + (std::process::id() % 500);
+    let xvfb = Command::new("Xvfb")
+        .arg(format!(":{display}"))
+        .args(["-screen", "0", "640x480x24", "-nolisten", "tcp", "-ac"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("Xvfb (Debian: xvfb) is installed by scripts/test");
+    let _xvfb = Bg(xvfb);
+    assert!(eventually(Duration::from_secs(10), || {
+        Path::new(&format!("/tmp/.X11-unix/X{display}")).exists()
+    }));
+    let xhome = c.dir.path().join("xhome");
+    std::fs::create_dir_all(&xhome).unwrap();
+    let ssh_x = |cfg: &Path, cmd: &str| {
+        run(
+            Command::new("ssh")
+                .env("DISPLAY", format!(":{display}"))
+                .env("XAUTHORITY", xhome.join(".Xauthority"))
+                .arg("-F")
+                .arg(cfg)
+                .args(["-J", "proxy", "-X", "root@local1", cmd]),
+            "",
+        )
+    };
+    let home = c.user("xena", "x11", "");
+    let cfg = c.ssh_config(&home, "xena");
+    let r = ssh_x(
+        &cfg,
+        "echo $DISPLAY; xdpyinfo | grep -c 'dimensions: *640x480'",
+    )
+    .ok();
+    assert!(r.stdout.starts_with("localhost:"), "{r:?}");
+    assert!(
+        r.stdout.ends_with("1\n"),
+        "the node's X client reached the X server here: {r:?}"
+    );
+    assert!(eventually(Duration::from_secs(10), || !events(
+        &c,
+        "x11-forward"
+    )
+    .is_empty()));
+
+    // Roles without permit_x11_forwarding: no DISPLAY, and the reason on stderr.
+    let home = c.user("yann", "access", "root");
+    let cfg = c.ssh_config(&home, "yann");
+    let r = ssh_x(&cfg, "echo ${DISPLAY:-none}").ok();
+    assert_eq!(r.stdout, "none\n");
+    assert!(r.stderr.contains("permit_x11_forwarding"), "{r:?}");
+}

@@ -600,3 +600,65 @@ fn a_lock_stops_a_user_everywhere_at_once_and_lifts_cleanly() {
     c.sallyctl(&["lock", "--user", "nosuch"])
         .fails_with("user nosuch does not exist");
 }
+
+#[test]
+fn idle_sessions_end_but_busy_ones_do_not() {
+    let c = Cluster::start();
+    let f = c.dir.path().join("roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: impatient}\nspec:\n  options: {client_idle_timeout: 3s}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let home = c.user("ivy", "impatient", "");
+    let cfg = c.ssh_config(&home, "ivy");
+    // Quiet for longer than the timeout: ended, with the reason.
+    let started = std::time::Instant::now();
+    let r = c.ssh(&cfg, &["root@local1", "sleep 8; echo late"], "");
+    assert!(started.elapsed() < Duration::from_secs(7), "{r:?}");
+    assert!(!r.stdout.contains("late"), "{r:?}");
+    assert!(r.stderr.contains("client_idle_timeout"), "{r:?}");
+    // Busy for longer than the timeout: output every second keeps it alive.
+    let r = c
+        .ssh(
+            &cfg,
+            &[
+                "root@local1",
+                "for i in 1 2 3 4 5 6; do echo tick; sleep 1; done; echo done",
+            ],
+            "",
+        )
+        .ok();
+    assert!(r.stdout.ends_with("done\n"), "{r:?}");
+}
+
+#[test]
+fn disconnect_expired_cert_ends_the_session_when_the_certificate_expires() {
+    let c = Cluster::start();
+    let f = c.dir.path().join("roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: strict-cert}\nspec:\n  options: {disconnect_expired_cert: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let home = c.user("kim", "strict-cert", "");
+    // A certificate good for the shortest time a login gives: one minute.
+    let r = c.sally(
+        &home,
+        &[
+            "login", "--proxy", &c.proxy, "--user", "kim", "--ca-pin", &c.pin, "--ttl", "1m",
+        ],
+        &format!("{PW}\n"),
+    );
+    r.ok();
+    let cfg = c.ssh_config(&home, "kim");
+    let started = std::time::Instant::now();
+    let r = c.ssh(&cfg, &["root@local1", "sleep 150; echo late"], "");
+    assert!(started.elapsed() < Duration::from_secs(90), "{r:?}");
+    assert!(!r.stdout.contains("late"), "{r:?}");
+    assert!(r.stderr.contains("certificate expired"), "{r:?}");
+}

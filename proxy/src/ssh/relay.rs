@@ -180,6 +180,7 @@ pub async fn serve_inner<S>(
         refusal: None,
         chans: HashMap::new(),
         forwarder: None,
+        cert_expires: u64::MAX,
         remote_forwards: Arc::new(Mutex::new(HashSet::new())),
     };
     match russh::server::run_stream(Arc::new(config), stream, inner).await {
@@ -203,8 +204,17 @@ struct Relay {
     recording_started: bool,
     copy: Shared<Option<CopyAudit>>,
     events: EventSink,
-    /// Set once the person asked for agent forwarding and the roles allow it.
-    agent_ok: Arc<AtomicBool>,
+    /// What the person asked for that lets the node open channels toward them.
+    asked: Arc<Asked>,
+    /// When data last moved either way (Unix milliseconds), for `client_idle_timeout`.
+    activity: Arc<AtomicU64>,
+}
+
+/// Channels a node may open toward the person, once they asked for them and the roles agreed.
+#[derive(Default)]
+struct Asked {
+    agent: AtomicBool,
+    x11: AtomicBool,
 }
 
 /// The node connection that carries an inner connection's forwards.
@@ -227,6 +237,8 @@ struct Inner {
     refusal: Option<String>,
     chans: HashMap<ChannelId, Relay>,
     forwarder: Option<Forwarder>,
+    /// When the inner connection's certificate expires (Unix seconds).
+    cert_expires: u64,
     /// Remote forwards the person asked for and the node granted, by (address, port).
     remote_forwards: Shared<HashSet<(String, u32)>>,
 }
@@ -263,8 +275,8 @@ struct NodeClient {
     host_key_problem: Shared<Option<String>>,
     /// The person's inner connection, for channels the node opens toward them.
     user: Handle,
-    /// Agent channels are relayed only after an allowed `auth-agent-req`.
-    agent_ok: Arc<AtomicBool>,
+    /// Agent and X11 channels are relayed only after an allowed request for them.
+    asked: Arc<Asked>,
     remote_forwards: Shared<HashSet<(String, u32)>>,
     events: Arc<OnceLock<EventSink>>,
     forward_bytes: Arc<(AtomicU64, AtomicU64)>,
@@ -425,7 +437,7 @@ impl russh::client::Handler for NodeClient {
         reply: russh::client::ChannelOpenHandle,
         _session: &mut russh::client::Session,
     ) -> Result<(), Self::Error> {
-        if !self.agent_ok.load(Ordering::Relaxed) {
+        if !self.asked.agent.load(Ordering::Relaxed) {
             tracing::warn!(node = %self.node.hostname, "node opened an agent channel nobody asked for");
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)
@@ -447,15 +459,30 @@ impl russh::client::Handler for NodeClient {
 
     async fn server_channel_open_x11(
         &mut self,
-        _channel: Channel<ClientMsg>,
-        _originator_address: &str,
-        _originator_port: u32,
+        channel: Channel<ClientMsg>,
+        originator_address: &str,
+        originator_port: u32,
         reply: russh::client::ChannelOpenHandle,
         _session: &mut russh::client::Session,
     ) -> Result<(), Self::Error> {
-        reply
-            .reject(ChannelOpenFailure::AdministrativelyProhibited)
-            .await;
+        if !self.asked.x11.load(Ordering::Relaxed) {
+            tracing::warn!(node = %self.node.hostname, "node opened an X11 channel nobody asked for");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        let user = self.user.clone();
+        let origin = originator_address.to_string();
+        tokio::spawn(async move {
+            match user.channel_open_x11(origin, originator_port).await {
+                Ok(uch) => {
+                    reply.accept().await;
+                    splice(channel.into_stream(), uch.into_stream()).await;
+                }
+                Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
+            }
+        });
         Ok(())
     }
 
@@ -500,14 +527,14 @@ impl Inner {
     async fn open_node_session(
         &self,
         user: Handle,
-    ) -> Result<(SessionGrant, NodeConn, Channel<ClientMsg>, Arc<AtomicBool>), String> {
-        let agent_ok = Arc::new(AtomicBool::new(false));
+    ) -> Result<(SessionGrant, NodeConn, Channel<ClientMsg>, Arc<Asked>), String> {
+        let asked = Arc::new(Asked::default());
         let events = Arc::new(OnceLock::new());
         let (grant, conn, open_failure) = self
-            .connect_node(user, agent_ok.clone(), events, Default::default())
+            .connect_node(user, asked.clone(), events, Default::default())
             .await?;
         match conn.channel_open_session().await {
-            Ok(c) => Ok((grant, conn, c, agent_ok)),
+            Ok(c) => Ok((grant, conn, c, asked)),
             Err(e) => {
                 let why = failure_reason(&open_failure, e).await;
                 let end = SessionEnd {
@@ -529,7 +556,7 @@ impl Inner {
             let (grant, conn, open_failure) = self
                 .connect_node(
                     user,
-                    Arc::new(AtomicBool::new(false)),
+                    Arc::new(Asked::default()),
                     events.clone(),
                     bytes.clone(),
                 )
@@ -570,7 +597,7 @@ impl Inner {
     async fn connect_node(
         &self,
         user: Handle,
-        agent_ok: Arc<AtomicBool>,
+        asked: Arc<Asked>,
         events: Arc<OnceLock<EventSink>>,
         forward_bytes: Arc<(AtomicU64, AtomicU64)>,
     ) -> Result<(SessionGrant, NodeConn, Shared<Option<String>>), String> {
@@ -634,7 +661,7 @@ impl Inner {
                 &grant,
                 &login,
                 user,
-                agent_ok,
+                asked,
                 events,
                 forward_bytes,
                 &open_failure,
@@ -660,7 +687,7 @@ impl Inner {
         grant: &SessionGrant,
         login: &str,
         user: Handle,
-        agent_ok: Arc<AtomicBool>,
+        asked: Arc<Asked>,
         events: Arc<OnceLock<EventSink>>,
         forward_bytes: Arc<(AtomicU64, AtomicU64)>,
         open_failure: &Shared<Option<String>>,
@@ -673,7 +700,7 @@ impl Inner {
             open_failure: open_failure.clone(),
             host_key_problem: host_key_problem.clone(),
             user,
-            agent_ok,
+            asked,
             remote_forwards: self.remote_forwards.clone(),
             events,
             forward_bytes,
@@ -851,6 +878,37 @@ struct Outputs {
     bytes_in: Arc<AtomicU64>,
     copy: Shared<Option<CopyAudit>>,
     events: EventSink,
+    activity: Arc<AtomicU64>,
+    /// When the person's certificate expires (Unix seconds), for `disconnect_expired_cert`.
+    cert_expires: u64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Why a session must end now, if it must: idle longer than the roles allow, or (when the roles
+/// say so) the person's certificate expired.
+fn watchdog(grant: &SessionGrant, activity: &AtomicU64, cert_expires: u64) -> Option<String> {
+    let now = now_ms();
+    if let Some(idle) = grant.idle_timeout_secs {
+        let quiet = now.saturating_sub(activity.load(Ordering::Relaxed)) / 1000;
+        if quiet >= idle {
+            return Some(format!(
+                "session closed after {} idle (client_idle_timeout)",
+                sallyport_core::duration::format(Duration::from_secs(idle))
+            ));
+        }
+    }
+    if grant.disconnect_expired_cert && now / 1000 >= cert_expires {
+        return Some(
+            "your certificate expired (disconnect_expired_cert); run `sally login` again".into(),
+        );
+    }
+    None
 }
 
 /// Node → user: output, exit status, replies; records output; audits file copies; ends the
@@ -870,6 +928,8 @@ async fn node_to_user(
         bytes_in,
         copy,
         events,
+        activity,
+        cert_expires,
     } = out;
     // Reads download bytes of a file copy; false when they can no longer be audited.
     let audit = |data: &[u8]| -> Result<Vec<(&'static str, serde_json::Value)>, String> {
@@ -897,6 +957,16 @@ async fn node_to_user(
             _ = tick.tick() => {
                 if let Ok(mut r) = rec.lock()
                     && let Some(r) = r.as_mut() { r.tick(); }
+                if let Some(why) = watchdog(&grant, &activity, cert_expires) {
+                    tracing::info!(session = %grant.session_id, %why, "ending a session");
+                    let _ = user
+                        .extended_data(ch, 1, Bytes::from(format!("\r\nsallyport: {why}\r\n")))
+                        .await;
+                    let _ = user
+                        .disconnect(russh::Disconnect::ByApplication, why, String::new())
+                        .await;
+                    break;
+                }
                 continue;
             }
         };
@@ -904,6 +974,7 @@ async fn node_to_user(
         match msg {
             ChannelMsg::Data { data } => {
                 bytes_out += data.len() as u64;
+                activity.store(now_ms(), Ordering::Relaxed);
                 record(&data);
                 match audit(&data) {
                     Ok(list) if list.is_empty() => {}
@@ -926,6 +997,7 @@ async fn node_to_user(
             }
             ChannelMsg::ExtendedData { data, ext } => {
                 bytes_out += data.len() as u64;
+                activity.store(now_ms(), Ordering::Relaxed);
                 record(&data);
                 if user.extended_data(ch, ext, data).await.is_err() {
                     break;
@@ -1019,6 +1091,7 @@ impl russh::server::Handler for Inner {
             // The inner connection must be the same person as the outer one.
             Ok(user) if user == self.user => {
                 self.login = Some(login.to_string());
+                self.cert_expires = cert.valid_before();
                 Ok(Auth::Accept)
             }
             // Genuine, current, this user's — but without this login: let the session be
@@ -1051,7 +1124,7 @@ impl russh::server::Handler for Inner {
         let id = channel.id();
         drop(channel);
         match self.open_node_session(session.handle()).await {
-            Ok((grant, conn, node_channel, agent_ok)) => {
+            Ok((grant, conn, node_channel, asked)) => {
                 let (read, write) = node_channel.split();
                 let write = Arc::new(write);
                 let (tx, rx) = flow::inbox();
@@ -1066,7 +1139,8 @@ impl russh::server::Handler for Inner {
                     bytes_in: Arc::new(AtomicU64::new(0)),
                     recording_started: false,
                     copy: Arc::new(Mutex::new(None)),
-                    agent_ok,
+                    asked,
+                    activity: Arc::new(AtomicU64::new(now_ms())),
                 };
                 tokio::spawn(user_to_node(rx, write));
                 tokio::spawn(node_to_user(
@@ -1082,6 +1156,8 @@ impl russh::server::Handler for Inner {
                         bytes_in: relay.bytes_in.clone(),
                         copy: relay.copy.clone(),
                         events: relay.events.clone(),
+                        activity: relay.activity.clone(),
+                        cert_expires: self.cert_expires,
                     },
                 ));
                 self.chans.insert(id, relay);
@@ -1232,7 +1308,7 @@ impl russh::server::Handler for Inner {
             session.extended_data(ch, 1, Bytes::from(msg))?;
             return Ok(false);
         }
-        r.agent_ok.store(true, Ordering::Relaxed);
+        r.asked.agent.store(true, Ordering::Relaxed);
         if r.node.agent_forward(false).await.is_err() {
             return Ok(false);
         }
@@ -1251,14 +1327,36 @@ impl russh::server::Handler for Inner {
         _x11_screen_number: u32,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let allowed = self.chans.get(&ch).is_some_and(|r| r.grant.x11_forwarding);
-        let msg = if allowed {
-            "sallyport: X11 forwarding is not offered by this proxy yet\r\n"
-        } else {
-            "sallyport: X11 forwarding is not allowed by your roles (permit_x11_forwarding)\r\n"
+        let Some(r) = self.chans.get(&ch) else {
+            return session.channel_failure(ch);
         };
-        session.extended_data(ch, 1, Bytes::from(msg))?;
-        session.channel_failure(ch)
+        if !r.grant.x11_forwarding {
+            let msg = "sallyport: X11 forwarding is not allowed by your roles (permit_x11_forwarding)\r\n";
+            session.extended_data(ch, 1, Bytes::from(msg))?;
+            return session.channel_failure(ch);
+        }
+        r.asked.x11.store(true, Ordering::Relaxed);
+        // The node's answer reaches the person through the channel's relay.
+        if r.node
+            .request_x11(
+                true,
+                _single_connection,
+                _x11_auth_protocol,
+                _x11_auth_cookie,
+                _x11_screen_number,
+            )
+            .await
+            .is_err()
+        {
+            return session.channel_failure(ch);
+        }
+        r.events
+            .send(
+                "x11-forward",
+                json!({"screen": _x11_screen_number, "result": "ok"}),
+            )
+            .await;
+        Ok(())
     }
 
     async fn channel_open_direct_tcpip(
@@ -1385,6 +1483,7 @@ impl russh::server::Handler for Inner {
     ) -> Result<(), Self::Error> {
         if let Some(r) = self.chans.get(&ch) {
             r.bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
+            r.activity.store(now_ms(), Ordering::Relaxed);
             let audited = match r.copy.lock() {
                 Ok(mut c) => match c.as_mut() {
                     Some(c) => c.feed(Direction::Upload, data),

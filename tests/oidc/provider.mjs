@@ -1,0 +1,128 @@
+// A real OpenID provider for Sallyport's SSO tests: the npm package `oidc-provider`, on
+// loopback, with one confidential client (PKCE required) and users whose claims carry `email`
+// and `groups`. Its login form is oidc-provider's own development interaction (any password;
+// the login name picks the account). Prints `ready <issuer>` once listening.
+//
+// With HOSTILE_PORT set it also serves a second issuer that follows the wire protocol but signs
+// ID tokens wrong on purpose (wrong audience, expired, bad signature, wrong nonce, an
+// algorithm off the allow-list), chosen with `POST /scenario/<name>`: the real provider never
+// does these things, and Sallyport must refuse each one.
+//
+// Environment: PORT, CLIENT_ID, CLIENT_SECRET, REDIRECT_URI, USERS (JSON
+// {"alice": {"email": ..., "groups": [...]}}), HOSTILE_PORT (optional).
+import http from 'node:http';
+import crypto from 'node:crypto';
+import Provider from 'oidc-provider';
+import * as jose from 'jose';
+
+const port = Number(process.env.PORT);
+const issuer = `http://127.0.0.1:${port}`;
+const users = JSON.parse(process.env.USERS || '{}');
+const client = {
+  client_id: process.env.CLIENT_ID,
+  client_secret: process.env.CLIENT_SECRET,
+  redirect_uris: [process.env.REDIRECT_URI],
+  grant_types: ['authorization_code'],
+  response_types: ['code'],
+  token_endpoint_auth_method: 'client_secret_basic',
+};
+
+const provider = new Provider(issuer, {
+  clients: [client],
+  pkce: { required: () => true },
+  scopes: ['openid', 'email', 'profile', 'groups'],
+  claims: {
+    openid: ['sub'],
+    email: ['email', 'email_verified'],
+    profile: ['name'],
+    groups: ['groups'],
+  },
+  // Claims go in the ID token itself, as most providers configured for SSO do.
+  conformIdTokenClaims: false,
+  cookies: { keys: ['sallyport-test-cookie-key'] },
+  features: { devInteractions: { enabled: true } },
+  async findAccount(ctx, id) {
+    const u = users[id];
+    if (!u) return undefined;
+    return {
+      accountId: id,
+      async claims() {
+        return { sub: id, email: u.email, email_verified: true, name: id, groups: u.groups || [] };
+      },
+    };
+  },
+});
+provider.proxy = false;
+provider.listen(port, '127.0.0.1', () => console.log(`ready ${issuer}`));
+
+if (process.env.HOSTILE_PORT) {
+  const hport = Number(process.env.HOSTILE_PORT);
+  const hissuer = `http://127.0.0.1:${hport}`;
+  const { privateKey, publicKey } = await jose.generateKeyPair('RS256');
+  const { privateKey: strangerKey } = await jose.generateKeyPair('RS256');
+  const jwk = { ...(await jose.exportJWK(publicKey)), kid: 'k1', alg: 'RS256', use: 'sig' };
+  let scenario = 'ok';
+  const codes = new Map();
+  const send = (res, status, body, headers = {}) => {
+    res.writeHead(status, { 'content-type': 'application/json', ...headers });
+    res.end(typeof body === 'string' ? body : JSON.stringify(body));
+  };
+  http.createServer(async (req, res) => {
+    const url = new URL(req.url, hissuer);
+    if (url.pathname === '/.well-known/openid-configuration') {
+      return send(res, 200, {
+        issuer: hissuer,
+        authorization_endpoint: `${hissuer}/auth`,
+        token_endpoint: `${hissuer}/token`,
+        jwks_uri: `${hissuer}/jwks`,
+        response_types_supported: ['code'],
+        subject_types_supported: ['public'],
+        id_token_signing_alg_values_supported: ['RS256'],
+      });
+    }
+    if (url.pathname === '/jwks') return send(res, 200, { keys: [jwk] });
+    if (url.pathname.startsWith('/scenario/') && req.method === 'POST') {
+      scenario = url.pathname.slice('/scenario/'.length);
+      return send(res, 200, { scenario });
+    }
+    if (url.pathname === '/auth') {
+      // Signs in at once as alice and sends the browser back with a code.
+      const code = crypto.randomBytes(16).toString('hex');
+      codes.set(code, { nonce: url.searchParams.get('nonce'), clientId: url.searchParams.get('client_id') });
+      const back = new URL(url.searchParams.get('redirect_uri'));
+      back.searchParams.set('code', code);
+      back.searchParams.set('state', url.searchParams.get('state'));
+      res.writeHead(302, { location: back.toString() });
+      return res.end();
+    }
+    if (url.pathname === '/token' && req.method === 'POST') {
+      let body = '';
+      for await (const chunk of req) body += chunk;
+      const form = new URLSearchParams(body);
+      const grant = codes.get(form.get('code'));
+      codes.delete(form.get('code'));
+      if (!grant) return send(res, 400, { error: 'invalid_grant' });
+      const now = Math.floor(Date.now() / 1000);
+      let claims = {
+        iss: hissuer, sub: 'alice', aud: grant.clientId, iat: now, exp: now + 300,
+        nonce: grant.nonce, email: 'alice@example.com', groups: ['admins'],
+      };
+      let key = privateKey;
+      let alg = 'RS256';
+      if (scenario === 'wrong-aud') claims.aud = 'someone-else';
+      if (scenario === 'expired') { claims.iat = now - 7200; claims.exp = now - 3600; }
+      if (scenario === 'wrong-nonce') claims.nonce = 'not-the-nonce';
+      if (scenario === 'wrong-issuer') claims.iss = 'http://127.0.0.1:1';
+      if (scenario === 'bad-signature') key = strangerKey;
+      let idToken;
+      if (scenario === 'alg-none') {
+        const enc = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
+        idToken = `${enc({ alg: 'none', kid: 'k1' })}.${enc(claims)}.`;
+      } else {
+        idToken = await new jose.SignJWT(claims).setProtectedHeader({ alg, kid: 'k1' }).sign(key);
+      }
+      return send(res, 200, { access_token: 'at', token_type: 'Bearer', expires_in: 300, id_token: idToken });
+    }
+    send(res, 404, { error: 'not_found' });
+  }).listen(hport, '127.0.0.1', () => console.log(`hostile ${hissuer}`));
+}
