@@ -175,6 +175,14 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/nodes/{name}/host-key", post(pin_host_key))
         .route("/v1/sessions", get(list_sessions).post(session_grant))
         .route("/v1/locks", get(list_locks).post(add_lock))
+        .route("/v1/connectors", get(list_connectors).post(put_connector))
+        .route(
+            "/v1/connectors/{name}",
+            axum::routing::delete(remove_connector),
+        )
+        .route("/v1/oidc/start", post(oidc_start))
+        .route("/v1/oidc/callback", post(oidc_callback))
+        .route("/v1/oidc/finish", post(oidc_finish))
         .route("/v1/locks/{id}", axum::routing::delete(remove_lock))
         .route("/v1/sessions/{id}/end", post(session_end))
         .route("/v1/sessions/{id}/update", post(session_update))
@@ -183,8 +191,89 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .with_state(auth)
 }
 
-async fn ping(State(auth): Auth) -> Json<Ping> {
-    Json(auth.ping())
+async fn ping(State(auth): Auth) -> Result<Json<Ping>, AuthError> {
+    let mut p = auth.ping();
+    p.auth_connectors = auth
+        .list_connectors()
+        .await?
+        .into_iter()
+        .map(|c| c.metadata.name)
+        .collect();
+    p.local_users = auth.has_local_users().await?;
+    Ok(Json(p))
+}
+
+async fn list_connectors(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+) -> Result<Json<Vec<sallyport_core::oidc::OidcConnector>>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "connector", "list").await?;
+    Ok(Json(auth.list_connectors().await?))
+}
+
+async fn put_connector(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<PutConnector>,
+) -> Result<(StatusCode, Json<PutRoleResult>), AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "connector", "create").await?;
+    if req.overwrite {
+        auth.authorize(&caller, "connector", "update").await?;
+    }
+    let created = auth
+        .put_connector(&req.connector, req.overwrite, caller.name())
+        .await?;
+    Ok((
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        Json(PutRoleResult {
+            name: req.connector.metadata.name.clone(),
+            created,
+        }),
+    ))
+}
+
+async fn remove_connector(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    let caller = caller_of(&auth, &peer).await?;
+    auth.authorize(&caller, "connector", "delete").await?;
+    auth.remove_connector(&name, caller.name()).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn oidc_start(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<crate::oidc::OidcStart>,
+) -> Result<Json<crate::oidc::OidcStarted>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(auth.oidc_start(&req).await?))
+}
+
+async fn oidc_callback(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<crate::oidc::OidcCallback>,
+) -> Result<Json<crate::oidc::OidcRedirect>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(auth.oidc_callback(&req).await?))
+}
+
+async fn oidc_finish(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(req): Json<crate::oidc::OidcFinish>,
+) -> Result<Json<Certs>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(auth.oidc_finish(&req).await?))
 }
 
 async fn signup_start(

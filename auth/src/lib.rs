@@ -139,6 +139,8 @@ impl AuthServer {
             }
             .into(),
             server_version: env!("CARGO_PKG_VERSION").into(),
+            auth_connectors: vec![],
+            local_users: false,
         }
     }
 }

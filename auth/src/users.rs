@@ -70,6 +70,15 @@ impl AuthServer {
         row.as_ref().map(UserRecord::from_row).transpose()
     }
 
+    pub async fn has_local_users(&self) -> Result<bool, AuthError> {
+        Ok(
+            sqlx::query("SELECT name FROM users WHERE user_type = 'local' LIMIT 1")
+                .fetch_optional(&self.backend.pool)
+                .await?
+                .is_some(),
+        )
+    }
+
     /// Creates or refreshes a user who signed in through SSO: type `sso`, roles and traits from
     /// the provider's claims at this login. A local user of the same name is never taken over.
     pub async fn upsert_sso_user(

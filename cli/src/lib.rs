@@ -6,6 +6,7 @@ pub mod http;
 pub mod profile;
 pub mod prompt;
 pub mod ssh;
+pub mod sso;
 
 /// Exit codes: 1 for anything that failed at run time; clap uses 2 for bad usage.
 pub const EXIT_FAILURE: u8 = 1;

@@ -20,6 +20,20 @@ pub struct Ping {
     /// `otp` or `off`.
     pub second_factor: String,
     pub server_version: String,
+    /// Names of the SSO connectors (`sally login --auth=NAME`).
+    #[serde(default)]
+    pub auth_connectors: Vec<String>,
+    /// Whether any local (password) user exists.
+    #[serde(default)]
+    pub local_users: bool,
+}
+
+/// `sallyctl create` of a `kind: oidc` connector.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutConnector {
+    pub connector: crate::oidc::OidcConnector,
+    #[serde(default)]
+    pub overwrite: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

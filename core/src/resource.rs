@@ -4,25 +4,30 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::oidc::OidcConnector;
 use crate::role::Role;
 
 /// One resource document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // parsed once per file, never stored in bulk
 pub enum Resource {
     Role(Role),
+    Oidc(OidcConnector),
 }
 
 impl Resource {
     pub fn kind(&self) -> &'static str {
         match self {
             Resource::Role(_) => "role",
+            Resource::Oidc(_) => "oidc",
         }
     }
 
     pub fn name(&self) -> &str {
         match self {
             Resource::Role(r) => r.name(),
+            Resource::Oidc(c) => c.name(),
         }
     }
 }
@@ -33,7 +38,7 @@ struct Header {
 }
 
 /// The kinds `sallyctl create` accepts.
-pub const KINDS: &[&str] = &["role"];
+pub const KINDS: &[&str] = &["role", "oidc"];
 
 /// Parses every document of `text`. `source` names the file in errors.
 pub fn parse_all(text: &str, source: &str) -> Result<Vec<Resource>, String> {
@@ -63,6 +68,13 @@ pub fn parse_all(text: &str, source: &str) -> Result<Vec<Resource>, String> {
                 role.validate()
                     .map_err(|e| format!("{source}: line {}: {e}", first_line + 1))?;
                 out.push(Resource::Role(role));
+            }
+            "oidc" => {
+                let c: OidcConnector =
+                    serde_saphyr::from_str(&padded).map_err(|e| format!("{source}: {e}"))?;
+                c.validate()
+                    .map_err(|e| format!("{source}: line {}: {e}", first_line + 1))?;
+                out.push(Resource::Oidc(c));
             }
             other => {
                 return Err(format!(

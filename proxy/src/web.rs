@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -31,6 +31,9 @@ pub fn router(auth: AuthClient, doors: Doors) -> Router {
         .route("/v1/webapi/signup/start", post(signup_start))
         .route("/v1/webapi/signup/finish", post(signup_finish))
         .route("/v1/webapi/login", post(login))
+        .route("/v1/webapi/oidc/login/start", post(oidc_start))
+        .route("/v1/webapi/oidc/callback", get(oidc_callback))
+        .route("/v1/webapi/oidc/login/finish", post(oidc_finish))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(Web { auth, doors }))
 }
@@ -144,4 +147,80 @@ async fn login(
         Some(with_remote(body, remote)),
     )
     .await
+}
+
+async fn oidc_start(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
+    forward(&web.auth, Method::POST, "/v1/oidc/start", Some(body)).await
+}
+
+async fn oidc_finish(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
+    forward(&web.auth, Method::POST, "/v1/oidc/finish", Some(body)).await
+}
+
+/// A small page for the browser when a login cannot go on.
+fn page(status: StatusCode, message: &str) -> Response {
+    let escaped = message
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;");
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        format!(
+            "<!doctype html><meta charset=utf-8><title>Sallyport sign-in</title><h1>Sallyport sign-in failed</h1><p>{escaped}</p>"
+        ),
+    )
+        .into_response()
+}
+
+/// The identity provider sends the browser here with `code` and `state`; auth finishes the
+/// login and says where the browser goes next (`sally login`'s listener on loopback).
+async fn oidc_callback(
+    State(web): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let mut body = serde_json::Map::new();
+    for k in ["code", "state", "error", "error_description"] {
+        if let Some(v) = q.get(k) {
+            body.insert(k.into(), v.clone().into());
+        }
+    }
+    body.insert("remote_addr".into(), remote.0.to_string().into());
+    match web
+        .auth
+        .json::<_, serde_json::Value>(
+            Method::POST,
+            "/v1/oidc/callback",
+            Some(&serde_json::Value::Object(body)),
+        )
+        .await
+    {
+        Ok(v) => match v["location"].as_str() {
+            Some(loc) => (
+                StatusCode::FOUND,
+                [
+                    (header::LOCATION, loc.to_string()),
+                    (header::CACHE_CONTROL, "no-store".to_string()),
+                ],
+            )
+                .into_response(),
+            None => page(StatusCode::BAD_GATEWAY, "auth gave no next step"),
+        },
+        Err(crate::auth_client::ClientError::Refused { status, message }) => page(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            &message,
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "auth unreachable");
+            page(
+                StatusCode::BAD_GATEWAY,
+                "the auth service is unreachable; try again shortly",
+            )
+        }
+    }
 }

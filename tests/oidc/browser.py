@@ -2,7 +2,7 @@
 """The browser step of an SSO login, for the tests: opens URL, follows redirects with a cookie
 jar, signs in at oidc-provider's login form as LOGIN, grants consent, and follows the redirects
 back through the proxy's callback to `sally login`'s listener on 127.0.0.1. Prints the final
-page's status and body. Standard library only.
+page's status and body, and every URL it visits on stderr (`visit URL`). Standard library only.
 
 usage: browser.py URL LOGIN
 The proxy's certificate is from the cluster's own CA, which this throwaway browser does not
@@ -29,6 +29,7 @@ def main():
     )
     data = None
     for _ in range(30):
+        print(f"visit {url}", file=sys.stderr)
         req = urllib.request.Request(url, data=data)
         try:
             resp = opener.open(req, timeout=20)

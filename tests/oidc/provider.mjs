@@ -5,7 +5,8 @@
 //
 // With HOSTILE_PORT set it also serves a second issuer that follows the wire protocol but signs
 // ID tokens wrong on purpose (wrong audience, expired, bad signature, wrong nonce, an
-// algorithm off the allow-list), chosen with `POST /scenario/<name>`: the real provider never
+// algorithm off the allow-list; or, `rotated`, a new signing key published after Sallyport
+// cached the old one), chosen with `POST /scenario/<name>`: the real provider never
 // does these things, and Sallyport must refuse each one.
 //
 // Environment: PORT, CLIENT_ID, CLIENT_SECRET, REDIRECT_URI, USERS (JSON
@@ -60,7 +61,11 @@ if (process.env.HOSTILE_PORT) {
   const hissuer = `http://127.0.0.1:${hport}`;
   const { privateKey, publicKey } = await jose.generateKeyPair('RS256');
   const { privateKey: strangerKey } = await jose.generateKeyPair('RS256');
+  const { privateKey: newKey, publicKey: newPublic } = await jose.generateKeyPair('RS256');
   const jwk = { ...(await jose.exportJWK(publicKey)), kid: 'k1', alg: 'RS256', use: 'sig' };
+  const newJwk = { ...(await jose.exportJWK(newPublic)), kid: 'k2', alg: 'RS256', use: 'sig' };
+  // `rotated`: the provider starts signing with a new key (kid k2) and publishes it.
+  let rotated = false;
   let scenario = 'ok';
   const codes = new Map();
   const send = (res, status, body, headers = {}) => {
@@ -80,9 +85,10 @@ if (process.env.HOSTILE_PORT) {
         id_token_signing_alg_values_supported: ['RS256'],
       });
     }
-    if (url.pathname === '/jwks') return send(res, 200, { keys: [jwk] });
+    if (url.pathname === '/jwks') return send(res, 200, { keys: rotated ? [jwk, newJwk] : [jwk] });
     if (url.pathname.startsWith('/scenario/') && req.method === 'POST') {
       scenario = url.pathname.slice('/scenario/'.length);
+      if (scenario === 'rotated') rotated = true;
       return send(res, 200, { scenario });
     }
     if (url.pathname === '/auth') {
@@ -109,6 +115,8 @@ if (process.env.HOSTILE_PORT) {
       };
       let key = privateKey;
       let alg = 'RS256';
+      let kid = 'k1';
+      if (scenario === 'rotated') { key = newKey; kid = 'k2'; }
       if (scenario === 'wrong-aud') claims.aud = 'someone-else';
       if (scenario === 'expired') { claims.iat = now - 7200; claims.exp = now - 3600; }
       if (scenario === 'wrong-nonce') claims.nonce = 'not-the-nonce';
@@ -119,7 +127,7 @@ if (process.env.HOSTILE_PORT) {
         const enc = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
         idToken = `${enc({ alg: 'none', kid: 'k1' })}.${enc(claims)}.`;
       } else {
-        idToken = await new jose.SignJWT(claims).setProtectedHeader({ alg, kid: 'k1' }).sign(key);
+        idToken = await new jose.SignJWT(claims).setProtectedHeader({ alg, kid }).sign(key);
       }
       return send(res, 200, { access_token: 'at', token_type: 'Bearer', expires_in: 300, id_token: idToken });
     }

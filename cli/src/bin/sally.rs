@@ -55,8 +55,15 @@ enum Command {
     Login {
         #[arg(long)]
         proxy: String,
+        /// A local user (password and one-time code).
+        #[arg(long, conflicts_with = "auth")]
+        user: Option<String>,
+        /// Sign in with this SSO connector instead (a browser opens at your identity provider).
         #[arg(long)]
-        user: String,
+        auth: Option<String>,
+        /// `none`: print the sign-in URL instead of opening a browser.
+        #[arg(long, value_parser = ["default", "none"], default_value = "default")]
+        browser: String,
         /// Certificate lifetime, e.g. 8h (capped by your roles' max_session_ttl).
         #[arg(long)]
         ttl: Option<String>,
@@ -192,9 +199,21 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Login {
             proxy,
             user,
+            auth,
+            browser,
             ttl,
             trust,
-        } => login(&proxy, &user, ttl.as_deref(), &trust).await,
+        } => {
+            login(
+                &proxy,
+                user,
+                auth,
+                browser == "none",
+                ttl.as_deref(),
+                &trust,
+            )
+            .await
+        }
         Command::Status { format } => status(format),
         Command::Ls { labels, format } => ls(&labels, format).await,
         Command::Ssh {
@@ -336,13 +355,37 @@ async fn signup(proxy: &str, token: &str, t: &Trusting) -> Result<()> {
     Ok(())
 }
 
-async fn login(proxy: &str, user: &str, ttl: Option<&str>, t: &Trusting) -> Result<()> {
+async fn login(
+    proxy: &str,
+    user: Option<String>,
+    auth: Option<String>,
+    no_browser: bool,
+    ttl: Option<&str>,
+    t: &Trusting,
+) -> Result<()> {
     let ttl_secs = ttl
         .map(|s| sallyport_core::duration::parse(s).map(|d| d.as_secs()))
         .transpose()
         .map_err(|e| anyhow!("--ttl: {e}"))?;
     let api = Api::new(proxy, "the proxy", trust_for(proxy, t)?, None, None)?;
     let ping: Ping = api.get("/v1/webapi/ping").await?;
+    let user = match (user, auth) {
+        (Some(u), _) => u,
+        (None, Some(connector)) => {
+            return sso_login(&api, proxy, &connector, no_browser, ttl_secs).await;
+        }
+        (None, None) => match ping.auth_connectors.as_slice() {
+            [only] if !ping.local_users => {
+                return sso_login(&api, proxy, only, no_browser, ttl_secs).await;
+            }
+            [] => bail!("give --user NAME"),
+            names => bail!(
+                "give --user NAME for a local login, or --auth with one of: {}",
+                names.join(", ")
+            ),
+        },
+    };
+    let user = user.as_str();
     let mut input = Input::new();
     let password = input.secret(&format!("Password for {user}: "), "password")?;
     let otp_code = if ping.second_factor == "otp" {
@@ -365,6 +408,72 @@ async fn login(proxy: &str, user: &str, ttl: Option<&str>, t: &Trusting) -> Resu
                 ttl_secs,
                 remote_addr: None,
             },
+        )
+        .await?;
+    let profile = Profile {
+        proxy: proxy.into(),
+        user: certs.user.clone(),
+        cluster: certs.cluster_name.clone(),
+        roles: certs.roles.clone(),
+        logins: certs.logins.clone(),
+        valid_until: certs.valid_until.clone(),
+        tls_host_ca_pem: certs.tls_host_ca_pem.clone(),
+    };
+    save_keys(&profile, &key, &public, &certs)?;
+    profile.save()?;
+    print_status(&profile);
+    Ok(())
+}
+
+/// `sally login --auth=NAME`: the authorization-code flow through the proxy, finished by the
+/// browser at this machine's loopback listener.
+async fn sso_login(
+    api: &Api,
+    proxy: &str,
+    connector: &str,
+    no_browser: bool,
+    ttl_secs: Option<u64>,
+) -> Result<()> {
+    let key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519)
+        .context("cannot generate a key")?;
+    let public = key.public_key().to_openssh()?;
+    let listener = sallyport_cli::sso::Listener::bind().await?;
+    let client_key = sallyport_core::random_hex(32);
+    let started: serde_json::Value = api
+        .post(
+            "/v1/webapi/oidc/login/start",
+            &serde_json::json!({
+                "connector": connector,
+                "client_redirect_url": listener.redirect_url,
+                "ssh_public_key": public,
+                "ttl_secs": ttl_secs,
+                "client_key": client_key,
+            }),
+        )
+        .await?;
+    let url = started["auth_url"]
+        .as_str()
+        .ok_or_else(|| anyhow!("the proxy gave no sign-in URL"))?;
+    if no_browser || sallyport_cli::sso::open_browser(url).is_err() {
+        eprintln!("Open this URL in a browser to sign in:\n");
+    } else {
+        eprintln!("A browser opened to sign in; if it did not, open this URL:\n");
+    }
+    // On stdout alone, so scripts (and tests) can read it.
+    println!("{url}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let outcome = listener
+        .wait(std::time::Duration::from_secs(login_timeout()))
+        .await?;
+    let response = match outcome {
+        sallyport_cli::sso::Outcome::Response(r) => r,
+        sallyport_cli::sso::Outcome::Error(e) => bail!("sign-in failed: {e}"),
+    };
+    let certs: Certs = api
+        .post(
+            "/v1/webapi/oidc/login/finish",
+            &serde_json::json!({"response": response, "client_key": client_key}),
         )
         .await?;
     let profile = Profile {
@@ -920,4 +1029,12 @@ async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// How long `sally login --auth` waits for the browser (`SALLY_LOGIN_TIMEOUT` seconds; 300).
+fn login_timeout() -> u64 {
+    std::env::var("SALLY_LOGIN_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
 }

@@ -59,20 +59,21 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
-    /// Create resources (roles) from a YAML file with one or more documents.
+    /// Create resources (roles, oidc connectors) from a YAML file with one or more documents.
     Create {
         /// Overwrite resources that already exist.
         #[arg(short = 'f', long = "force")]
         force: bool,
         file: PathBuf,
     },
-    /// Show resources: roles, role/NAME, users, user/NAME, tokens, nodes, locks.
+    /// Show resources: roles, role/NAME, users, user/NAME, tokens, nodes, locks, connectors,
+    /// oidc/NAME.
     Get {
         what: String,
         #[arg(long, value_enum, default_value = "text")]
         format: GetFormat,
     },
-    /// Delete a resource: role/NAME, user/NAME, node/NAME or lock/ID.
+    /// Delete a resource: role/NAME, user/NAME, node/NAME, lock/ID or oidc/NAME.
     Rm { what: String },
     /// Edit a role in $EDITOR; it is validated before it is saved.
     Edit { what: String },
@@ -653,6 +654,22 @@ async fn create(api: &Api, file: &std::path::Path, force: bool) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     for r in resources {
         match r {
+            sallyport_core::resource::Resource::Oidc(connector) => {
+                let res: PutRoleResult = api
+                    .post(
+                        "/v1/connectors",
+                        &PutConnector {
+                            connector,
+                            overwrite: force,
+                        },
+                    )
+                    .await?;
+                println!(
+                    "oidc connector {} {}",
+                    res.name,
+                    if res.created { "created" } else { "updated" }
+                );
+            }
             sallyport_core::resource::Resource::Role(role) => {
                 let res: PutRoleResult = api
                     .post(
@@ -687,8 +704,9 @@ fn parse_target(what: &str) -> Result<(&'static str, Option<&str>)> {
         "token" | "tokens" => "token",
         "node" | "nodes" => "node",
         "lock" | "locks" => "lock",
+        "oidc" | "connector" | "connectors" => "connector",
         other => bail!(
-            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens, nodes or locks"
+            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens, nodes, locks, connectors or oidc/NAME"
         ),
     };
     Ok((kind, name))
@@ -781,6 +799,31 @@ async fn get(api: &Api, what: &str, format: GetFormat) -> Result<()> {
                 }
             }
         }
+        "connector" => {
+            let all: Vec<sallyport_core::oidc::OidcConnector> = api.get("/v1/connectors").await?;
+            let list: Vec<_> = all
+                .into_iter()
+                .filter(|c| name.is_none_or(|n| c.metadata.name == n))
+                .collect();
+            if let Some(n) = name
+                && list.is_empty()
+            {
+                bail!("connector {n} does not exist");
+            }
+            match format {
+                GetFormat::Yaml => print_yaml(&list)?,
+                GetFormat::Json => print_json(&list, name.is_some())?,
+                GetFormat::Text => {
+                    println!("{:<20} {:<6} {:<40} CLIENT", "CONNECTOR", "TYPE", "ISSUER");
+                    for c in &list {
+                        println!(
+                            "{:<20} {:<6} {:<40} {}",
+                            c.metadata.name, c.kind, c.spec.issuer_url, c.spec.client_id
+                        );
+                    }
+                }
+            }
+        }
         "lock" => {
             let locks: Vec<LockInfo> = api.get("/v1/locks").await?;
             match format {
@@ -843,6 +886,7 @@ async fn rm(api: &Api, what: &str) -> Result<()> {
         "user" => format!("/v1/users/{name}"),
         "node" => format!("/v1/nodes/{name}"),
         "lock" => format!("/v1/locks/{name}"),
+        "connector" => format!("/v1/connectors/{name}"),
         _ => bail!("tokens expire on their own; `sallyctl users reset` replaces a sign-up token"),
     };
     let _: serde_json::Value = api.delete(&path).await?;

@@ -366,8 +366,9 @@ fn shipped_example_roles_mean_what_their_comments_say() {
         ),
     ] {
         for r in parse_all(text, name).unwrap_or_else(|e| panic!("{e}")) {
-            let Resource::Role(r) = r;
-            roles.push(r);
+            if let Resource::Role(r) = r {
+                roles.push(r);
+            }
         }
     }
     let by = |n: &str| {

@@ -50,6 +50,7 @@ struct NodeCert {
 }
 
 impl SshState {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         auth: AuthClient,
         cluster: String,

@@ -1,0 +1,309 @@
+//! Single sign-on with OpenID Connect against a real provider: the npm package `oidc-provider`
+//! (tests/oidc/provider.mjs) on loopback, with `tests/oidc/browser.py` doing the browser's part
+//! (its login form, consent, the redirects). The same fixture's "hostile" issuer speaks the same
+//! protocol but signs ID tokens wrong on purpose, one defect at a time: each must be refused with
+//! a clear message and nothing issued.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use sallyport_tests::*;
+
+struct Provider {
+    child: Child,
+    issuer: String,
+    hostile: String,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn oidc_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc")
+}
+
+fn provider(c: &Cluster) -> Provider {
+    let (port, hport) = (free_port(), free_port());
+    assert!(
+        oidc_dir().join("node_modules/oidc-provider").exists(),
+        "run scripts/test, which installs tests/oidc (npm ci)"
+    );
+    let mut child = Command::new("node")
+        .arg(oidc_dir().join("provider.mjs"))
+        .env("PORT", port.to_string())
+        .env("HOSTILE_PORT", hport.to_string())
+        .env("CLIENT_ID", "sallyport")
+        .env("CLIENT_SECRET", "test-client-secret-0123456789")
+        .env(
+            "REDIRECT_URI",
+            format!("https://{}/v1/webapi/oidc/callback", c.proxy),
+        )
+        .env(
+            "USERS",
+            r#"{"alice": {"email": "alice@example.com", "groups": ["admins", "team-db"]},
+                "bob": {"email": "bob@example.com", "groups": ["nobody"]}}"#,
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("node");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut issuer = String::new();
+    let mut hostile = String::new();
+    while issuer.is_empty() || hostile.is_empty() {
+        let line = lines.next().expect("provider output").unwrap();
+        if let Some(i) = line.strip_prefix("ready ") {
+            issuer = i.to_string();
+        }
+        if let Some(i) = line.strip_prefix("hostile ") {
+            hostile = i.to_string();
+        }
+    }
+    // Keep reading: the provider logs notices to stdout, and a closed pipe would kill it.
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    Provider {
+        child,
+        issuer,
+        hostile,
+    }
+}
+
+fn connector(c: &Cluster, name: &str, issuer: &str) {
+    let f = c.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(
+        &f,
+        format!(
+            "kind: oidc\nversion: v1\nmetadata: {{name: {name}}}\nspec:\n  issuer_url: {issuer}\n  client_id: sallyport\n  client_secret: test-client-secret-0123456789\n  redirect_url: https://{proxy}/v1/webapi/oidc/callback\n  scopes: [openid, email, profile, groups]\n  claims_to_roles:\n    - {{claim: groups, value: admins, roles: [sso-ops]}}\n    - {{claim: groups, value: '^team-(.*)$', roles: ['$1-readers']}}\n",
+            proxy = c.proxy
+        ),
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+}
+
+/// `sally login --auth=NAME --browser=none`, with browser.py signing in as `who`.
+/// Returns sally's result and what the browser visited.
+fn sso_login(c: &Cluster, home: &Path, connector: &str, who: &str) -> (Run, String) {
+    let mut sally = Command::new(bin("sally"))
+        .env("SALLY_HOME", home)
+        .env("HOME", home)
+        .env("SALLY_LOGIN_TIMEOUT", "30")
+        .args(["login", "--proxy", &c.proxy, "--browser=none"])
+        .args(if connector.is_empty() {
+            vec![]
+        } else {
+            vec!["--auth", connector]
+        })
+        .args(["--ca-pin", &c.pin])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(sally.stdout.take().unwrap());
+    let mut url = String::new();
+    out.read_line(&mut url).unwrap();
+    let url = url.trim().to_string();
+    let visited = if url.starts_with("http") {
+        let b = run(
+            Command::new("python3")
+                .arg(oidc_dir().join("browser.py"))
+                .arg(&url)
+                .arg(who),
+            "",
+        );
+        b.stderr
+    } else {
+        String::new()
+    };
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    let o = sally.wait_with_output().unwrap();
+    (
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: format!("{url}\n{rest}"),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        },
+        visited,
+    )
+}
+
+fn roles_file(c: &Cluster) {
+    let f = c.dir.path().join("sso-roles.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: sso-ops}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n---\nkind: role\nversion: v1\nmetadata: {name: db-readers}\nspec:\n  allow:\n    logins: ['{{email.local(external.email)}}']\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", &f.display().to_string()]).ok();
+}
+
+#[test]
+fn sso_login_through_a_real_provider_maps_claims_to_roles() {
+    let c = Cluster::start();
+    roles_file(&c);
+    let p = provider(&c);
+    connector(&c, "corp", &p.issuer);
+    // The secret is never shown back.
+    for format in ["yaml", "json", "text"] {
+        let shown = c
+            .sallyctl(&["get", "connectors", "--format", format])
+            .ok()
+            .stdout;
+        assert!(shown.contains("corp"), "{shown}");
+        assert!(!shown.contains("test-client-secret"), "{shown}");
+    }
+    c.wait_online("local1");
+    let home = c.dir.path().join("home-sso");
+    let (r, visited) = sso_login(&c, &home, "corp", "alice");
+    let r = r.ok();
+    assert!(
+        visited.contains("/interaction/"),
+        "the provider's own login form was used: {visited}"
+    );
+    let status: serde_json::Value = serde_json::from_str(
+        &c.sally(&home, &["status", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(status["user"], "alice@example.com", "{r:?}");
+    let roles: Vec<&str> = status["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(roles, vec!["sso-ops", "db-readers"]);
+    // Traits from claims reach the roles: email.local(external.email) is a login.
+    let logins = status["logins"].to_string();
+    assert!(
+        logins.contains("root") && logins.contains("alice"),
+        "{logins}"
+    );
+    // The certificates work.
+    assert_eq!(
+        c.sally(&home, &["ssh", "root@local1", "echo via-sso"], "")
+            .ok()
+            .stdout,
+        "via-sso\n"
+    );
+    // An sso user, visible to admins; audited with the method, connector and claims.
+    let users = c.sallyctl(&["users", "ls"]).ok().stdout;
+    assert!(
+        users
+            .lines()
+            .any(|l| l.contains("alice@example.com") && l.contains("sso")),
+        "{users}"
+    );
+    let logins: Vec<serde_json::Value> = c
+        .sallyctl(&["audit", "search", "--type", "user.login"])
+        .ok()
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ok = logins
+        .iter()
+        .find(|e| e["method"] == "oidc" && e["success"] == true)
+        .expect("an oidc login event");
+    assert_eq!(ok["connector"], "corp");
+    assert!(ok["claims"].to_string().contains("admins"), "{ok}");
+
+    // The provider's callback can be used once only.
+    let callback = visited
+        .lines()
+        .filter_map(|l| l.strip_prefix("visit "))
+        .find(|u| u.contains("/v1/webapi/oidc/callback"))
+        .expect("the browser passed the proxy's callback")
+        .to_string();
+    let replay = run(Command::new("curl").args(["-sk", &callback]), "");
+    assert!(replay.stdout.contains("already used"), "{replay:?}");
+    let unknown = run(
+        Command::new("curl").args([
+            "-sk",
+            &format!(
+                "https://{}/v1/webapi/oidc/callback?code=x&state=forged",
+                c.proxy
+            ),
+        ]),
+        "",
+    );
+    assert!(unknown.stdout.contains("unknown, expired"), "{unknown:?}");
+
+    // Claims that map to no role: refused, saying so, and nothing issued.
+    let home_bob = c.dir.path().join("home-bob");
+    let (r, _) = sso_login(&c, &home_bob, "corp", "bob");
+    let r = r.fails_with("map to no Sallyport role");
+    assert!(!home_bob.join("profile.json").exists(), "{r:?}");
+
+    // Connectors are removed with `rm oidc/NAME`.
+    c.sallyctl(&["rm", "oidc/corp"]).ok();
+    let (r, _) = sso_login(&c, &c.dir.path().join("home-gone"), "corp", "alice");
+    r.fails_with("no SSO connector named corp");
+    drop(p);
+}
+
+#[test]
+fn bad_id_tokens_and_a_provider_that_is_down_are_refused() {
+    let c = Cluster::start();
+    roles_file(&c);
+    let p = provider(&c);
+    connector(&c, "evil", &p.hostile);
+    let scenario = |name: &str| {
+        run(
+            Command::new("curl").args([
+                "-s",
+                "-X",
+                "POST",
+                &format!("{}/scenario/{name}", p.hostile),
+            ]),
+            "",
+        )
+        .ok();
+    };
+    // The hostile issuer itself works when it signs correctly; with one connector and no local
+    // users, `--auth` may be left out.
+    scenario("ok");
+    let (r, _) = sso_login(&c, &c.dir.path().join("home-ok"), "", "alice");
+    r.ok();
+    // A key rotation: the new kid is not in the cached JWKS, which is fetched again.
+    scenario("rotated");
+    let (r, _) = sso_login(&c, &c.dir.path().join("home-rotated"), "evil", "alice");
+    r.ok();
+    for (name, message) in [
+        ("wrong-aud", "another client (audience)"),
+        ("expired", "has expired"),
+        ("bad-signature", "signature is not valid"),
+        ("wrong-nonce", "nonce does not match"),
+        ("wrong-issuer", "another issuer"),
+        ("alg-none", "ID token"),
+    ] {
+        scenario(name);
+        let home = c.dir.path().join(format!("home-{name}"));
+        let (r, _) = sso_login(&c, &home, "evil", "alice");
+        let r = r.fails_with(message);
+        assert!(
+            !home.join("profile.json").exists(),
+            "{name}: nothing is issued: {r:?}"
+        );
+    }
+    let failures = c
+        .sallyctl(&["audit", "search", "--type", "user.login"])
+        .ok()
+        .stdout;
+    assert!(failures.contains("nonce does not match"), "{failures}");
+    // A provider that is down.
+    connector(&c, "corp", &p.issuer);
+    drop(p);
+    let (r, _) = sso_login(&c, &c.dir.path().join("home-down"), "corp", "alice");
+    r.fails_with("cannot be reached");
+}
