@@ -244,7 +244,7 @@ async fn run(cli: Cli) -> Result<()> {
             quiet,
             paths,
         } => {
-            let code = scp(recursive, port, quiet, &paths)?;
+            let code = scp(recursive, port, quiet, &paths).await?;
             std::process::exit(code);
         }
         Command::Config => config(),
@@ -821,9 +821,11 @@ async fn proxy_ssh(target: &str) -> Result<()> {
     sallyport_cli::ssh::pipe(&proxy, &host, port).await
 }
 
-/// `sally scp`: OpenSSH's scp, routed through the proxy with this profile's certificate and
-/// the cluster's host CA, whatever ~/.ssh/config says.
-fn scp(recursive: bool, port: Option<u16>, quiet: bool, paths: &[String]) -> Result<i32> {
+/// `sally scp`: OpenSSH's scp with ProxyJump through the proxy's SSH port, this profile's
+/// certificate and the cluster's host CA, whatever ~/.ssh/config says. A generated ssh_config
+/// (0600, removed afterwards) carries the settings, since OpenSSH does not pass command-line
+/// options on to the jump host.
+async fn scp(recursive: bool, port: Option<u16>, quiet: bool, paths: &[String]) -> Result<i32> {
     let p = Profile::require()?;
     if p.expires().is_some_and(|e| e <= sallyport_core::unix_now()) {
         bail!(
@@ -838,32 +840,33 @@ fn scp(recursive: bool, port: Option<u16>, quiet: bool, paths: &[String]) -> Res
     }
     let paths_ = p.paths();
     let home = sallyport_cli::profile::home();
-    let me = std::env::current_exe().context("cannot find the sally binary")?;
+    let ssh_port = ssh_port(&p).await?;
+    let proxy_host = p
+        .proxy
+        .rsplit_once(':')
+        .map_or(p.proxy.as_str(), |(h, _)| h)
+        .to_string();
+    let q = |path: &std::path::Path| format!("\"{}\"", path.display());
+    let config = format!(
+        "Host sallyport-proxy\n  HostName {proxy_host}\n  Port {ssh_port}\n  User {user}\nHost *\n  UserKnownHostsFile {kh}\n  IdentityFile {key}\n  CertificateFile {cert}\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  BatchMode yes\n",
+        user = p.user,
+        kh = q(&home.join("known_hosts")),
+        key = q(&paths_.key),
+        cert = q(&paths_.ssh_cert),
+    );
+    let cfg_path = home.join(format!("scp-config-{}", std::process::id()));
+    sallyport_cli::profile::write_file(&cfg_path, config.as_bytes(), 0o600)?;
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _cleanup = Remove(cfg_path.clone());
     let mut cmd = std::process::Command::new("scp");
     cmd.arg("-F")
-        .arg("/dev/null")
-        .arg("-o")
-        .arg(format!(
-            "ProxyCommand=env SALLY_HOME='{}' '{}' proxy ssh %r@%h:%p",
-            home.display(),
-            me.display()
-        ))
-        .arg("-o")
-        .arg(format!(
-            "UserKnownHostsFile={}",
-            home.join("known_hosts").display()
-        ))
-        .arg("-o")
-        .arg(format!("IdentityFile={}", paths_.key.display()))
-        .arg("-o")
-        .arg(format!("CertificateFile={}", paths_.ssh_cert.display()))
-        .args([
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "StrictHostKeyChecking=yes",
-        ])
-        .args(["-o", "BatchMode=yes"]);
+        .arg(&cfg_path)
+        .args(["-o", "ProxyJump=sallyport-proxy"]);
     if recursive {
         cmd.arg("-r");
     }

@@ -14,6 +14,8 @@ pub struct Recorder {
     dirty: bool,
     /// Bytes of a UTF-8 sequence split across two chunks, per stream.
     carry: [Vec<u8>; 2],
+    /// Reused buffer for one event's escaped text.
+    scratch: Vec<u8>,
     pub path: PathBuf,
 }
 
@@ -54,6 +56,7 @@ impl Recorder {
             last_flush: now,
             dirty: false,
             carry: [Vec::new(), Vec::new()],
+            scratch: Vec::new(),
             path,
         })
     }
@@ -62,6 +65,10 @@ impl Recorder {
         let t = self.start.elapsed().as_secs_f64();
         let line = serde_json::json!([(t * 1e6).round() / 1e6, kind, text]);
         let _ = writeln!(self.file, "{line}");
+        self.written();
+    }
+
+    fn written(&mut self) {
         self.dirty = true;
         if self.last_flush.elapsed() >= Duration::from_millis(500) {
             let _ = self.file.flush();
@@ -70,49 +77,41 @@ impl Recorder {
         }
     }
 
-    /// Text of `data` that is complete UTF-8, keeping a split sequence for the next chunk.
-    fn text(&mut self, stream: usize, data: &[u8]) -> String {
-        let mut bytes = std::mem::take(&mut self.carry[stream]);
-        bytes.extend_from_slice(data);
-        let mut out = String::new();
-        let mut rest: &[u8] = &bytes;
-        loop {
-            match std::str::from_utf8(rest) {
-                Ok(s) => {
-                    out.push_str(s);
-                    break;
-                }
-                Err(e) => {
-                    let (good, bad) = rest.split_at(e.valid_up_to());
-                    out.push_str(&String::from_utf8_lossy(good));
-                    match e.error_len() {
-                        Some(n) => {
-                            out.push('\u{fffd}');
-                            rest = &bad[n..];
-                        }
-                        None => {
-                            self.carry[stream] = bad.to_vec();
-                            break;
-                        }
-                    }
-                }
-            }
+    /// Writes `data` as one `[t, kind, "text"]` line: the bytes read as UTF-8 in one pass
+    /// (invalid bytes become U+FFFD, a sequence split at the end of the chunk waits for the
+    /// next one) and JSON-escaped straight into the file buffer, with no intermediate string.
+    /// Output of a bulk transfer goes through here, so it must cost little per byte.
+    fn bytes_event(&mut self, stream: usize, kind: &str, data: &[u8]) {
+        let carried = std::mem::take(&mut self.carry[stream]);
+        let joined;
+        let bytes: &[u8] = if carried.is_empty() {
+            data
+        } else {
+            joined = [carried.as_slice(), data].concat();
+            &joined
+        };
+        // A trailing incomplete sequence (at most 3 bytes) waits for the next chunk.
+        let keep = incomplete_tail(bytes);
+        let (bytes, tail) = bytes.split_at(bytes.len() - keep);
+        self.carry[stream] = tail.to_vec();
+        if bytes.is_empty() {
+            return;
         }
-        out
+        let t = self.start.elapsed().as_secs_f64();
+        let _ = write!(self.file, "[{}, \"{kind}\", \"", (t * 1e6).round() / 1e6);
+        self.scratch.clear();
+        escape_lossy(bytes, &mut self.scratch);
+        let _ = self.file.write_all(&self.scratch);
+        let _ = self.file.write_all(b"\"]\n");
+        self.written();
     }
 
     pub fn output(&mut self, data: &[u8]) {
-        let t = self.text(0, data);
-        if !t.is_empty() {
-            self.event("o", &t);
-        }
+        self.bytes_event(0, "o", data);
     }
 
     pub fn input(&mut self, data: &[u8]) {
-        let t = self.text(1, data);
-        if !t.is_empty() {
-            self.event("i", &t);
-        }
+        self.bytes_event(1, "i", data);
     }
 
     pub fn resize(&mut self, cols: u32, rows: u32) {
@@ -135,9 +134,138 @@ impl Recorder {
     }
 }
 
+/// How many bytes at the end of `b` start a UTF-8 sequence that `b` cuts short.
+fn incomplete_tail(b: &[u8]) -> usize {
+    for back in 1..=3.min(b.len()) {
+        let byte = b[b.len() - back];
+        if byte & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back
+        }
+        let need = match byte {
+            0xC2..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF4 => 4,
+            _ => return 0,
+        };
+        return if need > back { back } else { 0 };
+    }
+    0
+}
+
+/// Appends `b` to `out` as the inside of a JSON string: read as UTF-8 the way
+/// `String::from_utf8_lossy` does (one U+FFFD per invalid sequence), escaped as JSON requires.
+/// One pass, no allocation beyond `out`: terminal output is mostly ASCII, a binary transfer is
+/// not, and both go through here.
+fn escape_lossy(b: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(b.len() + b.len() / 8);
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c >= 0x20 && c < 0x80 && c != b'"' && c != b'\\' {
+            // A run of plain ASCII, copied at once.
+            let start = i;
+            while i < b.len() && b[i] >= 0x20 && b[i] < 0x80 && b[i] != b'"' && b[i] != b'\\' {
+                i += 1;
+            }
+            out.extend_from_slice(&b[start..i]);
+            continue;
+        }
+        match c {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0..=0x1f => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(c >> 4)],
+                HEX[usize::from(c & 15)],
+            ]),
+            _ => {
+                // UTF-8 by hand (RFC 3629 ranges): how many bytes the lead byte asks for, and
+                // the range its first continuation byte must fall in.
+                let (need, lo, hi) = match c {
+                    0xC2..=0xDF => (2, 0x80, 0xBF),
+                    0xE0 => (3, 0xA0, 0xBF),
+                    0xE1..=0xEC | 0xEE..=0xEF => (3, 0x80, 0xBF),
+                    0xED => (3, 0x80, 0x9F),
+                    0xF0 => (4, 0x90, 0xBF),
+                    0xF1..=0xF3 => (4, 0x80, 0xBF),
+                    0xF4 => (4, 0x80, 0x8F),
+                    _ => (0, 0, 0),
+                };
+                let mut good = 0;
+                while need > 0 && good + 1 < need {
+                    let Some(&n) = b.get(i + 1 + good) else { break };
+                    let (l, h) = if good == 0 { (lo, hi) } else { (0x80, 0xBF) };
+                    if n < l || n > h {
+                        break;
+                    }
+                    good += 1;
+                }
+                if need > 0 && good + 1 == need {
+                    out.extend_from_slice(&b[i..i + need]);
+                } else {
+                    // One replacement for the maximal invalid subpart, as from_utf8_lossy.
+                    out.extend_from_slice("\u{fffd}".as_bytes());
+                }
+                i += 1 + good;
+                continue;
+            }
+        }
+        i += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_output_reads_as_lossy_utf8_however_it_is_cut() {
+        let dir = std::env::temp_dir().join(format!("rec-bin-{}", std::process::id()));
+        let h = Header {
+            width: 80,
+            height: 24,
+            term: "xterm",
+            title: "t",
+            command: None,
+        };
+        let mut x: u32 = 12345;
+        let mut data: Vec<u8> = (0..20_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 3) as u8
+            })
+            .collect();
+        data.extend_from_slice("snow ☃ and \"quotes\" \\ \u{1} end".as_bytes());
+        let mut r = Recorder::create(&dir, "bin", &h).unwrap_or_else(|e| panic!("{e}"));
+        let mut at = 0;
+        let mut step = 1;
+        while at < data.len() {
+            let end = (at + step).min(data.len());
+            r.output(&data[at..end]);
+            at = end;
+            step = step % 97 + 1;
+        }
+        let path = r.path.clone();
+        r.finish();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut got = String::new();
+        for l in text.lines().skip(1) {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            got.push_str(v[2].as_str().unwrap_or_default());
+        }
+        assert_eq!(got, String::from_utf8_lossy(&data));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn utf8_split_across_chunks_and_escaped_lines() {
