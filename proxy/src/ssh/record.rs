@@ -162,7 +162,7 @@ fn escape_lossy(b: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
-        if c >= 0x20 && c < 0x80 && c != b'"' && c != b'\\' {
+        if (0x20..0x80).contains(&c) && c != b'"' && c != b'\\' {
             // A run of plain ASCII, copied at once.
             let start = i;
             while i < b.len() && b[i] >= 0x20 && b[i] < 0x80 && b[i] != b'"' && b[i] != b'\\' {
