@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use russh::client::{Handle, Msg};
-use russh::keys::ssh_key::{self, Certificate, PrivateKey, PublicKey};
+use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
 use russh::{ChannelMsg, ChannelStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -234,16 +234,9 @@ pub(crate) async fn reason(
 }
 
 fn client_config() -> Arc<russh::client::Config> {
-    let mut c = russh::client::Config {
-        nodelay: true,
-        window_size: 8 * 1024 * 1024,
-        // Slack between nested session loops: see `sallyport_core::flow`.
-        channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-        preferred: sallyport_core::sshcert::preferred(),
-        ..Default::default()
-    };
-    c.preferred.host_key_certificates = std::borrow::Cow::Borrowed(&[ssh_key::Algorithm::Ed25519]);
-    Arc::new(c)
+    Arc::new(sallyport_core::sshcert::client_config(
+        sallyport_core::sshcert::preferred(),
+    ))
 }
 
 pub struct Proxy {

@@ -76,6 +76,9 @@ struct OpenFile {
     path: String,
     mode: &'static str,
     bytes: u64,
+    /// The first failed read or write (a full disk, say): the file's result, whatever the
+    /// close says.
+    error: Option<String>,
 }
 
 /// Called with each packet's body (or its prefix) and full length.
@@ -235,7 +238,7 @@ impl SftpAudit {
                 target: None,
                 mode: Some(f.mode),
                 bytes: f.bytes,
-                result: "incomplete".into(),
+                result: f.error.unwrap_or_else(|| "incomplete".into()),
             });
         }
         ops
@@ -327,8 +330,10 @@ impl SftpAudit {
             return Ok(());
         };
         let bad = || Broken(format!("malformed reply of type {kind}"));
+        let mut eof = false;
         let status = if kind == STATUS {
             let code = c.u32().ok_or_else(bad)?;
+            eof = code == 1;
             let message = c.string().unwrap_or_default();
             Some(if code == 0 {
                 "ok".to_string()
@@ -353,6 +358,7 @@ impl SftpAudit {
                             path,
                             mode,
                             bytes: 0,
+                            error: None,
                         },
                     );
                 } else {
@@ -371,6 +377,13 @@ impl SftpAudit {
                 self.done.push(op);
             }
             Pending::Read { handle } => {
+                // EOF is how every download ends; any other status is a failed read.
+                if let (Some(s), Some(f)) = (&status, self.handles.get_mut(&handle))
+                    && s != "ok"
+                    && !eof
+                {
+                    f.error.get_or_insert(s.clone());
+                }
                 if kind == DATA {
                     let declared = c.u32().ok_or_else(bad)? as u64;
                     let room = full_len.saturating_sub(1 + 4 + 4) as u64;
@@ -380,21 +393,28 @@ impl SftpAudit {
                 }
             }
             Pending::Write { handle, len } => {
-                if status.as_deref() == Some("ok")
-                    && let Some(f) = self.handles.get_mut(&handle)
-                {
-                    f.bytes += len;
+                if let Some(f) = self.handles.get_mut(&handle) {
+                    match status {
+                        Some(s) if s == "ok" => f.bytes += len,
+                        Some(s) => {
+                            f.error.get_or_insert(s);
+                        }
+                        None => {
+                            f.error.get_or_insert_with(|| "unexpected reply".into());
+                        }
+                    }
                 }
             }
             Pending::Close { handle } => {
                 if let Some(f) = self.handles.remove(&handle) {
+                    let closed = status.unwrap_or_else(|| "unexpected reply".into());
                     self.done.push(Op {
                         action: "open",
                         path: f.path,
                         target: None,
                         mode: Some(f.mode),
                         bytes: f.bytes,
-                        result: status.unwrap_or_else(|| "unexpected reply".into()),
+                        result: f.error.unwrap_or(closed),
                     });
                 }
             }
@@ -516,6 +536,29 @@ mod tests {
         );
         assert_eq!(ops[2].action, "rename");
         assert_eq!(ops[2].target.as_deref(), Some("/b"));
+    }
+
+    #[test]
+    fn a_write_that_failed_makes_the_file_a_failure_whatever_close_says() {
+        let h = b"h";
+        let mut w = s(h);
+        w.extend_from_slice(&0u64.to_be_bytes());
+        w.extend(s(&[1u8; 10]));
+        let client = vec![
+            packet(OPEN, Some(1), &[&s(b"/full/x"), &u32b(0x1a), &u32b(0)]),
+            packet(WRITE, Some(2), &[&w]),
+            packet(WRITE, Some(3), &[&w]),
+            packet(CLOSE, Some(4), &[&s(h)]),
+        ];
+        let server = vec![
+            packet(HANDLE, Some(1), &[&s(h)]),
+            packet(STATUS, Some(2), &[&u32b(0), &s(b""), &s(b"")]),
+            packet(STATUS, Some(3), &[&u32b(4), &s(b"Failure"), &s(b"")]),
+            packet(STATUS, Some(4), &[&u32b(0), &s(b""), &s(b"")]),
+        ];
+        let ops = both_ways(&client, &server);
+        assert_eq!(ops[0].result, "Failure");
+        assert_eq!(ops[0].bytes, 10);
     }
 
     #[test]

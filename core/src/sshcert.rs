@@ -289,6 +289,23 @@ pub fn preferred_tunnel_server() -> russh::Preferred {
     }
 }
 
+/// Sallyport's SSH client settings (sally, the proxy toward nodes): host certificates are
+/// Ed25519 only, no Nagle, large windows, and room between nested session loops
+/// (`crate::flow`).
+pub fn client_config(preferred: russh::Preferred) -> russh::client::Config {
+    let mut c = russh::client::Config {
+        inactivity_timeout: None,
+        nodelay: true,
+        window_size: 8 * 1024 * 1024,
+        channel_buffer_size: crate::flow::CHANNEL_BUFFER,
+        preferred,
+        ..Default::default()
+    };
+    c.preferred.host_key_certificates =
+        std::borrow::Cow::Borrowed(&[russh::keys::ssh_key::Algorithm::Ed25519]);
+    c
+}
+
 pub fn now() -> u64 {
     unix_after(Duration::ZERO)
 }

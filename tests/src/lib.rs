@@ -275,6 +275,25 @@ ssh_service: {{enabled: true, labels: {{env: dev}}}}
         )
     }
 
+    /// Audit events of type `kind`, as `sallyctl audit search --type KIND` prints them.
+    pub fn events(&self, kind: &str) -> Vec<serde_json::Value> {
+        self.sallyctl(&["audit", "search", "--type", kind])
+            .ok()
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Writes `yaml` to a file in the test dir and runs `sallyctl create` on it.
+    pub fn create(&self, yaml: &str) -> Run {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let f = self.dir.path().join(format!("resource-{n}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        self.sallyctl(&["create", &f.display().to_string()])
+    }
+
     /// Creates a user and returns its sign-up token.
     pub fn add_user(&self, name: &str, roles: &str, logins: &str) -> String {
         let mut args = vec!["users", "add", name, "--roles", roles, "--format", "json"];

@@ -11,12 +11,7 @@ use std::time::Duration;
 use sallyport_tests::*;
 
 fn events(c: &Cluster, kind: &str) -> Vec<serde_json::Value> {
-    c.sallyctl(&["audit", "search", "--type", kind])
-        .ok()
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    c.events(kind)
 }
 
 fn sha256(path: &Path) -> String {
@@ -236,13 +231,10 @@ fn scp_sftp_and_rsync_carry_files_byte_for_byte_and_are_audited() {
 #[test]
 fn ssh_file_copy_false_refuses_copies_but_not_shells() {
     let c = Cluster::start();
-    let f = c.dir.path().join("roles.yaml");
-    std::fs::write(
-        &f,
+    c.create(
         "kind: role\nversion: v1\nmetadata: {name: no-copy}\nspec:\n  options: {ssh_file_copy: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
     )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    .ok();
     c.wait_online("local1");
     let home = c.user("erin", "no-copy", "");
     let cfg = c.ssh_config(&home, "erin");
@@ -303,4 +295,62 @@ fn ssh_file_copy_false_refuses_copies_but_not_shells() {
                 .is_some_and(|r| r.contains("ssh_file_copy"))
         })
     }));
+}
+
+/// A 1 MiB tmpfs, unmounted when the test ends.
+struct SmallDisk(std::path::PathBuf);
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_on_the_node_is_an_error_the_client_sees() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let mnt = c.dir.path().join("full");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let r = run(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&mnt),
+        "",
+    );
+    assert_eq!(r.code, 0, "the tests run as root (scripts/test): {r:?}");
+    let _disk = SmallDisk(mnt.clone());
+    let big = c.dir.path().join("three-mib.bin");
+    random_file(&big, 3 * 1024 * 1024);
+    // SFTP-based scp and legacy scp both fail, visibly.
+    let r = run(
+        tool("scp", &cfg)
+            .arg("-q")
+            .arg(&big)
+            .arg(format!("root@local1:{}/a.bin", mnt.display())),
+        "",
+    );
+    assert_ne!(r.code, 0, "{r:?}");
+    let r = run(
+        tool("scp", &cfg)
+            .args(["-O", "-q"])
+            .arg(&big)
+            .arg(format!("root@local1:{}/b.bin", mnt.display())),
+        "",
+    );
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("No space left on device"), "{r:?}");
+    // The audit does not call the SFTP upload a success.
+    let path = format!("{}/a.bin", mnt.display());
+    let mut ops = vec![];
+    assert!(eventually(Duration::from_secs(10), || {
+        ops = events(&c, "sftp")
+            .into_iter()
+            .filter(|e| e["path"] == path.as_str() && e["mode"] == "write")
+            .collect();
+        !ops.is_empty()
+    }));
+    assert!(ops.iter().all(|e| e["result"] != "ok"), "{ops:#?}");
 }

@@ -12,12 +12,7 @@ use std::time::Duration;
 use sallyport_tests::*;
 
 fn events(c: &Cluster, kind: &str) -> Vec<serde_json::Value> {
-    c.sallyctl(&["audit", "search", "--type", kind])
-        .ok()
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    c.events(kind)
 }
 
 /// A process killed when the test ends.
@@ -243,13 +238,10 @@ fn agent_forwarding_reaches_a_real_ssh_agent() {
 #[test]
 fn roles_refuse_forwarding_and_say_so() {
     let c = Cluster::start();
-    let f = c.dir.path().join("roles.yaml");
-    std::fs::write(
-        &f,
+    c.create(
         "kind: role\nversion: v1\nmetadata: {name: plain}\nspec:\n  options: {port_forwarding: false, forward_agent: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
     )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    .ok();
     c.wait_online("local1");
     let home = c.user("frank", "plain", "");
     let cfg = c.ssh_config(&home, "frank");
@@ -503,13 +495,10 @@ fn sally_ssh_forwards_and_sally_scp_copies() {
 #[test]
 fn x11_forwarding_reaches_a_real_x_server_when_the_roles_allow_it() {
     let c = Cluster::start();
-    let f = c.dir.path().join("roles.yaml");
-    std::fs::write(
-        &f,
+    c.create(
         "kind: role\nversion: v1\nmetadata: {name: x11}\nspec:\n  options: {permit_x11_forwarding: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
     )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    .ok();
     c.wait_online("local1");
     // A real X server for the person's side.
     let display = 100 + (std::process::id() % 500);

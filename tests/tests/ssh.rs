@@ -11,12 +11,7 @@ use sallyport_tests::*;
 const PW: &str = "correct horse battery";
 
 fn events(c: &Cluster, kind: &str) -> Vec<serde_json::Value> {
-    c.sallyctl(&["audit", "search", "--type", kind])
-        .ok()
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    c.events(kind)
 }
 
 #[test]
@@ -141,13 +136,10 @@ fn sally_ssh_ls_and_label_selectors() {
 fn refusals_say_why_and_are_audited() {
     let c = Cluster::start();
     let _prod = c.agent("db1", "env=prod");
-    let f = c.dir.path().join("roles.yaml");
-    std::fs::write(
-        &f,
+    c.create(
         "kind: role\nversion: v1\nmetadata: {name: staging-only}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {env: [dev, staging]}\n---\nkind: role\nversion: v1\nmetadata: {name: no-local}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n  deny:\n    node_labels: {hostname: local1}\n",
     )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    .ok();
     c.wait_online("local1");
     let home = c.user("carol", "staging-only", "");
     let cfg = c.ssh_config(&home, "carol");
@@ -604,13 +596,10 @@ fn a_lock_stops_a_user_everywhere_at_once_and_lifts_cleanly() {
 #[test]
 fn idle_sessions_end_but_busy_ones_do_not() {
     let c = Cluster::start();
-    let f = c.dir.path().join("roles.yaml");
-    std::fs::write(
-        &f,
+    c.create(
         "kind: role\nversion: v1\nmetadata: {name: impatient}\nspec:\n  options: {client_idle_timeout: 3s}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
     )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    .ok();
     c.wait_online("local1");
     let home = c.user("ivy", "impatient", "");
     let cfg = c.ssh_config(&home, "ivy");
@@ -637,13 +626,10 @@ fn idle_sessions_end_but_busy_ones_do_not() {
 #[test]
 fn disconnect_expired_cert_ends_the_session_when_the_certificate_expires() {
     let c = Cluster::start();
-    let f = c.dir.path().join("roles.yaml");
-    std::fs::write(
-        &f,
+    c.create(
         "kind: role\nversion: v1\nmetadata: {name: strict-cert}\nspec:\n  options: {disconnect_expired_cert: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
     )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
+    .ok();
     c.wait_online("local1");
     let home = c.user("kim", "strict-cert", "");
     // A certificate good for the shortest time a login gives: one minute.

@@ -410,19 +410,7 @@ async fn login(
             },
         )
         .await?;
-    let profile = Profile {
-        proxy: proxy.into(),
-        user: certs.user.clone(),
-        cluster: certs.cluster_name.clone(),
-        roles: certs.roles.clone(),
-        logins: certs.logins.clone(),
-        valid_until: certs.valid_until.clone(),
-        tls_host_ca_pem: certs.tls_host_ca_pem.clone(),
-    };
-    save_keys(&profile, &key, &public, &certs)?;
-    profile.save()?;
-    print_status(&profile);
-    Ok(())
+    finish_login(proxy, &key, &public, &certs)
 }
 
 /// `sally login --auth=NAME`: the authorization-code flow through the proxy, finished by the
@@ -476,6 +464,11 @@ async fn sso_login(
             &serde_json::json!({"response": response, "client_key": client_key}),
         )
         .await?;
+    finish_login(proxy, &key, &public, &certs)
+}
+
+/// Saves what a login (local or SSO) brought: keys, certificates and the profile.
+fn finish_login(proxy: &str, key: &PrivateKey, public: &str, certs: &Certs) -> Result<()> {
     let profile = Profile {
         proxy: proxy.into(),
         user: certs.user.clone(),
@@ -485,7 +478,7 @@ async fn sso_login(
         valid_until: certs.valid_until.clone(),
         tls_host_ca_pem: certs.tls_host_ca_pem.clone(),
     };
-    save_keys(&profile, &key, &public, &certs)?;
+    save_keys(&profile, key, public, certs)?;
     profile.save()?;
     print_status(&profile);
     Ok(())
@@ -821,6 +814,12 @@ async fn proxy_ssh(target: &str) -> Result<()> {
     sallyport_cli::ssh::pipe(&proxy, &host, port).await
 }
 
+/// Ciphers for OpenSSH through the proxy. With ProxyJump the client encrypts every byte twice
+/// (the outer connection and the inner one), so the hardware-accelerated AES-GCM comes before
+/// OpenSSH's default, chacha20-poly1305 (which is still offered).
+const CIPHERS: &str =
+    "aes256-gcm@openssh.com,aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-ctr";
+
 /// `sally scp`: OpenSSH's scp with ProxyJump through the proxy's SSH port, this profile's
 /// certificate and the cluster's host CA, whatever ~/.ssh/config says. A generated ssh_config
 /// (0600, removed afterwards) carries the settings, since OpenSSH does not pass command-line
@@ -848,7 +847,7 @@ async fn scp(recursive: bool, port: Option<u16>, quiet: bool, paths: &[String]) 
         .to_string();
     let q = |path: &std::path::Path| format!("\"{}\"", path.display());
     let config = format!(
-        "Host sallyport-proxy\n  HostName {proxy_host}\n  Port {ssh_port}\n  User {user}\nHost *\n  UserKnownHostsFile {kh}\n  IdentityFile {key}\n  CertificateFile {cert}\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  BatchMode yes\n",
+        "Host sallyport-proxy\n  HostName {proxy_host}\n  Port {ssh_port}\n  User {user}\nHost *\n  UserKnownHostsFile {kh}\n  IdentityFile {key}\n  CertificateFile {cert}\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  BatchMode yes\n  Ciphers {CIPHERS}\n",
         user = p.user,
         kh = q(&home.join("known_hosts")),
         key = q(&paths_.key),
@@ -922,6 +921,8 @@ fn config() -> Result<()> {
     println!("    CertificateFile \"{}\"", paths.ssh_cert.display());
     println!("    IdentitiesOnly yes");
     println!("    StrictHostKeyChecking yes");
+    println!("    # AES-GCM first: through the proxy every byte is encrypted twice by ssh itself");
+    println!("    Ciphers {CIPHERS}");
     println!("Host *.{} !{proxy_host}", p.cluster);
     println!("    Port 22");
     println!(

@@ -1,12 +1,102 @@
 //! Session recording in asciicast v2, written while the session runs: a header line, then one
 //! `[seconds, "o"|"i"|"r", data]` line per event, flushed at least every second so that a proxy
 //! killed mid-session leaves a readable recording of everything already seen.
+//!
+//! The writing runs on a thread of its own per recording, fed through a bounded queue, so that
+//! turning a bulk transfer's bytes into asciicast text runs beside the relay rather than in it;
+//! when the queue is full the relay waits (`block_in_place`) rather than drop anything.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Events queued for the writer thread.
+enum Ev {
+    Out(Vec<u8>),
+    In(Vec<u8>),
+    Resize(u32, u32),
+}
+
+/// How many events may wait for the writer (each at most one SSH packet, 32 KiB).
+const QUEUE: usize = 1024;
+
+/// A recording being written: the relay's handle on its writer thread.
 pub struct Recorder {
+    tx: Option<std::sync::mpsc::SyncSender<Ev>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub path: PathBuf,
+}
+
+impl Recorder {
+    /// Creates the file and writes the header now (so a recording that cannot be made is known
+    /// at once: `record_session: strict`), then starts the writer thread.
+    pub fn create(dir: &Path, session_id: &str, h: &Header<'_>) -> std::io::Result<Self> {
+        let mut w = Writer::create(dir, session_id, h)?;
+        let path = w.path.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Ev>(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("recorder".into())
+            .spawn(move || {
+                loop {
+                    match rx.recv_timeout(Duration::from_millis(500)) {
+                        Ok(Ev::Out(d)) => w.output(&d),
+                        Ok(Ev::In(d)) => w.input(&d),
+                        Ok(Ev::Resize(c, r)) => w.resize(c, r),
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => w.tick(),
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+                w.finish();
+            })?;
+        Ok(Recorder {
+            tx: Some(tx),
+            thread: Some(thread),
+            path,
+        })
+    }
+
+    fn send(&mut self, ev: Ev) {
+        let Some(tx) = &self.tx else { return };
+        match tx.try_send(ev) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(ev)) => {
+                // The writer is behind: wait for it, off the async worker's hot path.
+                let _ = tokio::task::block_in_place(|| tx.send(ev));
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => self.tx = None,
+        }
+    }
+
+    pub fn output(&mut self, data: &[u8]) {
+        self.send(Ev::Out(data.to_vec()));
+    }
+
+    pub fn input(&mut self, data: &[u8]) {
+        self.send(Ev::In(data.to_vec()));
+    }
+
+    pub fn resize(&mut self, cols: u32, rows: u32) {
+        self.send(Ev::Resize(cols, rows));
+    }
+
+    /// Waits until everything queued is written, flushed and synced.
+    pub fn finish(mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::block_in_place(|| t.join());
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // Without finish (a proxy shutting down): the writer still drains and flushes.
+        self.tx = None;
+    }
+}
+
+/// The writer thread's side: the file and the text conversion.
+struct Writer {
     file: std::io::BufWriter<std::fs::File>,
     start: Instant,
     last_flush: Instant,
@@ -27,8 +117,8 @@ pub struct Header<'a> {
     pub command: Option<&'a str>,
 }
 
-impl Recorder {
-    pub fn create(dir: &Path, session_id: &str, h: &Header<'_>) -> std::io::Result<Self> {
+impl Writer {
+    fn create(dir: &Path, session_id: &str, h: &Header<'_>) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(format!("{session_id}.cast"));
         let f = std::fs::OpenOptions::new()
@@ -50,7 +140,7 @@ impl Recorder {
         writeln!(file, "{header}")?;
         file.flush()?;
         let now = Instant::now();
-        Ok(Recorder {
+        Ok(Writer {
             file,
             start: now,
             last_flush: now,
@@ -106,21 +196,21 @@ impl Recorder {
         self.written();
     }
 
-    pub fn output(&mut self, data: &[u8]) {
+    fn output(&mut self, data: &[u8]) {
         self.bytes_event(0, "o", data);
     }
 
-    pub fn input(&mut self, data: &[u8]) {
+    fn input(&mut self, data: &[u8]) {
         self.bytes_event(1, "i", data);
     }
 
-    pub fn resize(&mut self, cols: u32, rows: u32) {
+    fn resize(&mut self, cols: u32, rows: u32) {
         self.event("r", &format!("{cols}x{rows}"));
     }
 
     /// Flushes whatever was written since the last flush; a timer calls it every second, so
     /// nothing seen stays unwritten for longer.
-    pub fn tick(&mut self) {
+    fn tick(&mut self) {
         if self.dirty {
             let _ = self.file.flush();
             self.last_flush = Instant::now();
@@ -128,7 +218,7 @@ impl Recorder {
         }
     }
 
-    pub fn finish(mut self) {
+    fn finish(mut self) {
         let _ = self.file.flush();
         let _ = self.file.get_ref().sync_all();
     }

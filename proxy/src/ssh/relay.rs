@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use russh::client::Msg as ClientMsg;
-use russh::keys::ssh_key::{self, Certificate};
+use russh::keys::ssh_key::Certificate;
 use russh::server::{Auth, Handle, Msg, Session};
 use russh::{
     Channel, ChannelId, ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf, Pty, Sig,
@@ -712,23 +712,13 @@ impl Inner {
                 .and_then(|p| p.clone())
                 .unwrap_or_else(|| format!("node {}: {e}", grant.node.hostname))
         };
-        let mut config = russh::client::Config {
-            inactivity_timeout: None,
-            window_size: 8 * 1024 * 1024,
-            // Slack between nested session loops: see `sallyport_core::flow`.
-            channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
-            // connection gets real SSH ciphers.
-            preferred: if grant.node.kind == "agent" {
-                sallyport_core::sshcert::preferred_in_tunnel()
-            } else {
-                sallyport_core::sshcert::preferred()
-            },
-            nodelay: true,
-            ..Default::default()
-        };
-        config.preferred.host_key_certificates =
-            std::borrow::Cow::Borrowed(&[ssh_key::Algorithm::Ed25519]);
+        // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
+        // connection gets real SSH ciphers.
+        let config = sallyport_core::sshcert::client_config(if grant.node.kind == "agent" {
+            sallyport_core::sshcert::preferred_in_tunnel()
+        } else {
+            sallyport_core::sshcert::preferred()
+        });
         let config = Arc::new(config);
         let offline = || {
             format!(
@@ -955,8 +945,6 @@ async fn node_to_user(
         let msg = tokio::select! {
             m = read.wait() => m,
             _ = tick.tick() => {
-                if let Ok(mut r) = rec.lock()
-                    && let Some(r) = r.as_mut() { r.tick(); }
                 if let Some(why) = watchdog(&grant, &activity, cert_expires) {
                     tracing::info!(session = %grant.session_id, %why, "ending a session");
                     let _ = user
@@ -1031,6 +1019,11 @@ async fn node_to_user(
             _ => {}
         }
     }
+    // The recording is complete on disk before the person sees the session end.
+    let finished = rec.lock().ok().and_then(|mut r| r.take());
+    if let Some(r) = finished {
+        r.finish();
+    }
     let _ = user.close(ch).await;
     let _ = conn
         .disconnect(russh::Disconnect::ByApplication, "", "")
@@ -1041,10 +1034,6 @@ async fn node_to_user(
         .and_then(|mut c| c.as_mut().map(|c| c.finish(exit_code)))
         .unwrap_or_default();
     send_all(&events, last).await;
-    let finished = rec.lock().ok().and_then(|mut r| r.take());
-    if let Some(r) = finished {
-        r.finish();
-    }
     let (kind, command) = command
         .lock()
         .ok()
