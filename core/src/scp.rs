@@ -174,7 +174,8 @@ impl ScpStream {
     }
 
     fn header(&mut self, line: &str) {
-        let mut parts = line[line.len().min(1)..].splitn(3, ' ');
+        // Not `line[1..]`: the first character may be more than one byte.
+        let mut parts = line.get(1..).unwrap_or("").splitn(3, ' ');
         match line.as_bytes().first() {
             Some(b'C') => {
                 let (_mode, size, name) = (parts.next(), parts.next(), parts.next());
@@ -300,6 +301,11 @@ mod tests {
         assert!(s.take().is_empty());
         let mut s = ScpStream::new();
         s.feed(b"Xgarbage\nC0644 1 a\nz\0");
+        assert!(s.take().is_empty());
+        // A line that starts with a multi-byte character is nonsense, not a panic.
+        let mut s = ScpStream::new();
+        s.feed("éC0644 1 a\n".as_bytes());
+        s.feed("\u{1F600}\n".as_bytes());
         assert!(s.take().is_empty());
     }
 }
