@@ -7,7 +7,7 @@
 //! is closed (a flood closes the channel; it never stalls the connection).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
@@ -205,10 +205,21 @@ where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite,
 {
+    splice_with(a, b, None).await
+}
+
+/// [`splice`], also stamping `activity` (Unix milliseconds) whenever bytes move, for idle
+/// timeouts.
+pub async fn splice_with<A, B>(a: A, b: B, activity: Option<&AtomicU64>) -> (u64, u64)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     async fn pump<R: tokio::io::AsyncRead, W: tokio::io::AsyncWrite>(
         mut r: tokio::io::ReadHalf<R>,
         mut w: tokio::io::WriteHalf<W>,
+        activity: Option<&AtomicU64>,
     ) -> u64 {
         let mut buf = vec![0u8; 64 * 1024];
         let mut total = 0u64;
@@ -216,6 +227,9 @@ where
             match r.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    if let Some(a) = activity {
+                        a.store(crate::unix_now_ms(), Ordering::Relaxed);
+                    }
                     if w.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
@@ -228,5 +242,5 @@ where
     }
     let (ar, aw) = tokio::io::split(a);
     let (br, bw) = tokio::io::split(b);
-    tokio::join!(pump(ar, bw), pump(br, aw))
+    tokio::join!(pump(ar, bw, activity), pump(br, aw, activity))
 }

@@ -551,3 +551,46 @@ fn x11_forwarding_reaches_a_real_x_server_when_the_roles_allow_it() {
     assert_eq!(r.stdout, "none\n");
     assert!(r.stderr.contains("permit_x11_forwarding"), "{r:?}");
 }
+
+#[test]
+fn a_connection_that_only_forwards_is_ended_when_idle_but_not_while_used() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: impatient}\nspec:\n  options: {client_idle_timeout: 3s, port_forwarding: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let home = c.user("ivy", "impatient", "");
+    let cfg = c.ssh_config(&home, "ivy");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hi\n").unwrap();
+    let (_web, web) = http_server(&site);
+    let lport = free_port();
+    let mut fwd = forward(
+        &c,
+        &cfg,
+        &["-L", &format!("127.0.0.1:{lport}:127.0.0.1:{web}")],
+        lport,
+    );
+    // Used every second for longer than the timeout: still up.
+    for _ in 0..6 {
+        assert_eq!(
+            curl(&[&format!("http://127.0.0.1:{lport}/hello.txt")])
+                .ok()
+                .stdout,
+            "hi\n"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(fwd.0.try_wait().unwrap().is_none(), "ended while in use");
+    // Then left alone: the proxy ends the connection, and `ssh -N` exits.
+    assert!(
+        eventually(Duration::from_secs(15), || fwd
+            .0
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "an idle forwarding connection stayed up"
+    );
+}

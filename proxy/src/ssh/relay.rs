@@ -181,6 +181,7 @@ pub async fn serve_inner<S>(
         chans: HashMap::new(),
         forwarder: None,
         cert_expires: u64::MAX,
+        activity: Arc::new(AtomicU64::new(now_ms())),
         remote_forwards: Arc::new(Mutex::new(HashSet::new())),
     };
     match russh::server::run_stream(Arc::new(config), stream, inner).await {
@@ -224,6 +225,8 @@ struct Forwarder {
     events: EventSink,
     open_failure: Shared<Option<String>>,
     bytes: Arc<(AtomicU64, AtomicU64)>,
+    /// Dropped with the forwarder: ends its watchdog.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 struct Inner {
@@ -239,6 +242,9 @@ struct Inner {
     forwarder: Option<Forwarder>,
     /// When the inner connection's certificate expires (Unix seconds).
     cert_expires: u64,
+    /// When data last moved on any channel of this connection (Unix milliseconds): idle
+    /// timeouts count the whole connection, so one quiet channel is not cut while another works.
+    activity: Arc<AtomicU64>,
     /// Remote forwards the person asked for and the node granted, by (address, port).
     remote_forwards: Shared<HashSet<(String, u32)>>,
 }
@@ -280,6 +286,8 @@ struct NodeClient {
     remote_forwards: Shared<HashSet<(String, u32)>>,
     events: Arc<OnceLock<EventSink>>,
     forward_bytes: Arc<(AtomicU64, AtomicU64)>,
+    /// The inner connection's last activity (for idle timeouts).
+    activity: Arc<AtomicU64>,
 }
 
 use sallyport_core::flow::splice;
@@ -393,6 +401,7 @@ impl russh::client::Handler for NodeClient {
         let user = self.user.clone();
         let events = self.events.get().cloned();
         let bytes = self.forward_bytes.clone();
+        let activity = self.activity.clone();
         let (addr, oaddr) = (
             connected_address.to_string(),
             originator_address.to_string(),
@@ -409,7 +418,12 @@ impl russh::client::Handler for NodeClient {
             {
                 Ok(uch) => {
                     reply.accept().await;
-                    let (down, up) = splice(channel.into_stream(), uch.into_stream()).await;
+                    let (down, up) = sallyport_core::flow::splice_with(
+                        channel.into_stream(),
+                        uch.into_stream(),
+                        Some(&activity),
+                    )
+                    .await;
                     bytes.0.fetch_add(up, Ordering::Relaxed);
                     bytes.1.fetch_add(down, Ordering::Relaxed);
                     if let Some(ev) = events {
@@ -551,6 +565,7 @@ impl Inner {
     /// The forwarding connection to the node, opened (and authorized) at the first forward.
     async fn forwarder(&mut self, user: Handle) -> Result<&Forwarder, String> {
         if self.forwarder.is_none() {
+            let user_handle = user.clone();
             let events = Arc::new(OnceLock::new());
             let bytes: Arc<(AtomicU64, AtomicU64)> = Default::default();
             let (grant, conn, open_failure) = self
@@ -564,12 +579,22 @@ impl Inner {
             let sink = EventSink::spawn(self.state.clone(), grant.session_id.clone());
             let _ = events.set(sink.clone());
             self.update_kind(&grant, "forward", None);
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            // A connection that only forwards has no session channel to watch it.
+            tokio::spawn(watch_forwards(
+                grant.clone(),
+                self.activity.clone(),
+                self.cert_expires,
+                user_handle,
+                stopped,
+            ));
             self.forwarder = Some(Forwarder {
                 grant,
                 conn,
                 events: sink,
                 open_failure,
                 bytes,
+                _stop: stop,
             });
         }
         self.forwarder
@@ -704,6 +729,7 @@ impl Inner {
             remote_forwards: self.remote_forwards.clone(),
             events,
             forward_bytes,
+            activity: self.activity.clone(),
         };
         let explain = |e: russh::Error| -> String {
             host_key_problem
@@ -873,12 +899,7 @@ struct Outputs {
     cert_expires: u64,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use sallyport_core::unix_now_ms as now_ms;
 
 /// Why a session must end now, if it must: idle longer than the roles allow, or (when the roles
 /// say so) the person's certificate expired.
@@ -899,6 +920,33 @@ fn watchdog(grant: &SessionGrant, activity: &AtomicU64, cert_expires: u64) -> Op
         );
     }
     None
+}
+
+/// Ends a connection whose forwards have gone idle past `client_idle_timeout`, or whose
+/// certificate expired under `disconnect_expired_cert`, until `stopped`.
+async fn watch_forwards(
+    grant: SessionGrant,
+    activity: Arc<AtomicU64>,
+    cert_expires: u64,
+    user: Handle,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    if grant.idle_timeout_secs.is_none() && !grant.disconnect_expired_cert {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        if let Some(why) = watchdog(&grant, &activity, cert_expires) {
+            tracing::info!(session = %grant.session_id, %why, "ending a forwarding connection");
+            let _ = user
+                .disconnect(russh::Disconnect::ByApplication, why, String::new())
+                .await;
+            return;
+        }
+    }
 }
 
 /// Node → user: output, exit status, replies; records output; audits file copies; ends the
@@ -1129,7 +1177,7 @@ impl russh::server::Handler for Inner {
                     recording_started: false,
                     copy: Arc::new(Mutex::new(None)),
                     asked,
-                    activity: Arc::new(AtomicU64::new(now_ms())),
+                    activity: self.activity.clone(),
                 };
                 tokio::spawn(user_to_node(rx, write));
                 tokio::spawn(node_to_user(
@@ -1376,6 +1424,7 @@ impl russh::server::Handler for Inner {
             fwd.open_failure.clone(),
             fwd.bytes.clone(),
         );
+        let activity = self.activity.clone();
         let (host, originator) = (host.to_string(), originator.to_string());
         tokio::spawn(async move {
             match conn
@@ -1384,7 +1433,12 @@ impl russh::server::Handler for Inner {
             {
                 Ok(nch) => {
                     reply.accept().await;
-                    let (up, down) = splice(channel.into_stream(), nch.into_stream()).await;
+                    let (up, down) = sallyport_core::flow::splice_with(
+                        channel.into_stream(),
+                        nch.into_stream(),
+                        Some(&activity),
+                    )
+                    .await;
                     bytes.0.fetch_add(up, Ordering::Relaxed);
                     bytes.1.fetch_add(down, Ordering::Relaxed);
                     events
