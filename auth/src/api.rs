@@ -193,12 +193,8 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
 
 async fn ping(State(auth): Auth) -> Result<Json<Ping>, AuthError> {
     let mut p = auth.ping();
-    p.auth_connectors = auth
-        .list_connectors()
-        .await?
-        .into_iter()
-        .map(|c| c.metadata.name)
-        .collect();
+    // Every `sally ssh` pings (for the SSH port): names only, no connector specs read.
+    p.auth_connectors = auth.connector_names().await?;
     p.local_users = auth.has_local_users().await?;
     Ok(Json(p))
 }

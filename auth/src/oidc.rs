@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;
 
+use crate::users::token_hash;
 use crate::{AuthError, AuthServer};
 
 /// How long a started login may take at the provider.
@@ -115,7 +116,29 @@ fn provider_down(issuer: &str, e: impl std::fmt::Display) -> AuthError {
     ))
 }
 
+/// Discovery documents by issuer, kept a few minutes: a login reads it twice (start and
+/// callback), and many logins read it in a burst.
+static DISCOVERY: LazyLock<Mutex<HashMap<String, (Instant, Discovery)>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+const DISCOVERY_TTL: Duration = Duration::from_secs(300);
+
 async fn discover(issuer: &str) -> Result<Discovery, AuthError> {
+    let cached = DISCOVERY
+        .lock()
+        .ok()
+        .and_then(|c| c.get(issuer).cloned())
+        .filter(|(at, _)| at.elapsed() < DISCOVERY_TTL);
+    if let Some((_, d)) = cached {
+        return Ok(d);
+    }
+    let d = fetch_discovery(issuer).await?;
+    if let Ok(mut c) = DISCOVERY.lock() {
+        c.insert(issuer.to_string(), (Instant::now(), d.clone()));
+    }
+    Ok(d)
+}
+
+async fn fetch_discovery(issuer: &str) -> Result<Discovery, AuthError> {
     let url = format!(
         "{}/.well-known/openid-configuration",
         issuer.trim_end_matches('/')
@@ -241,35 +264,28 @@ fn pkce_challenge(verifier: &str) -> String {
         .encode(sallyport_core::sha256(verifier.as_bytes()))
 }
 
-fn hash(s: &str) -> String {
-    hex::encode(sallyport_core::sha256(s.as_bytes()))
-}
-
+/// `sally`'s own listener: http, on 127.0.0.1 or localhost, with a port and nothing else.
 fn loopback_redirect(url: &str) -> bool {
-    let rest = url
-        .strip_prefix("http://127.0.0.1:")
-        .or_else(|| url.strip_prefix("http://localhost:"));
-    rest.is_some_and(|r| {
-        let port: String = r.chars().take_while(char::is_ascii_digit).collect();
-        !port.is_empty() && port.parse::<u16>().is_ok() && r[port.len()..].starts_with('/')
+    url::Url::parse(url).is_ok_and(|u| {
+        u.scheme() == "http"
+            && matches!(u.host_str(), Some("127.0.0.1" | "localhost"))
+            && u.port().is_some()
+            && u.username().is_empty()
+            && u.password().is_none()
     })
 }
 
-fn with_query(base: &str, key: &str, value: &str) -> String {
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let enc: String = url_encode(value);
-    format!("{base}{sep}{key}={enc}")
+/// `base` with `pairs` added to its query, form-encoded.
+fn with_query(base: &str, pairs: &[(&str, &str)]) -> Result<String, AuthError> {
+    let mut u = url::Url::parse(base)
+        .map_err(|e| AuthError::Upstream(format!("{base:?} is not a URL: {e}")))?;
+    u.query_pairs_mut().extend_pairs(pairs);
+    Ok(u.into())
 }
 
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// RFC 6749 2.3.1: client credentials are form-encoded before HTTP Basic authentication.
+fn form_encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 impl AuthServer {
@@ -330,6 +346,15 @@ impl AuthServer {
         Ok(!exists)
     }
 
+    pub async fn connector_names(&self) -> Result<Vec<String>, AuthError> {
+        let rows = sqlx::query("SELECT name FROM connectors ORDER BY name")
+            .fetch_all(&self.backend.pool)
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("name").map_err(Into::into))
+            .collect()
+    }
+
     /// Every connector, secrets redacted.
     pub async fn list_connectors(&self) -> Result<Vec<OidcConnector>, AuthError> {
         let rows = sqlx::query("SELECT spec FROM connectors ORDER BY name")
@@ -386,31 +411,31 @@ impl AuthServer {
             "INSERT INTO oidc_requests (state_hash, connector, nonce, pkce_verifier, client_redirect, client_key_hash, ssh_public_key, ttl_secs, expires)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
-        .bind(hash(&state))
+        .bind(token_hash(&state))
         .bind(c.name())
         .bind(&nonce)
         .bind(&verifier)
         .bind(&req.client_redirect_url)
-        .bind(hash(&req.client_key))
+        .bind(token_hash(&req.client_key))
         .bind(req.ssh_public_key.trim())
         .bind(req.ttl_secs.map(|t| i64::try_from(t).unwrap_or(i64::MAX)))
         .bind(now + REQUEST_TTL)
         .execute(&self.backend.pool)
         .await?;
-        let mut url = d.authorization_endpoint.clone();
-        for (k, v) in [
-            ("response_type", "code"),
-            ("client_id", c.spec.client_id.as_str()),
-            ("redirect_uri", c.spec.redirect_url.as_str()),
-            ("scope", &c.spec.scopes.join(" ")),
-            ("state", &state),
-            ("nonce", &nonce),
-            ("code_challenge", &pkce_challenge(&verifier)),
-            ("code_challenge_method", "S256"),
-        ] {
-            url = with_query(&url, k, v);
-        }
-        Ok(OidcStarted { auth_url: url })
+        let auth_url = with_query(
+            &d.authorization_endpoint,
+            &[
+                ("response_type", "code"),
+                ("client_id", c.spec.client_id.as_str()),
+                ("redirect_uri", c.spec.redirect_url.as_str()),
+                ("scope", &c.spec.scopes.join(" ")),
+                ("state", &state),
+                ("nonce", &nonce),
+                ("code_challenge", &pkce_challenge(&verifier)),
+                ("code_challenge_method", "S256"),
+            ],
+        )?;
+        Ok(OidcStarted { auth_url })
     }
 
     /// The provider sent the browser back. Returns where to send it next: `sally`'s listener,
@@ -425,7 +450,7 @@ impl AuthServer {
         let claimed = sqlx::query(
             "UPDATE oidc_requests SET used = 1 WHERE state_hash = $1 AND used = 0 AND expires > $2",
         )
-        .bind(hash(state))
+        .bind(token_hash(state))
         .bind(now)
         .execute(&self.backend.pool)
         .await?;
@@ -444,7 +469,7 @@ impl AuthServer {
             ));
         }
         let row = sqlx::query("SELECT connector, nonce, pkce_verifier, client_redirect, ssh_public_key, ttl_secs FROM oidc_requests WHERE state_hash = $1")
-            .bind(hash(state))
+            .bind(token_hash(state))
             .fetch_one(&self.backend.pool)
             .await?;
         let connector: String = row.try_get("connector")?;
@@ -455,9 +480,9 @@ impl AuthServer {
                 let text = serde_json::to_string(&certs)
                     .map_err(|e| AuthError::Internal(e.to_string()))?;
                 sqlx::query("UPDATE oidc_requests SET response_hash = $1, result = $2 WHERE state_hash = $3")
-                    .bind(hash(&response))
+                    .bind(token_hash(&response))
                     .bind(text)
-                    .bind(hash(state))
+                    .bind(token_hash(state))
                     .execute(&self.backend.pool)
                     .await?;
                 self.emit(
@@ -477,12 +502,12 @@ impl AuthServer {
                 )
                 .await?;
                 Ok(OidcRedirect {
-                    location: with_query(&client_redirect, "response", &response),
+                    location: with_query(&client_redirect, &[("response", &response)])?,
                 })
             }
             Err((user, why)) => {
                 sqlx::query("DELETE FROM oidc_requests WHERE state_hash = $1")
-                    .bind(hash(state))
+                    .bind(token_hash(state))
                     .execute(&self.backend.pool)
                     .await?;
                 self.emit_logged(
@@ -495,7 +520,7 @@ impl AuthServer {
                 )
                 .await;
                 Ok(OidcRedirect {
-                    location: with_query(&client_redirect, "error", &why),
+                    location: with_query(&client_redirect, &[("error", &why)])?,
                 })
             }
         }
@@ -552,7 +577,7 @@ impl AuthServer {
         let resp = http()
             .map_err(|e| fail(e.to_string()))?
             .post(&d.token_endpoint)
-            .basic_auth(url_encode(&c.spec.client_id), Some(url_encode(&secret)))
+            .basic_auth(form_encode(&c.spec.client_id), Some(form_encode(&secret)))
             .form(&[
                 ("grant_type", "authorization_code"),
                 ("code", code),
@@ -620,12 +645,13 @@ impl AuthServer {
         let row = sqlx::query(
             "SELECT state_hash, client_key_hash, result FROM oidc_requests WHERE response_hash = $1",
         )
-        .bind(hash(&f.response))
+        .bind(token_hash(&f.response))
         .fetch_optional(&self.backend.pool)
         .await?
         .ok_or_else(|| AuthError::Unauthenticated("unknown or already redeemed login response".into()))?;
         let key_hash: String = row.try_get("client_key_hash")?;
-        if !sallyport_core::secrets_equal(key_hash.as_bytes(), hash(&f.client_key).as_bytes()) {
+        if !sallyport_core::secrets_equal(key_hash.as_bytes(), token_hash(&f.client_key).as_bytes())
+        {
             return Err(AuthError::Unauthenticated(
                 "this login response belongs to another client".into(),
             ));

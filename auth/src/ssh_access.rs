@@ -11,7 +11,7 @@ use sallyport_core::sshcert::{self, Permits, UserCertRequest};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::users::rfc3339;
+use crate::users::{rfc3339, token_hash};
 use crate::{AuthError, AuthServer};
 
 /// How long a host certificate issued at join lasts.
@@ -20,10 +20,6 @@ const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 86400);
 const SESSION_CERT_TTL: Duration = Duration::from_secs(5 * 60);
 /// A node whose tunnel reported within this long is online.
 pub const PRESENCE_TTL: i64 = 45;
-
-fn token_hash(token: &str) -> String {
-    hex::encode(sallyport_core::sha256(token.as_bytes()))
-}
 
 fn session_from_row(r: &AnyRow) -> Result<SessionInfo, AuthError> {
     Ok(SessionInfo {

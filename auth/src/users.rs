@@ -57,7 +57,9 @@ impl UserRecord {
 
 pub use sallyport_core::rfc3339;
 
-fn token_hash(token: &str) -> String {
+/// How a one-time secret (sign-up and join tokens, SSO state and responses) is stored: the
+/// hex SHA-256, so the database never holds one that works.
+pub(crate) fn token_hash(token: &str) -> String {
     hex::encode(sallyport_core::sha256(token.as_bytes()))
 }
 
