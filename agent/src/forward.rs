@@ -79,15 +79,18 @@ pub fn bind_address(requested: &str) -> Option<IpAddr> {
     }
 }
 
-/// Listens for `ssh -R`: each connection becomes a `forwarded-tcpip` channel to the client,
-/// named with the address and port the client asked for.
-pub async fn listen_remote(
+/// Accepts on `listener` until `stop` (after the first connection when `single`); each
+/// connection is relayed over the channel `open` makes toward the client for its peer.
+async fn relay_accepted<F, Fut>(
     listener: TcpListener,
-    handle: Handle,
-    requested: String,
-    port: u32,
     stop: CancellationToken,
-) {
+    single: bool,
+    what: &'static str,
+    open: F,
+) where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<Channel<Msg>, russh::Error>> + Send + 'static,
+{
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -98,9 +101,32 @@ pub async fn listen_remote(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (handle, requested, stop) = (handle.clone(), requested.clone(), stop.clone());
+        let (channel, stop) = (open(peer), stop.clone());
         tokio::spawn(async move {
-            match handle
+            match channel.await {
+                Ok(ch) => splice(ch.into_stream(), tcp, stop).await,
+                Err(e) => tracing::debug!(error = %e, what, "the client refused the channel"),
+            }
+        });
+        if single {
+            return;
+        }
+    }
+}
+
+/// Listens for `ssh -R`: each connection becomes a `forwarded-tcpip` channel to the client,
+/// named with the address and port the client asked for.
+pub async fn listen_remote(
+    listener: TcpListener,
+    handle: Handle,
+    requested: String,
+    port: u32,
+    stop: CancellationToken,
+) {
+    relay_accepted(listener, stop, false, "remote forward", move |peer| {
+        let (handle, requested) = (handle.clone(), requested.clone());
+        async move {
+            handle
                 .channel_open_forwarded_tcpip(
                     requested,
                     port,
@@ -108,14 +134,9 @@ pub async fn listen_remote(
                     u32::from(peer.port()),
                 )
                 .await
-            {
-                Ok(ch) => {
-                    splice(ch.into_stream(), tcp, stop).await;
-                }
-                Err(e) => tracing::debug!(error = %e, "remote forward refused by the client"),
-            }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 pub async fn bind_remote(requested: &str, port: u32) -> Result<TcpListener, String> {
@@ -265,28 +286,13 @@ pub async fn serve_x11(
     single: bool,
     stop: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.cancelled() => return,
-        };
-        let Ok((tcp, peer)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let (handle, stop2) = (handle.clone(), stop.clone());
-        tokio::spawn(async move {
-            match handle
+    relay_accepted(listener, stop, single, "x11", move |peer| {
+        let handle = handle.clone();
+        async move {
+            handle
                 .channel_open_x11(peer.ip().to_string(), u32::from(peer.port()))
                 .await
-            {
-                Ok(ch) => splice(ch.into_stream(), tcp, stop2).await,
-                Err(e) => tracing::debug!(error = %e, "x11 channel refused by the client"),
-            }
-        });
-        if single {
-            return;
         }
-    }
+    })
+    .await;
 }

@@ -155,7 +155,7 @@ async fn open(
         Ok(ch) => Ok(ch.into_stream()),
         Err(e) => Err(anyhow!(
             "{}",
-            crate::ssh::reason(failure, e.to_string()).await
+            sallyport_core::flow::open_failure_reason(failure, e).await
         )),
     }
 }

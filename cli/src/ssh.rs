@@ -218,21 +218,6 @@ impl russh::client::Handler for HostCheck {
     }
 }
 
-/// The server's reason for refusing a channel, which russh stores a moment after it reports the
-/// refusal itself.
-pub(crate) async fn reason(
-    failure: &Arc<std::sync::Mutex<Option<String>>>,
-    fallback: String,
-) -> String {
-    for _ in 0..50 {
-        if let Some(why) = failure.lock().ok().and_then(|mut f| f.take()) {
-            return why;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    fallback
-}
-
 fn client_config() -> Arc<russh::client::Config> {
     Arc::new(sallyport_core::sshcert::client_config(
         sallyport_core::sshcert::preferred(),
@@ -302,7 +287,10 @@ impl Proxy {
             .await
         {
             Ok(ch) => Ok(ch.into_stream()),
-            Err(e) => Err(anyhow!("{}", reason(&self.failure, e.to_string()).await)),
+            Err(e) => Err(anyhow!(
+                "{}",
+                sallyport_core::flow::open_failure_reason(&self.failure, e).await
+            )),
         }
     }
 }
@@ -390,7 +378,12 @@ pub async fn run_session(
 ) -> Result<i32> {
     let channel = match handle.channel_open_session().await {
         Ok(c) => c,
-        Err(e) => return Err(anyhow!("{}", reason(failure, e.to_string()).await)),
+        Err(e) => {
+            return Err(anyhow!(
+                "{}",
+                sallyport_core::flow::open_failure_reason(failure, e).await
+            ));
+        }
     };
     if tty {
         let (cols, rows) = terminal_size::terminal_size()

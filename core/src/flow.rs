@@ -244,3 +244,19 @@ where
     let (br, bw) = tokio::io::split(b);
     tokio::join!(pump(ar, bw, activity), pump(br, aw, activity))
 }
+
+/// Why a peer refused a channel. russh reports the refusal to the opener before its handler's
+/// `channel_open_failure` has stored the peer's description in `slot`, so this waits a moment
+/// (at most 200 ms) for it; `fallback` (russh's own error) otherwise.
+pub async fn open_failure_reason(
+    slot: &std::sync::Mutex<Option<String>>,
+    fallback: impl std::fmt::Display,
+) -> String {
+    for _ in 0..40 {
+        if let Some(why) = slot.lock().ok().and_then(|mut f| f.take()) {
+            return why;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    fallback.to_string()
+}

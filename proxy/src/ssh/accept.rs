@@ -92,14 +92,6 @@ impl russh::server::Handler for Outer {
         let cas = self.state.user_cas();
         let now = sallyport_core::sshcert::now();
         match sallyport_core::sshcert::verify_user_any_login(cert, &cas, now) {
-            Ok(user) if self.state.lock_of(&user).is_some() => {
-                // Let the connection in only to say why every channel is refused.
-                tracing::info!(%user, peer = %self.addr, "locked user refused at the proxy");
-                let why = self.state.lock_of(&user).unwrap_or_default();
-                self.refusal = Some(format!("user {user} is locked: {why}"));
-                self.user = Some(user);
-                Ok(Auth::Accept)
-            }
             Ok(user) => {
                 tracing::debug!(%user, login, peer = %self.addr, "proxy connection authenticated");
                 self.user = Some(user);
@@ -153,7 +145,10 @@ impl russh::server::Handler for Outer {
                 .await;
             return Ok(());
         };
+        // Checked here, not at authentication: a locked user gets in only to be told why, and
+        // a lock that arrives later refuses the next jump too.
         if let Some(why) = self.state.lock_of(&user) {
+            tracing::info!(%user, peer = %self.addr, "locked user refused at the proxy");
             let reason = format!("user {user} is locked: {why}");
             reply
                 .reject(ChannelOpenFailure::Other { code: 1, reason })

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 /// Events queued for the writer thread.
 enum Ev {
-    Out(Vec<u8>),
-    In(Vec<u8>),
+    Out(bytes::Bytes),
+    In(bytes::Bytes),
     Resize(u32, u32),
 }
 
@@ -67,12 +67,13 @@ impl Recorder {
         }
     }
 
-    pub fn output(&mut self, data: &[u8]) {
-        self.send(Ev::Out(data.to_vec()));
+    /// `data` is shared with the relay, not copied.
+    pub fn output(&mut self, data: bytes::Bytes) {
+        self.send(Ev::Out(data));
     }
 
-    pub fn input(&mut self, data: &[u8]) {
-        self.send(Ev::In(data.to_vec()));
+    pub fn input(&mut self, data: bytes::Bytes) {
+        self.send(Ev::In(data));
     }
 
     pub fn resize(&mut self, cols: u32, rows: u32) {
@@ -315,16 +316,20 @@ fn escape_lossy(b: &[u8], out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn binary_output_reads_as_lossy_utf8_however_it_is_cut() {
-        let dir = std::env::temp_dir().join(format!("rec-bin-{}", std::process::id()));
-        let h = Header {
+    fn header() -> Header<'static> {
+        Header {
             width: 80,
             height: 24,
             term: "xterm",
             title: "t",
             command: None,
-        };
+        }
+    }
+
+    #[test]
+    fn binary_output_reads_as_lossy_utf8_however_it_is_cut() {
+        let dir = std::env::temp_dir().join(format!("rec-bin-{}", std::process::id()));
+        let h = header();
         let mut x: u32 = 12345;
         let mut data: Vec<u8> = (0..20_000)
             .map(|_| {
@@ -340,7 +345,7 @@ mod tests {
         let mut step = 1;
         while at < data.len() {
             let end = (at + step).min(data.len());
-            r.output(&data[at..end]);
+            r.output(bytes::Bytes::copy_from_slice(&data[at..end]));
             at = end;
             step = step % 97 + 1;
         }
@@ -360,18 +365,12 @@ mod tests {
     #[test]
     fn utf8_split_across_chunks_and_escaped_lines() {
         let dir = std::env::temp_dir().join(format!("rec-test-{}", std::process::id()));
-        let h = Header {
-            width: 80,
-            height: 24,
-            term: "xterm",
-            title: "t",
-            command: None,
-        };
+        let h = header();
         let mut r = Recorder::create(&dir, "s1", &h).unwrap_or_else(|e| panic!("{e}"));
         let snow = "☃".as_bytes();
-        r.output(&snow[..1]);
-        r.output(&snow[1..]);
-        r.output(b"a\nb\x1b[0m\xff");
+        r.output(bytes::Bytes::copy_from_slice(&snow[..1]));
+        r.output(bytes::Bytes::copy_from_slice(&snow[1..]));
+        r.output(bytes::Bytes::from_static(b"a\nb\x1b[0m\xff"));
         r.resize(100, 30);
         let path = r.path.clone();
         r.finish();

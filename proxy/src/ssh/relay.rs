@@ -292,17 +292,6 @@ struct NodeClient {
 
 use sallyport_core::flow::splice;
 
-/// russh reports a refused channel open before the handler has stored the node's reason.
-async fn failure_reason(slot: &Shared<Option<String>>, e: russh::Error) -> String {
-    for _ in 0..20 {
-        if let Some(why) = slot.lock().ok().and_then(|mut f| f.take()) {
-            return why;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    e.to_string()
-}
-
 impl russh::client::Handler for NodeClient {
     type Error = russh::Error;
 
@@ -550,7 +539,7 @@ impl Inner {
         match conn.channel_open_session().await {
             Ok(c) => Ok((grant, conn, c, asked)),
             Err(e) => {
-                let why = failure_reason(&open_failure, e).await;
+                let why = sallyport_core::flow::open_failure_reason(&open_failure, e).await;
                 let end = SessionEnd {
                     status: "complete".into(),
                     exit_code: Some(255),
@@ -982,11 +971,11 @@ async fn node_to_user(
     let mut exit_code: Option<i64> = None;
     let mut bytes_out = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let record = |data: &[u8]| {
+    let record = |data: &Bytes| {
         if let Ok(mut r) = rec.lock()
             && let Some(r) = r.as_mut()
         {
-            r.output(data);
+            r.output(data.clone());
         }
     };
     loop {
@@ -1451,7 +1440,7 @@ impl russh::server::Handler for Inner {
                         .await;
                 }
                 Err(e) => {
-                    let why = failure_reason(&slot, e).await;
+                    let why = sallyport_core::flow::open_failure_reason(&slot, e).await;
                     reply.reject(refuse(why)).await;
                 }
             }
@@ -1550,16 +1539,14 @@ impl russh::server::Handler for Inner {
                     return _session.close(ch);
                 }
             }
+            // One copy out of russh's buffer, shared by the recorder and the relay.
+            let chunk = Bytes::copy_from_slice(data);
             if let Ok(mut rec) = r.rec.lock()
                 && let Some(rec) = rec.as_mut()
             {
-                rec.input(data);
+                rec.input(chunk.clone());
             }
-            if !r
-                .input
-                .send(Input::Data(Bytes::copy_from_slice(data)))
-                .await
-            {
+            if !r.input.send(Input::Data(chunk)).await {
                 tracing::warn!(user = %self.user, node = %self.node.hostname, "closing a channel the node stopped reading");
                 if let Some(r) = self.chans.remove(&ch) {
                     let _ = r.node.close().await;
