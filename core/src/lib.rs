@@ -5,6 +5,7 @@
 //! web) and both clients speak through the types defined here.
 
 pub mod api;
+pub mod asciicast;
 pub mod audit;
 pub mod ca;
 pub mod duration;

@@ -11,7 +11,6 @@
 
 pub mod accept;
 pub mod events;
-pub mod record;
 pub mod relay;
 
 use std::collections::HashMap;

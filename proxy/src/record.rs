@@ -10,6 +10,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sallyport_core::asciicast::{escape_lossy_into, incomplete_tail};
+
 /// Events queued for the writer thread.
 enum Ev {
     Out(bytes::Bytes),
@@ -105,7 +107,7 @@ struct Writer {
     dirty: bool,
     /// Bytes of a UTF-8 sequence split across two chunks, per stream.
     carry: [Vec<u8>; 2],
-    /// Reused buffer for one event's escaped text.
+    /// Working space for one event's escaped text, kept at its largest size.
     scratch: Vec<u8>,
     pub path: PathBuf,
 }
@@ -190,9 +192,8 @@ impl Writer {
         }
         let t = self.start.elapsed().as_secs_f64();
         let _ = write!(self.file, "[{}, \"{kind}\", \"", (t * 1e6).round() / 1e6);
-        self.scratch.clear();
-        escape_lossy(bytes, &mut self.scratch);
-        let _ = self.file.write_all(&self.scratch);
+        let n = escape_lossy_into(bytes, &mut self.scratch);
+        let _ = self.file.write_all(&self.scratch[..n]);
         let _ = self.file.write_all(b"\"]\n");
         self.written();
     }
@@ -222,93 +223,6 @@ impl Writer {
     fn finish(mut self) {
         let _ = self.file.flush();
         let _ = self.file.get_ref().sync_all();
-    }
-}
-
-/// How many bytes at the end of `b` start a UTF-8 sequence that `b` cuts short.
-fn incomplete_tail(b: &[u8]) -> usize {
-    for back in 1..=3.min(b.len()) {
-        let byte = b[b.len() - back];
-        if byte & 0xC0 == 0x80 {
-            continue; // a continuation byte: look further back
-        }
-        let need = match byte {
-            0xC2..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            0xF0..=0xF4 => 4,
-            _ => return 0,
-        };
-        return if need > back { back } else { 0 };
-    }
-    0
-}
-
-/// Appends `b` to `out` as the inside of a JSON string: read as UTF-8 the way
-/// `String::from_utf8_lossy` does (one U+FFFD per invalid sequence), escaped as JSON requires.
-/// One pass, no allocation beyond `out`: terminal output is mostly ASCII, a binary transfer is
-/// not, and both go through here.
-fn escape_lossy(b: &[u8], out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(b.len() + b.len() / 8);
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if (0x20..0x80).contains(&c) && c != b'"' && c != b'\\' {
-            // A run of plain ASCII, copied at once.
-            let start = i;
-            while i < b.len() && b[i] >= 0x20 && b[i] < 0x80 && b[i] != b'"' && b[i] != b'\\' {
-                i += 1;
-            }
-            out.extend_from_slice(&b[start..i]);
-            continue;
-        }
-        match c {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0..=0x1f => out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(c >> 4)],
-                HEX[usize::from(c & 15)],
-            ]),
-            _ => {
-                // UTF-8 by hand (RFC 3629 ranges): how many bytes the lead byte asks for, and
-                // the range its first continuation byte must fall in.
-                let (need, lo, hi) = match c {
-                    0xC2..=0xDF => (2, 0x80, 0xBF),
-                    0xE0 => (3, 0xA0, 0xBF),
-                    0xE1..=0xEC | 0xEE..=0xEF => (3, 0x80, 0xBF),
-                    0xED => (3, 0x80, 0x9F),
-                    0xF0 => (4, 0x90, 0xBF),
-                    0xF1..=0xF3 => (4, 0x80, 0xBF),
-                    0xF4 => (4, 0x80, 0x8F),
-                    _ => (0, 0, 0),
-                };
-                let mut good = 0;
-                while need > 0 && good + 1 < need {
-                    let Some(&n) = b.get(i + 1 + good) else { break };
-                    let (l, h) = if good == 0 { (lo, hi) } else { (0x80, 0xBF) };
-                    if n < l || n > h {
-                        break;
-                    }
-                    good += 1;
-                }
-                if need > 0 && good + 1 == need {
-                    out.extend_from_slice(&b[i..i + need]);
-                } else {
-                    // One replacement for the maximal invalid subpart, as from_utf8_lossy.
-                    out.extend_from_slice("\u{fffd}".as_bytes());
-                }
-                i += 1 + good;
-                continue;
-            }
-        }
-        i += 1;
     }
 }
 
