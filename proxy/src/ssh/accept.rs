@@ -23,7 +23,7 @@ pub fn config(state: &SshState) -> russh::server::Config {
         inactivity_timeout: Some(Duration::from_secs(3600)),
         max_auth_attempts: 6,
         nodelay: true,
-        window_size: 8 * 1024 * 1024,
+        window_size: sallyport_core::flow::CLIENT_WINDOW,
         // Slack between nested session loops: see `sallyport_core::flow`.
         channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
         preferred: sallyport_core::sshcert::preferred(),

@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::SshState;
 use super::events::EventSink;
-use super::record::{Header, Recorder};
+use crate::record::{Header, Recorder};
 
 type NodeConn = Arc<russh::client::Handle<NodeClient>>;
 
@@ -165,7 +165,7 @@ pub async fn serve_inner<S>(
         keys: vec![(*state.key).clone()],
         certificates: vec![cert],
         inactivity_timeout: None,
-        window_size: 8 * 1024 * 1024,
+        window_size: sallyport_core::flow::CLIENT_WINDOW,
         // Slack between nested session loops: see `sallyport_core::flow`.
         channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
         preferred: sallyport_core::sshcert::preferred(),
@@ -728,12 +728,15 @@ impl Inner {
                 .unwrap_or_else(|| format!("node {}: {e}", grant.node.hostname))
         };
         // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
-        // connection gets real SSH ciphers.
-        let config = sallyport_core::sshcert::client_config(if grant.node.kind == "agent" {
-            sallyport_core::sshcert::preferred_in_tunnel()
+        // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
+        let config = if grant.node.kind == "agent" {
+            sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
         } else {
-            sallyport_core::sshcert::preferred()
-        });
+            russh::client::Config {
+                window_size: sallyport_core::flow::CLIENT_WINDOW,
+                ..sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred())
+            }
+        };
         let config = Arc::new(config);
         let offline = || {
             format!(
