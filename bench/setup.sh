@@ -1,7 +1,8 @@
 # Sourced by the bench/*.sh scripts: brings up a release all-in-one cluster with its local
 # agent (node1), a plain sshd on loopback that trusts the cluster's user CA (so both paths use
 # the same certificate), and a logged-in user; leaves $dir/direct_cfg (host `direct`) and
-# $dir/proxy_cfg (host `proxy`, for -J) for OpenSSH. Needs /usr/sbin/sshd (openssh-server).
+# $dir/proxy_cfg (host `proxy`, for -J) for OpenSSH, and $dir/proxy_aes_cfg (the same with the
+# cipher order `sally config` writes). Needs /usr/sbin/sshd (openssh-server).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --bins -q
@@ -72,4 +73,5 @@ Host *
   StrictHostKeyChecking yes
   BatchMode yes
 CFG
+{ cat "$dir/proxy_cfg"; echo "  Ciphers aes256-gcm@openssh.com,aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-ctr"; } > "$dir/proxy_aes_cfg"
 for _ in $(seq 1 100); do $B/sally ssh root@node1 true 2>/dev/null && break; sleep 0.2; done

@@ -3,43 +3,56 @@
 
 Started by bench/ssh.sh, which brings up a release all-in-one cluster (one local agent), a plain
 OpenSSH sshd on loopback trusting the cluster's user CA, and a logged-in user. Prints medians
-and ratios for (a) `echo foo` session set-up and (b) 32 MiB through `cat` and back.
+and ratios for (a) `echo foo` session set-up and (b) 32 MiB through `cat` and back, the clients
+taking turns run after run.
 """
 import os, statistics, subprocess, sys, time
 
-def timed(cmd, stdin=None, runs=15):
-    samples = []
-    for _ in range(runs):
-        f = open(stdin, "rb") if stdin else subprocess.DEVNULL
-        t = time.perf_counter()
-        r = subprocess.run(cmd, stdin=f, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        samples.append(time.perf_counter() - t)
-        if stdin:
-            f.close()
-        if r.returncode != 0:
-            sys.exit(f"failed: {' '.join(cmd)}: {r.stderr.decode()[-500:]}")
-    return statistics.median(samples)
+def run_once(cmd, stdin):
+    f = open(stdin, "rb") if stdin else subprocess.DEVNULL
+    t = time.perf_counter()
+    r = subprocess.run(cmd, stdin=f, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - t
+    if stdin:
+        f.close()
+    if r.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}: {r.stderr.decode()[-500:]}")
+    return elapsed
+
+def interleaved(clients, stdin=None, runs=15):
+    """Median per client, the clients taking turns (in a rotating order) run after run, so that
+    a slow spell of this shared machine falls on all of them alike."""
+    samples = {name: [] for name, _ in clients}
+    for i in range(runs):
+        turn = clients[i % len(clients):] + clients[:i % len(clients)]
+        for name, cmd in turn:
+            samples[name].append(run_once(cmd, stdin))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 def main():
     env = os.environ
     direct = ["ssh", "-F", env["DIRECT_CFG"], "direct"]
     proxied = ["ssh", "-F", env["PROXY_CFG"], "-J", "proxy", "root@" + env["NODE"]]
+    proxied_aes = ["ssh", "-F", env["PROXY_AES_CFG"], "-J", "proxy", "root@" + env["NODE"]]
     sally = [env["SALLY"], "ssh", "root@" + env["NODE"]]
     runs = int(env.get("RUNS", "15"))
-    rows = []
-    base = timed(direct + ["echo", "foo"], runs=runs)
-    rows.append(("`echo foo` set-up", "direct OpenSSH", base, 1.0))
-    for name, cmd in [("sally ssh", sally), ("OpenSSH -J proxy", proxied)]:
-        t = timed(cmd + ["echo", "foo"], runs=runs)
-        rows.append(("`echo foo` set-up", name, t, t / base))
+    clients = [
+        ("direct OpenSSH", direct),
+        ("sally ssh", sally),
+        ("OpenSSH -J proxy", proxied),
+        ("OpenSSH -J proxy, AES-GCM (`sally config`)", proxied_aes),
+    ]
     blob = env["BLOB"]
     size = os.path.getsize(blob) / (1 << 20)
-    tp_runs = max(3, runs // 3)
-    base_t = timed(direct + ["cat"], stdin=blob, runs=tp_runs)
-    rows.append((f"{size:.0f} MiB through cat and back", "direct OpenSSH", base_t, 1.0))
-    for name, cmd in [("sally ssh", sally), ("OpenSSH -J proxy", proxied)]:
-        t = timed(cmd + ["cat"], stdin=blob, runs=tp_runs)
-        rows.append((f"{size:.0f} MiB through cat and back", name, t, t / base_t))
+    rows = []
+    for workload, args, stdin, n in [
+        ("`echo foo` set-up", ["echo", "foo"], None, runs),
+        (f"{size:.0f} MiB through cat and back", ["cat"], blob, max(5, runs // 2)),
+    ]:
+        medians = interleaved([(name, cmd + args) for name, cmd in clients], stdin, n)
+        base = medians["direct OpenSSH"]
+        for name, _ in clients:
+            rows.append((workload, name, medians[name], medians[name] / base))
     print("| workload | client | median | vs direct | throughput |")
     print("|---|---|---:|---:|---:|")
     for w, name, t, ratio in rows:

@@ -4,21 +4,27 @@
 Started by bench/tools.sh (see bench/setup.sh for the cluster and the plain sshd). Prints
 medians and ratios for (a) `scp` of a 256 MiB file to the node, and (b) a playbook of 50
 `command` module runs with `pipelining = True` and ControlPersist — the shape of Ansible's own
-SSH connection benchmark: many small module runs over one multiplexed connection.
+SSH connection benchmark: many small module runs over one multiplexed connection. The clients
+take turns run after run.
 """
 import os, statistics, subprocess, sys, time
 
-def timed(cmd, runs, env=None, before=None):
-    samples = []
-    for _ in range(runs):
-        if before:
-            before()
-        t = time.perf_counter()
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        samples.append(time.perf_counter() - t)
-        if r.returncode != 0:
-            sys.exit(f"failed: {' '.join(cmd)}: {r.stderr.decode()[-800:]}")
-    return statistics.median(samples)
+def run_once(cmd, env=None):
+    t = time.perf_counter()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    elapsed = time.perf_counter() - t
+    if r.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}: {r.stderr.decode()[-800:]}")
+    return elapsed
+
+def interleaved(clients, runs):
+    """Median per client, the clients taking turns (in a rotating order) run after run, so that
+    a slow spell of this shared machine falls on all of them alike. `clients`: (name, cmd, env)."""
+    samples = {name: [] for name, _, _ in clients}
+    for i in range(runs):
+        for name, cmd, env in clients[i % len(clients):] + clients[:i % len(clients)]:
+            samples[name].append(run_once(cmd, env))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 def ansible_setup(work, name, host, common_args):
     d = os.path.join(work, "ansible-" + name)
@@ -50,10 +56,10 @@ def main():
                                   f"root@{node}:/tmp/sallyport-bench-proxy"]),
         ("sally scp", [env["SALLY"], "scp", "-q", blob, f"root@{node}:/tmp/sallyport-bench-sally"]),
     ]
-    base = None
-    for name, cmd in scp:
-        t = timed(cmd, runs)
-        base = base or t
+    medians = interleaved([(name, cmd, None) for name, cmd in scp], max(runs, 5))
+    base = medians["direct OpenSSH"]
+    for name, _ in scp:
+        t = medians[name]
         rows.append((f"scp {size:.0f} MiB", name, t, t / base, f"{size / t:.0f} MiB/s"))
     for p in ["direct", "proxy", "sally"]:
         try:
@@ -65,12 +71,13 @@ def main():
         ("OpenSSH -J proxy", ansible_setup(work, "proxy", node,
                                            f"-F {env['PROXY_CFG']} -o ProxyJump=proxy")),
     ]
-    base = None
-    for name, (cmd, aenv) in plays:
-        # One warm-up run: Ansible's own start-up (Python imports) is not what is measured.
-        timed(cmd, 1, env=aenv)
-        t = timed(cmd, runs, env=aenv)
-        base = base or t
+    # One warm-up run each: Ansible's own start-up (Python imports) is not what is measured.
+    for _, (cmd, aenv) in plays:
+        run_once(cmd, aenv)
+    medians = interleaved([(name, cmd, aenv) for name, (cmd, aenv) in plays], runs)
+    base = medians["direct OpenSSH"]
+    for name, _ in plays:
+        t = medians[name]
         rows.append(("Ansible: 50 module runs, pipelining + ControlPersist", name, t, t / base,
                       f"{50 / t:.1f} tasks/s"))
     print("| workload | client | median | vs direct | rate |")

@@ -20,9 +20,9 @@
 /// zero-filling per event. A UTF-8 sequence cut short at the end of `b` comes out as U+FFFD;
 /// callers that receive a stream in pieces keep such a tail back with [`incomplete_tail`].
 pub fn escape_lossy_into(b: &[u8], buf: &mut Vec<u8>) -> usize {
-    // Worst case per input byte is 6 bytes out (`\u00XX`); each step may write up to 11 bytes
-    // past its position (a U+FFFD and an 8-byte table entry) before trimming its length.
-    let room = b.len() * 6 + 16;
+    // Worst case per input byte is 6 bytes out (`\u00XX`); each step writes a 16-byte entry
+    // at its position before advancing by the entry's length.
+    let room = b.len() * 6 + 32;
     if buf.len() < room {
         buf.resize(room, 0);
     }
@@ -62,8 +62,7 @@ pub fn incomplete_tail(b: &[u8]) -> usize {
 
 const REPLACEMENT: [u8; 3] = [0xEF, 0xBF, 0xBD];
 
-/// What byte `c` becomes when it does not continue a sequence: up to 6 bytes of JSON, padded
-/// to 8 so that every entry is copied with one fixed-size store. A lead byte comes out as
+/// What byte `c` becomes when it does not continue a sequence: up to 6 bytes of JSON. A lead byte comes out as
 /// itself (the automaton takes it back if its sequence breaks); a byte that can only be a
 /// continuation, or never appears in UTF-8, becomes U+FFFD.
 const fn single(c: u8) -> ([u8; 8], u8) {
@@ -107,31 +106,38 @@ const fn single(c: u8) -> ([u8; 8], u8) {
     (e, len)
 }
 
-/// Output entries: `[c]` for `c` on its own, `[256 + c]` for `c` accepted as a continuation
-/// byte (copied as itself).
-struct Output {
-    bytes: [[u8; 8]; 512],
-    len: [u8; 512],
-}
-
-const fn output_table() -> Output {
-    let mut t = Output {
-        bytes: [[0; 8]; 512],
-        len: [0; 512],
-    };
+/// What the automaton writes for one byte, 16 bytes copied with one store, the length in the
+/// last byte. `[c]`: `c` on its own; `[256 + c]`: `c` continuing a sequence (itself);
+/// `[512 + c]`: a U+FFFD for the sequence `c` broke, then `c` on its own. The last quarter is
+/// never used: it makes every index the automaton can form provably in bounds.
+const fn entries() -> [[u8; 16]; 1024] {
+    let mut t = [[0u8; 16]; 1024];
     let mut c = 0;
     while c < 256 {
         let (e, l) = single(c as u8);
-        t.bytes[c] = e;
-        t.len[c] = l;
-        t.bytes[256 + c] = [c as u8, 0, 0, 0, 0, 0, 0, 0];
-        t.len[256 + c] = 1;
+        let mut j = 0;
+        while j < 8 {
+            t[c][j] = e[j];
+            j += 1;
+        }
+        t[c][15] = l;
+        t[256 + c][0] = c as u8;
+        t[256 + c][15] = 1;
+        t[512 + c][0] = REPLACEMENT[0];
+        t[512 + c][1] = REPLACEMENT[1];
+        t[512 + c][2] = REPLACEMENT[2];
+        let mut j = 0;
+        while j < 6 {
+            t[512 + c][3 + j] = e[j];
+            j += 1;
+        }
+        t[512 + c][15] = 3 + l;
         c += 1;
     }
     t
 }
 
-static OUTPUT: Output = output_table();
+static ENTRY: [[u8; 16]; 1024] = entries();
 
 /// The automaton's states: 0 between sequences; otherwise how many continuation bytes a
 /// started sequence still needs and the range the next one must fall in (RFC 3629's table,
@@ -164,69 +170,61 @@ const fn starts(c: u8) -> u8 {
     }
 }
 
-/// Per byte `c`, for every state `s` at bit offset `6 * s`: the next state (times 6, so it is
-/// directly the next shift) in `next[c]`; in `flags[c]`, bit 0 "c continued the sequence" and
-/// bit 1 "c starts a sequence". The next state is then `(next[c] >> state) & 63`: one shift and
-/// one mask on the critical path, no branch.
-struct Automaton {
-    next: [u64; 256],
-    flags: [u64; 256],
-}
-
-const ACCEPTED: u64 = 1;
-const STARTS: u64 = 2;
-
-const fn automaton() -> Automaton {
-    let mut a = Automaton {
-        next: [0; 256],
-        flags: [0; 256],
-    };
+/// One step of the automaton per byte `c`: for every state `s`, byte `s` of `STEP[c]` holds
+/// bit 0 "c continued the sequence", bit 1 "c starts a sequence", bit 2 "c broke the pending
+/// sequence", and in bits 3-5 the next state. With the state kept as `8 * s`, the next one is
+/// `(STEP[c] >> state) & 0x38`: a shift and a mask on the critical path, no branch.
+const fn steps() -> [u64; 256] {
+    let mut t = [0u64; 256];
     let mut c = 0;
     while c < 256 {
         let mut s = 0;
         while s < 8 {
-            let (next, flags) = match accepts(s as u8, c as u8) {
-                Some(n) => (n, ACCEPTED),
+            let e: u64 = match accepts(s as u8, c as u8) {
+                Some(n) => ACCEPTED | ((n as u64) << 3),
                 None => {
-                    let n = starts(c as u8);
-                    (n, if n != 0 { STARTS } else { 0 })
+                    let n = starts(c as u8) as u64;
+                    let started = if n != 0 { STARTS } else { 0 };
+                    let broke = if s != 0 { BROKE } else { 0 };
+                    started | broke | (n << 3)
                 }
             };
-            a.next[c] |= ((next as u64) * 6) << (s * 6);
-            a.flags[c] |= flags << (s * 6);
+            t[c] |= e << (s * 8);
             s += 1;
         }
         c += 1;
     }
-    a
+    t
 }
 
-static AUTOMATON: Automaton = automaton();
+const ACCEPTED: u64 = 1;
+const STARTS: u64 = 2;
+const BROKE: u64 = 4;
+
+static STEP: [u64; 256] = steps();
 
 /// The automaton. Bytes of a sequence are written as they come; when a byte breaks the
 /// sequence, the output goes back to where it began and one U+FFFD takes its place, as
 /// `from_utf8_lossy` has it. Every step does the same work whatever the byte.
 fn escape_binary(b: &[u8], buf: &mut [u8]) -> usize {
-    let (next, flags) = (&AUTOMATON.next, &AUTOMATON.flags);
     let mut pos = 0usize;
     // Where the pending sequence's output began.
     let mut seq = 0usize;
-    let mut state = 0u64;
+    let mut state = 0u32;
     for &c in b {
-        let s = state;
-        state = (next[c as usize] >> s) & 63;
-        let f = (flags[c as usize] >> s) & 3;
-        let accepted = (f & ACCEPTED) as usize;
-        let broken = (s != 0) as usize & (accepted ^ 1);
-        let m = broken.wrapping_neg();
+        let e = (STEP[usize::from(c)] >> state) as u32;
+        state = e & 0x38;
+        let accepted = (e & 1) as usize;
+        let starts = ((e >> 1) & 1) as usize;
+        let broke = ((e >> 2) & 1) as usize;
+        // A broken sequence is taken back: its U+FFFD goes where it began.
+        let m = broke.wrapping_neg();
         pos = (seq & m) | (pos & !m);
-        buf[pos..pos + 3].copy_from_slice(&REPLACEMENT);
-        pos += 3 * broken;
-        let l = ((f >> 1) as usize).wrapping_neg();
-        seq = (pos & l) | (seq & !l);
-        let k = c as usize + 256 * accepted;
-        buf[pos..pos + 8].copy_from_slice(&OUTPUT.bytes[k]);
-        pos += usize::from(OUTPUT.len[k]);
+        let entry = &ENTRY[usize::from(c) | (accepted << 8) | (broke << 9)];
+        buf[pos..pos + 16].copy_from_slice(entry);
+        let m = starts.wrapping_neg();
+        seq = ((pos + 3 * broke) & m) | (seq & !m);
+        pos += usize::from(entry[15]);
     }
     if state != 0 {
         // Cut short at the end.
@@ -235,6 +233,19 @@ fn escape_binary(b: &[u8], buf: &mut [u8]) -> usize {
         pos += 3;
     }
     pos
+}
+
+/// Whether none of the eight bytes of `w` needs escaping: all in 0x20..0x80, none `"` or `\`
+/// (the classic has-less-than and has-zero-byte bit tricks).
+fn plain8(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w;
+    let q = w ^ (ONES * u64::from(b'"'));
+    let bs = w ^ (ONES * u64::from(b'\\'));
+    let quote = q.wrapping_sub(ONES) & !q;
+    let backslash = bs.wrapping_sub(ONES) & !bs;
+    (below_space | quote | backslash | w) & HIGH == 0
 }
 
 /// Mostly-ASCII text: runs of plain ASCII copied at once, everything else a byte (or a
@@ -247,6 +258,14 @@ fn escape_text(b: &[u8], buf: &mut [u8]) -> usize {
         let c = b[i];
         if plain(c) {
             let start = i;
+            // Eight bytes at a time while they are all plain, then byte by byte.
+            while let Some(word) = b.get(i..i + 8) {
+                let w = u64::from_le_bytes(word.try_into().unwrap_or_default());
+                if !plain8(w) {
+                    break;
+                }
+                i += 8;
+            }
             while i < b.len() && plain(b[i]) {
                 i += 1;
             }
@@ -256,8 +275,9 @@ fn escape_text(b: &[u8], buf: &mut [u8]) -> usize {
         }
         let state = starts(c);
         if state == 0 {
-            buf[pos..pos + 8].copy_from_slice(&OUTPUT.bytes[usize::from(c)]);
-            pos += usize::from(OUTPUT.len[usize::from(c)]);
+            let entry = &ENTRY[usize::from(c)];
+            buf[pos..pos + 16].copy_from_slice(entry);
+            pos += usize::from(entry[15]);
             i += 1;
             continue;
         }
@@ -297,7 +317,7 @@ mod tests {
 
     /// Both paths, whichever the input would pick.
     fn both(b: &[u8]) -> [String; 2] {
-        let mut buf = vec![0; b.len() * 6 + 16];
+        let mut buf = vec![0; b.len() * 6 + 32];
         let t = escape_text(b, &mut buf);
         let text = decode(&buf[..t]);
         let n = escape_binary(b, &mut buf);
