@@ -427,10 +427,17 @@ pub async fn run_session(
                     }
                     Ok(n) => n,
                 };
+                if !tty {
+                    // No escapes off a terminal: the bytes go as they are.
+                    if w.data_bytes(buf[..n].to_vec()).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
                 let mut out = Vec::with_capacity(n);
                 for &b in &buf[..n] {
                     // OpenSSH escapes, only on a terminal: ~. disconnects, ~? helps, ~~ sends ~.
-                    if tty && tilde {
+                    if tilde {
                         tilde = false;
                         match b {
                             b'.' => {
@@ -455,7 +462,7 @@ pub async fn run_session(
                             }
                         }
                     }
-                    if tty && at_line_start && b == b'~' {
+                    if at_line_start && b == b'~' {
                         tilde = true;
                         continue;
                     }

@@ -110,32 +110,40 @@ impl Decoupled {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let (mut r, mut w) = tokio::io::split(stream);
             let reading = async move {
-                let mut buf = vec![0u8; 64 * 1024];
+                // Read straight into the buffer that is handed on (no copy); a new one is
+                // allocated only once the queued chunks still hold the old one.
+                let mut buf = bytes::BytesMut::new();
                 loop {
-                    let n = match r.read(&mut buf).await {
+                    if buf.capacity() < 16 * 1024 {
+                        buf.reserve(64 * 1024);
+                    }
+                    match r.read_buf(&mut buf).await {
                         Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    if in_tx
-                        .send(bytes::Bytes::copy_from_slice(&buf[..n]))
-                        .await
-                        .is_err()
-                    {
+                        Ok(_) => {}
+                    }
+                    if in_tx.send(buf.split().freeze()).await.is_err() {
                         break;
                     }
                 }
             };
             let writing = async move {
+                let mut chunks: Vec<bytes::Bytes> = Vec::new();
                 while let Some(chunk) = out_rx.recv().await {
-                    // Coalesce what is already queued into one write.
-                    let mut buf = bytes::BytesMut::from(&chunk[..]);
-                    while buf.len() < 256 * 1024 {
+                    // What is already queued goes in the same vectored write, uncopied.
+                    let mut queued = chunk.len();
+                    chunks.push(chunk);
+                    while queued < 256 * 1024 {
                         match out_rx.try_recv() {
-                            Ok(more) => buf.extend_from_slice(&more),
+                            Ok(more) => {
+                                queued += more.len();
+                                chunks.push(more);
+                            }
                             Err(_) => break,
                         }
                     }
-                    if w.write_all(&buf).await.is_err() || w.flush().await.is_err() {
+                    if write_all_vectored(&mut w, &mut chunks).await.is_err()
+                        || w.flush().await.is_err()
+                    {
                         return;
                     }
                 }
@@ -149,6 +157,44 @@ impl Decoupled {
             tx: Some(out_tx),
         }
     }
+}
+
+/// Writes every chunk, in order, with as few calls as the stream allows (`writev` on a socket),
+/// and empties `chunks`.
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    chunks: &mut Vec<bytes::Bytes>,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    use tokio::io::AsyncWriteExt;
+    let mut first = 0;
+    while first < chunks.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = chunks[first..]
+            .iter()
+            .take(64)
+            .map(|c| std::io::IoSlice::new(c))
+            .collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let Some(c) = chunks.get_mut(first) else {
+                break;
+            };
+            let take = n.min(c.len());
+            c.advance(take);
+            n -= take;
+            if c.is_empty() {
+                first += 1;
+            }
+        }
+        while first < chunks.len() && chunks[first].is_empty() {
+            first += 1;
+        }
+    }
+    chunks.clear();
+    Ok(())
 }
 
 impl tokio::io::AsyncRead for Decoupled {
@@ -266,4 +312,86 @@ pub async fn open_failure_reason(
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     fallback.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that takes at most `max` bytes per call, vectored or not, like a busy socket.
+    struct Trickle {
+        max: usize,
+        got: Vec<u8>,
+        calls: usize,
+    }
+
+    impl tokio::io::AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.max);
+            self.got.extend_from_slice(&buf[..n]);
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let mut room = self.max;
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(room);
+                self.got.extend_from_slice(&b[..take]);
+                room -= take;
+                n += take;
+            }
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_keep_every_byte_in_order_across_partial_writes() {
+        let parts: Vec<Vec<u8>> = (0u8..20).map(|i| vec![i; usize::from(i) * 3]).collect();
+        let want = parts.concat();
+        for max in [1, 5, 7, 64, 10_000] {
+            let mut chunks: Vec<bytes::Bytes> = parts.iter().cloned().map(Into::into).collect();
+            let mut w = Trickle {
+                max,
+                got: Vec::new(),
+                calls: 0,
+            };
+            write_all_vectored(&mut w, &mut chunks)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(w.got, want, "at most {max} bytes a call");
+            assert!(chunks.is_empty());
+            if max == 10_000 {
+                assert_eq!(w.calls, 1, "everything in one vectored write");
+            }
+        }
+    }
 }
