@@ -110,18 +110,20 @@ impl Decoupled {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let (mut r, mut w) = tokio::io::split(stream);
             let reading = async move {
-                // Read straight into the buffer that is handed on (no copy); a new one is
-                // allocated only once the queued chunks still hold the old one.
+                // Read straight into the buffer that is handed on (no copy), a fresh one once
+                // little of it is left. It is zeroed once when made rather than left
+                // uninitialized: a futures-io stream (yamux behind `Compat`) would otherwise
+                // zero all the spare room again on every read.
                 let mut buf = bytes::BytesMut::new();
                 loop {
-                    if buf.capacity() < 16 * 1024 {
-                        buf.reserve(64 * 1024);
+                    if buf.len() < 16 * 1024 {
+                        buf = bytes::BytesMut::zeroed(64 * 1024);
                     }
-                    match r.read_buf(&mut buf).await {
+                    let n = match r.read(&mut buf[..]).await {
                         Ok(0) | Err(_) => break,
-                        Ok(_) => {}
-                    }
-                    if in_tx.send(buf.split().freeze()).await.is_err() {
+                        Ok(n) => n,
+                    };
+                    if in_tx.send(buf.split_to(n).freeze()).await.is_err() {
                         break;
                     }
                 }
