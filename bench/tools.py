@@ -54,6 +54,9 @@ def main():
         ("direct OpenSSH", ["scp", "-q", "-F", env["DIRECT_CFG"], blob, "direct:/tmp/sallyport-bench-direct"]),
         ("OpenSSH scp -J proxy", ["scp", "-q", "-F", env["PROXY_CFG"], "-o", "ProxyJump=proxy", blob,
                                   f"root@{node}:/tmp/sallyport-bench-proxy"]),
+        ("OpenSSH scp -J proxy, AES-GCM (`sally config`)",
+         ["scp", "-q", "-F", env["PROXY_AES_CFG"], "-o", "ProxyJump=proxy", blob,
+          f"root@{node}:/tmp/sallyport-bench-proxy-aes"]),
         ("sally scp", [env["SALLY"], "scp", "-q", blob, f"root@{node}:/tmp/sallyport-bench-sally"]),
     ]
     medians = interleaved([(name, cmd, None) for name, cmd in scp], max(runs, 5))
@@ -61,7 +64,7 @@ def main():
     for name, _ in scp:
         t = medians[name]
         rows.append((f"scp {size:.0f} MiB", name, t, t / base, f"{size / t:.0f} MiB/s"))
-    for p in ["direct", "proxy", "sally"]:
+    for p in ["direct", "proxy", "proxy-aes", "sally"]:
         try:
             os.remove(f"/tmp/sallyport-bench-{p}")
         except OSError:
