@@ -4,7 +4,7 @@
 //!
 //! Every byte a recorded session carries, both ways, goes through here, so it is built for
 //! speed on the two shapes a session's bytes take. Terminal text is mostly plain ASCII: runs of
-//! it are copied at once. A binary transfer (`cat image.png`, `tar c | ssh node tar x`) is half
+//! it are copied eight bytes at a time. A binary transfer (`cat image.png`, `tar c | ssh node tar x`) is half
 //! invalid UTF-8 and defeats any branch on the kind of byte (the old byte-at-a-time decoder ran
 //! at ~70 MiB/s on random bytes and was the proxy's bottleneck); for that shape the bytes go
 //! through a UTF-8 automaton with no data-dependent branch, a shift-based DFA whose next state
