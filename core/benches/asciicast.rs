@@ -13,15 +13,10 @@ use sallyport_core::asciicast::escape_lossy_into;
 const CHUNK: usize = 32 * 1024;
 
 fn random(n: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    use rand::Rng;
+    let mut data = vec![0u8; n];
+    rand::rng().fill_bytes(&mut data);
+    data
 }
 
 fn escape(c: &mut Criterion) {

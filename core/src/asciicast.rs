@@ -35,13 +35,6 @@ pub fn escape_lossy_into(b: &[u8], buf: &mut Vec<u8>) -> usize {
     }
 }
 
-/// Appends `b`, escaped, to `out` (a convenience over [`escape_lossy_into`]).
-pub fn escape_lossy(b: &[u8], out: &mut Vec<u8>) {
-    let mut buf = Vec::new();
-    let n = escape_lossy_into(b, &mut buf);
-    out.extend_from_slice(&buf[..n]);
-}
-
 /// How many bytes at the end of `b` start a UTF-8 sequence that `b` cuts short (0 to 3).
 pub fn incomplete_tail(b: &[u8]) -> usize {
     for back in 1..=3.min(b.len()) {
@@ -310,6 +303,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Appends `b`, escaped, to `out`.
+    fn escape_lossy(b: &[u8], out: &mut Vec<u8>) {
+        let mut buf = Vec::new();
+        let n = escape_lossy_into(b, &mut buf);
+        out.extend_from_slice(&buf[..n]);
+    }
+
     /// What the escaped text must read as: the lossy string.
     fn expected(b: &[u8]) -> String {
         String::from_utf8_lossy(b).into_owned()
@@ -365,15 +365,9 @@ mod tests {
 
     #[test]
     fn random_bytes_take_the_binary_path_and_match_from_utf8_lossy() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let data: Vec<u8> = (0..200_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect();
+        use rand::Rng;
+        let mut data = vec![0u8; 200_000];
+        rand::rng().fill_bytes(&mut data);
         let mut buf = Vec::new();
         let n = escape_lossy_into(&data, &mut buf);
         assert_eq!(decode(&buf[..n]), expected(&data));

@@ -244,15 +244,9 @@ mod tests {
     fn binary_output_reads_as_lossy_utf8_however_it_is_cut() {
         let dir = std::env::temp_dir().join(format!("rec-bin-{}", std::process::id()));
         let h = header();
-        let mut x: u32 = 12345;
-        let mut data: Vec<u8> = (0..20_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x >> 3) as u8
-            })
-            .collect();
+        use rand::Rng;
+        let mut data = vec![0u8; 20_000];
+        rand::rng().fill_bytes(&mut data);
         data.extend_from_slice("snow ☃ and \"quotes\" \\ \u{1} end".as_bytes());
         let mut r = Recorder::create(&dir, "bin", &h).unwrap_or_else(|e| panic!("{e}"));
         let mut at = 0;
