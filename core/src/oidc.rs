@@ -55,12 +55,52 @@ fn default_username_claim() -> String {
 
 pub const REDACTED: &str = "********";
 
-fn is_loopback_http(url: &str) -> bool {
-    url.starts_with("http://127.0.0.1:")
-        || url.starts_with("http://127.0.0.1/")
-        || url.starts_with("http://localhost:")
-        || url.starts_with("http://localhost/")
-        || url.starts_with("http://[::1]")
+/// Where the proxy serves the provider's callback; a connector's `redirect_url` names exactly
+/// this path on one of the proxy's addresses.
+pub const CALLBACK_PATH: &str = "/v1/webapi/oidc/callback";
+
+/// A connector URL, parsed: https, or plain http only to a loopback host (a provider on the
+/// same machine, as in tests); no user info, query or fragment. Parsed rather than matched as
+/// text: `http://127.0.0.1:1@evil.example/` starts like a loopback URL and is not one.
+fn connector_url(field: &str, text: &str) -> Result<url::Url, String> {
+    let u =
+        url::Url::parse(text).map_err(|e| format!("spec.{field}: {text:?} is not a URL: {e}"))?;
+    let loopback = match u.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        None => false,
+    };
+    let secure = u.scheme() == "https" && u.host().is_some();
+    if !(secure || (u.scheme() == "http" && loopback)) {
+        return Err(format!(
+            "spec.{field}: {text:?} must be an https:// URL (http:// only on loopback)"
+        ));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(format!(
+            "spec.{field}: {text:?} must not carry a user name or password"
+        ));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(format!(
+            "spec.{field}: {text:?} must not have a query (?…) or fragment (#…)"
+        ));
+    }
+    Ok(u)
+}
+
+/// Checks a connector's `redirect_url`: a [`connector_url`] whose path is exactly
+/// [`CALLBACK_PATH`] after parsing (so `..` segments, a query or a fragment that merely end in
+/// the path do not pass). Returns the parsed URL.
+pub fn callback_url(text: &str) -> Result<url::Url, String> {
+    let u = connector_url("redirect_url", text)?;
+    if u.path() != CALLBACK_PATH {
+        return Err(format!(
+            "spec.redirect_url: {text:?} must be the proxy's https://HOST:PORT{CALLBACK_PATH}"
+        ));
+    }
+    Ok(u)
 }
 
 impl OidcConnector {
@@ -78,23 +118,8 @@ impl OidcConnector {
         }
         crate::names::validate("connector", &self.metadata.name).map_err(|e| e.to_string())?;
         let s = &self.spec;
-        // Plain HTTP only on loopback (a provider on the same host, as in tests).
-        for (field, url) in [
-            ("issuer_url", &s.issuer_url),
-            ("redirect_url", &s.redirect_url),
-        ] {
-            if !(url.starts_with("https://") || is_loopback_http(url)) {
-                return Err(format!(
-                    "spec.{field}: {url:?} must be an https:// URL (http:// only on loopback)"
-                ));
-            }
-        }
-        if !s.redirect_url.ends_with("/v1/webapi/oidc/callback") {
-            return Err(format!(
-                "spec.redirect_url: {:?} must be the proxy's https://HOST:PORT/v1/webapi/oidc/callback",
-                s.redirect_url
-            ));
-        }
+        connector_url("issuer_url", &s.issuer_url)?;
+        callback_url(&s.redirect_url)?;
         if s.client_id.is_empty() {
             return Err("spec.client_id is empty".into());
         }
@@ -220,18 +245,76 @@ pub fn traits(claims: &BTreeMap<String, Value>) -> BTreeMap<String, Vec<String>>
 }
 
 /// The Sallyport user name from the claims: the `username_claim`'s value, which must be a
-/// valid user name.
+/// valid user name. An `email` names the user only when the provider vouches for it: an
+/// `email_verified` of false refuses the login (many providers let anyone type any address,
+/// and the name is what roles, locks and recordings are kept under). A provider that sends no
+/// `email_verified` at all is taken at its word, as most enterprise providers send none.
 pub fn username(spec: &OidcSpec, claims: &BTreeMap<String, Value>) -> Result<String, String> {
     let v = claim_values(claims, &spec.username_claim);
     let name = v.first().ok_or_else(|| {
         format!(
-            "the provider's ID token has no {:?} claim to name the user (username_claim)",
+            "the provider's ID token and UserInfo have no {:?} claim to name the user (username_claim)",
             spec.username_claim
         )
     })?;
+    if spec.username_claim == "email" {
+        // Some providers (Cognito) send the flag as a string.
+        let vouched = match claims.get("email_verified") {
+            None | Some(Value::Bool(true)) => true,
+            Some(Value::String(s)) => s == "true",
+            Some(_) => false,
+        };
+        if !vouched {
+            return Err(format!(
+                "your identity provider has not verified the email address {name:?} (email_verified is not true); verify it at the provider and log in again"
+            ));
+        }
+    }
     crate::names::validate("user", name)
         .map_err(|e| format!("claim {:?} = {name:?}: {e}", spec.username_claim))?;
     Ok(name.clone())
+}
+
+/// Checks the ID token's authorized party (OpenID Connect Core 3.1.3.7, steps 4 and 5): with
+/// several audiences `azp` must be present, and when present it must be our client.
+pub fn check_authorized_party(
+    claims: &BTreeMap<String, Value>,
+    client_id: &str,
+) -> Result<(), String> {
+    let several = matches!(claims.get("aud"), Some(Value::Array(a)) if a.len() > 1);
+    match claims.get("azp") {
+        None if several => {
+            Err("the ID token names several audiences but no authorized party (azp)".into())
+        }
+        None => Ok(()),
+        Some(Value::String(azp)) if azp == client_id => Ok(()),
+        Some(other) => Err(format!(
+            "the ID token was issued to another client (azp {other})"
+        )),
+    }
+}
+
+/// Adds the UserInfo response's claims to the ID token's (OpenID Connect Core 5.4: with the
+/// code flow a provider may answer `email` and `groups` only there). The response must be
+/// about the same subject (5.3.2), or it is refused; a claim the signed ID token carries keeps
+/// the ID token's value.
+pub fn merge_userinfo(
+    claims: &mut BTreeMap<String, Value>,
+    userinfo: BTreeMap<String, Value>,
+) -> Result<(), String> {
+    let sub = claims.get("sub").and_then(Value::as_str);
+    let info_sub = userinfo.get("sub").and_then(Value::as_str);
+    if sub.is_none() || sub != info_sub {
+        return Err(format!(
+            "the provider's UserInfo is about another subject ({}) than the ID token ({})",
+            info_sub.unwrap_or("none"),
+            sub.unwrap_or("none")
+        ));
+    }
+    for (k, v) in userinfo {
+        claims.entry(k).or_insert(v);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -287,5 +370,190 @@ mod tests {
         let mut bad = c;
         bad.spec.client_secret = None;
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn redirect_urls_are_matched_by_parsed_origin_and_path() {
+        // (redirect_url, accepted): each refused row passed the old prefix/suffix test.
+        let table = [
+            (
+                "https://proxy.example.com:3080/v1/webapi/oidc/callback",
+                true,
+            ),
+            ("https://proxy.example.com/v1/webapi/oidc/callback", true),
+            ("https://PROXY.example.com/v1/webapi/oidc/callback", true),
+            ("http://127.0.0.1:3080/v1/webapi/oidc/callback", true),
+            ("http://localhost:3080/v1/webapi/oidc/callback", true),
+            ("http://[::1]:3080/v1/webapi/oidc/callback", true),
+            ("http://127.0.0.2/v1/webapi/oidc/callback", true),
+            // User info that makes a loopback-looking prefix name another host.
+            (
+                "http://127.0.0.1:3080@evil.example/v1/webapi/oidc/callback",
+                false,
+            ),
+            (
+                "http://localhost:@evil.example/v1/webapi/oidc/callback",
+                false,
+            ),
+            (
+                "https://admin:pw@proxy.example.com/v1/webapi/oidc/callback",
+                false,
+            ),
+            // Plain http off loopback, and hosts that only start like loopback.
+            ("http://proxy.example.com/v1/webapi/oidc/callback", false),
+            (
+                "http://localhost.evil.example/v1/webapi/oidc/callback",
+                false,
+            ),
+            (
+                "http://127.0.0.1.evil.example/v1/webapi/oidc/callback",
+                false,
+            ),
+            // The path only at the end of a query or fragment, or under another prefix.
+            ("https://evil.example/?next=/v1/webapi/oidc/callback", false),
+            ("https://evil.example/x#/v1/webapi/oidc/callback", false),
+            (
+                "https://proxy.example.com/v1/webapi/oidc/callback?x=1",
+                false,
+            ),
+            (
+                "https://proxy.example.com/app/v1/webapi/oidc/callback",
+                false,
+            ),
+            ("https://proxy.example.com/v1/webapi/oidc/callback/", false),
+            (
+                "https://proxy.example.com/v1/webapi/oidc/callback/../../x",
+                false,
+            ),
+            ("https://proxy.example.com/v1/webapi/oidc/%63allback", false),
+            ("javascript:alert(1)//v1/webapi/oidc/callback", false),
+            ("https:///v1/webapi/oidc/callback", false),
+            ("not a url /v1/webapi/oidc/callback", false),
+        ];
+        for (url, ok) in table {
+            let got = callback_url(url);
+            assert_eq!(got.is_ok(), ok, "{url}: {got:?}");
+        }
+        // The same rules for the issuer, whose path is free.
+        for (url, ok) in [
+            ("https://idp.example.com/realms/corp", true),
+            ("http://127.0.0.1:8080", true),
+            ("http://127.0.0.1:1@evil.example", false),
+            ("http://idp.example.com", false),
+            ("https://idp.example.com/?x=1", false),
+        ] {
+            assert_eq!(connector_url("issuer_url", url).is_ok(), ok, "{url}");
+        }
+    }
+
+    #[test]
+    fn an_email_names_the_user_only_when_the_provider_vouches_for_it() {
+        let spec = |claim: &str| OidcSpec {
+            issuer_url: "https://idp.example.com".into(),
+            client_id: "sallyport".into(),
+            client_secret: Some("s".into()),
+            client_secret_file: None,
+            redirect_url: format!("https://proxy.example.com{CALLBACK_PATH}"),
+            scopes: default_scopes(),
+            username_claim: claim.into(),
+            claims_to_roles: vec![],
+        };
+        let email = spec("email");
+        let table = [
+            (
+                serde_json::json!({"email": "a@x.io", "email_verified": true}),
+                Ok("a@x.io"),
+            ),
+            (
+                serde_json::json!({"email": "a@x.io", "email_verified": "true"}),
+                Ok("a@x.io"),
+            ),
+            (serde_json::json!({"email": "a@x.io"}), Ok("a@x.io")),
+            (
+                serde_json::json!({"email": "a@x.io", "email_verified": false}),
+                Err("not verified"),
+            ),
+            (
+                serde_json::json!({"email": "a@x.io", "email_verified": "false"}),
+                Err("not verified"),
+            ),
+            (
+                serde_json::json!({"email": "a@x.io", "email_verified": 0}),
+                Err("not verified"),
+            ),
+            (serde_json::json!({"sub": "a"}), Err("no \"email\" claim")),
+        ];
+        for (c, want) in table {
+            let got = username(&email, &claims(c.clone()));
+            match want {
+                Ok(name) => assert_eq!(got.as_deref(), Ok(name), "{c}"),
+                Err(needle) => assert!(
+                    got.as_ref().is_err_and(|e| e.contains(needle)),
+                    "{c}: {got:?}"
+                ),
+            }
+        }
+        // Another username claim is not an email: email_verified does not apply to it.
+        let by_name = spec("preferred_username");
+        let c = claims(serde_json::json!({"preferred_username": "alice", "email_verified": false}));
+        assert_eq!(username(&by_name, &c).as_deref(), Ok("alice"));
+    }
+
+    #[test]
+    fn the_authorized_party_is_checked_when_present_and_required_with_several_audiences() {
+        let table = [
+            (serde_json::json!({"aud": "sallyport"}), true),
+            (serde_json::json!({"aud": ["sallyport"]}), true),
+            (
+                serde_json::json!({"aud": "sallyport", "azp": "sallyport"}),
+                true,
+            ),
+            (
+                serde_json::json!({"aud": ["sallyport", "api"], "azp": "sallyport"}),
+                true,
+            ),
+            (
+                serde_json::json!({"aud": "sallyport", "azp": "someone-else"}),
+                false,
+            ),
+            (serde_json::json!({"aud": ["sallyport", "api"]}), false),
+            (
+                serde_json::json!({"aud": ["sallyport", "api"], "azp": "api"}),
+                false,
+            ),
+            (
+                serde_json::json!({"aud": "sallyport", "azp": ["sallyport"]}),
+                false,
+            ),
+        ];
+        for (c, ok) in table {
+            let got = check_authorized_party(&claims(c.clone()), "sallyport");
+            assert_eq!(got.is_ok(), ok, "{c}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn userinfo_claims_fill_in_for_the_same_subject_only() {
+        let mut id =
+            claims(serde_json::json!({"sub": "u1", "iss": "https://idp", "email": "signed@x.io"}));
+        merge_userinfo(
+            &mut id,
+            claims(serde_json::json!({"sub": "u1", "email": "other@x.io", "groups": ["admins"], "iss": "https://evil"})),
+        )
+        .unwrap();
+        assert_eq!(id["groups"], serde_json::json!(["admins"]));
+        // The signed ID token's values stand.
+        assert_eq!(id["email"], "signed@x.io");
+        assert_eq!(id["iss"], "https://idp");
+        for other in [
+            serde_json::json!({"sub": "u2", "email": "a@x.io"}),
+            serde_json::json!({"email": "a@x.io"}),
+            serde_json::json!({"sub": 1}),
+        ] {
+            let mut id = claims(serde_json::json!({"sub": "u1"}));
+            let e = merge_userinfo(&mut id, claims(other.clone())).unwrap_err();
+            assert!(e.contains("another subject"), "{other}: {e}");
+            assert!(!id.contains_key("email"), "nothing merged from {other}");
+        }
     }
 }
