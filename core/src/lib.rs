@@ -19,6 +19,7 @@ pub mod role;
 pub mod scp;
 pub mod sftp;
 pub mod sshcert;
+pub mod terminal;
 pub mod tls;
 pub mod tunnel;
 pub mod x509;

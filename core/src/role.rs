@@ -402,6 +402,20 @@ impl Role {
                 format!("{:?}: allowed logins are names, not patterns", l.as_str()),
             ));
         }
+        // The evaluator denies a login by exact name, or every login for `*`; a pattern such as
+        // `ro*` would be stored and deny nothing, so it is refused here rather than mislead.
+        if let Some(l) = self.spec.deny.logins.iter().find(|l| {
+            let l = l.as_str();
+            !l.contains("{{") && l != "*" && l.contains(['*', '^'])
+        }) {
+            return Err(err(
+                "spec.deny.logins",
+                format!(
+                    "{:?}: denied logins are names, or `*` for every login, not patterns",
+                    l.as_str()
+                ),
+            ));
+        }
         Ok(())
     }
 

@@ -3,6 +3,10 @@
 //! removes, renames, mkdir/rmdir, symlinks and attribute changes, each with its result. It does
 //! not serve SFTP: the node's own server does, as the login.
 //!
+//! Every request id is tracked until its reply, so a client cannot make one reply answer two
+//! requests: an id reused while its request is pending is a protocol violation, and the stream
+//! is [`Broken`] (the caller ends the channel and audits why) rather than an operation lost.
+//!
 //! Memory is bounded whatever the peer sends: the payload of READ replies and WRITE requests is
 //! skipped, never buffered; any other packet larger than [`MAX_PACKET`], or more than
 //! [`MAX_PENDING`] unanswered requests, is a [`Broken`] stream, which the caller must treat as
@@ -24,15 +28,19 @@ const CLOSE: u8 = 4;
 const READ: u8 = 5;
 const WRITE: u8 = 6;
 const SETSTAT: u8 = 9;
+const FSETSTAT: u8 = 10;
 const REMOVE: u8 = 13;
 const MKDIR: u8 = 14;
 const RMDIR: u8 = 15;
 const RENAME: u8 = 18;
 const SYMLINK: u8 = 20;
+/// Draft 06 and later; OpenSSH speaks 3 and uses `hardlink@openssh.com`, but a server may not.
+const LINK: u8 = 21;
 const STATUS: u8 = 101;
 const HANDLE: u8 = 102;
 const DATA: u8 = 103;
 const EXTENDED: u8 = 200;
+const EXTENDED_REPLY: u8 = 201;
 
 const FLAG_READ: u32 = 1;
 const FLAG_WRITE: u32 = 2;
@@ -49,8 +57,10 @@ impl std::fmt::Display for Broken {
 /// One audited operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Op {
-    /// `open`, `remove`, `rename`, `mkdir`, `rmdir`, `symlink`, `hardlink`, `setstat`.
+    /// `open`, `remove`, `rename`, `mkdir`, `rmdir`, `symlink`, `hardlink`, `setstat`, or
+    /// `extended` (any other extension request, named in `extension`).
     pub action: &'static str,
+    /// The file the operation is on; for `setstat` of an open file, the path it was opened as.
     pub path: String,
     /// The second path of `rename`, `symlink` and `hardlink`.
     pub target: Option<String>,
@@ -60,6 +70,8 @@ pub struct Op {
     pub bytes: u64,
     /// `ok`, the server's error message, or `incomplete` (the session ended with it open).
     pub result: String,
+    /// For `extended`: the extension's name as the client sent it (e.g. `fsync@openssh.com`).
+    pub extension: Option<String>,
 }
 
 #[derive(Debug)]
@@ -69,6 +81,9 @@ enum Pending {
     Read { handle: Vec<u8> },
     Write { handle: Vec<u8>, len: u64 },
     Close { handle: Vec<u8> },
+    /// A request that is not audited (stat, readdir, …): tracked only so that its reply is
+    /// matched to it and no other.
+    Untracked,
 }
 
 #[derive(Debug)]
@@ -191,14 +206,24 @@ pub struct SftpAudit {
     done: Vec<Op>,
 }
 
+impl Op {
+    fn new(action: &'static str, path: String) -> Self {
+        Op {
+            action,
+            path,
+            target: None,
+            mode: None,
+            bytes: 0,
+            result: String::new(),
+            extension: None,
+        }
+    }
+}
+
 fn simple(action: &'static str, path: String, target: Option<String>) -> Pending {
     Pending::Simple(Op {
-        action,
-        path,
         target,
-        mode: None,
-        bytes: 0,
-        result: String::new(),
+        ..Op::new(action, path)
     })
 }
 
@@ -239,6 +264,7 @@ impl SftpAudit {
                 mode: Some(f.mode),
                 bytes: f.bytes,
                 result: f.error.unwrap_or_else(|| "incomplete".into()),
+                extension: None,
             });
         }
         ops
@@ -281,6 +307,10 @@ impl SftpAudit {
                 })
             }
             SETSTAT => Some(simple("setstat", c.string().ok_or_else(bad)?, None)),
+            FSETSTAT => {
+                let handle = c.bytes().ok_or_else(bad)?;
+                Some(simple("setstat", self.handle_path(handle), None))
+            }
             REMOVE => Some(simple("remove", c.string().ok_or_else(bad)?, None)),
             MKDIR => Some(simple("mkdir", c.string().ok_or_else(bad)?, None)),
             RMDIR => Some(simple("rmdir", c.string().ok_or_else(bad)?, None)),
@@ -294,6 +324,13 @@ impl SftpAudit {
                 let b = c.string().ok_or_else(bad)?;
                 Some(simple("symlink", b, Some(a)))
             }
+            LINK => {
+                let link = c.string().ok_or_else(bad)?;
+                let existing = c.string().ok_or_else(bad)?;
+                let symbolic = c.u8().ok_or_else(bad)? != 0;
+                let action = if symbolic { "symlink" } else { "hardlink" };
+                Some(simple(action, link, Some(existing)))
+            }
             EXTENDED => {
                 let name = c.string().ok_or_else(bad)?;
                 match name.as_str() {
@@ -305,18 +342,49 @@ impl SftpAudit {
                         let from = c.string().ok_or_else(bad)?;
                         Some(simple("hardlink", c.string().ok_or_else(bad)?, Some(from)))
                     }
-                    _ => None,
+                    "lsetstat@openssh.com" => {
+                        Some(simple("setstat", c.string().ok_or_else(bad)?, None))
+                    }
+                    "fsetstat@openssh.com" => {
+                        let handle = c.bytes().ok_or_else(bad)?;
+                        Some(simple("setstat", self.handle_path(handle), None))
+                    }
+                    // Every other extension is audited by name, with its first argument: a
+                    // path for most (statvfs, expand-path), a handle for some (fsync), shown as
+                    // the path it was opened as.
+                    _ => {
+                        let path = match c.bytes() {
+                            Some(b) if self.handles.contains_key(b) => self.handle_path(b),
+                            Some(b) => String::from_utf8_lossy(b).into_owned(),
+                            None => String::new(),
+                        };
+                        Some(Pending::Simple(Op {
+                            extension: Some(name),
+                            ..Op::new("extended", path)
+                        }))
+                    }
                 }
             }
             _ => None,
         };
-        if let Some(p) = pending {
-            if self.pending.len() >= MAX_PENDING {
-                return Err(Broken("too many unanswered requests".into()));
-            }
-            self.pending.insert(id, p);
+        if self.pending.contains_key(&id) {
+            return Err(Broken(format!(
+                "request id {id} reused while its request is pending"
+            )));
         }
+        if self.pending.len() >= MAX_PENDING {
+            return Err(Broken("too many unanswered requests".into()));
+        }
+        self.pending.insert(id, pending.unwrap_or(Pending::Untracked));
         Ok(())
+    }
+
+    /// The path an open handle was opened as, or the handle itself (hex) if unknown.
+    fn handle_path(&self, handle: &[u8]) -> String {
+        match self.handles.get(handle) {
+            Some(f) => f.path.clone(),
+            None => handle.iter().map(|b| format!("{b:02x}")).collect(),
+        }
     }
 
     fn reply(&mut self, body: &[u8], full_len: usize) -> Result<(), Broken> {
@@ -369,11 +437,17 @@ impl SftpAudit {
                         mode: Some(mode),
                         bytes: 0,
                         result: status.unwrap_or_else(|| "unexpected reply".into()),
+                        extension: None,
                     });
                 }
             }
             Pending::Simple(mut op) => {
-                op.result = status.unwrap_or_else(|| "unexpected reply".into());
+                op.result = match status {
+                    Some(s) => s,
+                    // Extensions that answer with data (statvfs, limits, …) succeeded.
+                    None if kind == EXTENDED_REPLY => "ok".into(),
+                    None => "unexpected reply".into(),
+                };
                 self.done.push(op);
             }
             Pending::Read { handle } => {
@@ -415,9 +489,11 @@ impl SftpAudit {
                         mode: Some(f.mode),
                         bytes: f.bytes,
                         result: f.error.unwrap_or(closed),
+                        extension: None,
                     });
                 }
             }
+            Pending::Untracked => {}
         }
         Ok(())
     }
@@ -586,5 +662,103 @@ mod tests {
         let r = (0..=MAX_PENDING as u32)
             .try_for_each(|i| a.client(&packet(REMOVE, Some(i), &[&s(b"/f")])));
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_request_id_reused_while_pending_breaks_the_stream() {
+        // The second request would otherwise take the first one's reply, and one of the two
+        // operations would go unaudited.
+        let mut a = SftpAudit::new();
+        a.client(&packet(REMOVE, Some(7), &[&s(b"/etc/important")]))
+            .unwrap();
+        let e = a
+            .client(&packet(MKDIR, Some(7), &[&s(b"/tmp/decoy"), &u32b(0)]))
+            .unwrap_err();
+        assert_eq!(e.0, "request id 7 reused while its request is pending");
+        // Requests we do not audit (here STAT, 17) are tracked too: reusing their id is the
+        // same violation.
+        let mut a = SftpAudit::new();
+        a.client(&packet(17, Some(1), &[&s(b"/x")])).unwrap();
+        assert!(a.client(&packet(REMOVE, Some(1), &[&s(b"/y")])).is_err());
+        // Once answered, an id may be used again, as clients do.
+        let mut a = SftpAudit::new();
+        a.client(&packet(17, Some(1), &[&s(b"/x")])).unwrap();
+        a.server(&packet(STATUS, Some(1), &[&u32b(0), &s(b""), &s(b"")]))
+            .unwrap();
+        a.client(&packet(REMOVE, Some(1), &[&s(b"/y")])).unwrap();
+        a.server(&packet(STATUS, Some(1), &[&u32b(0), &s(b""), &s(b"")]))
+            .unwrap();
+        let ops = a.finish();
+        assert_eq!((ops.len(), ops[0].action, ops[0].path.as_str()), (1, "remove", "/y"));
+    }
+
+    #[test]
+    fn attribute_changes_links_and_extensions_are_audited_by_name() {
+        let h = b"fh";
+        let client = vec![
+            packet(OPEN, Some(1), &[&s(b"/srv/app.sh"), &u32b(2), &u32b(0)]),
+            // fsetstat on the open handle: reported with the path it was opened as.
+            packet(FSETSTAT, Some(2), &[&s(h), &u32b(4), &u32b(0o4755)]),
+            packet(SETSTAT, Some(3), &[&s(b"/srv/conf"), &u32b(0)]),
+            packet(SYMLINK, Some(4), &[&s(b"/etc/shadow"), &s(b"/tmp/l")]),
+            packet(LINK, Some(5), &[&s(b"/tmp/h"), &s(b"/etc/passwd"), &[0]]),
+            packet(
+                EXTENDED,
+                Some(6),
+                &[&s(b"hardlink@openssh.com"), &s(b"/etc/hosts"), &s(b"/tmp/h2")],
+            ),
+            packet(
+                EXTENDED,
+                Some(7),
+                &[&s(b"lsetstat@openssh.com"), &s(b"/tmp/l"), &u32b(0)],
+            ),
+            packet(
+                EXTENDED,
+                Some(8),
+                &[&s(b"statvfs@openssh.com"), &s(b"/home")],
+            ),
+            packet(EXTENDED, Some(9), &[&s(b"fsync@openssh.com"), &s(h)]),
+            packet(CLOSE, Some(10), &[&s(h)]),
+        ];
+        let ok = |id| packet(STATUS, Some(id), &[&u32b(0), &s(b""), &s(b"")]);
+        let server = vec![
+            packet(HANDLE, Some(1), &[&s(h)]),
+            ok(2),
+            ok(3),
+            packet(STATUS, Some(4), &[&u32b(3), &s(b"Permission denied"), &s(b"")]),
+            ok(5),
+            ok(6),
+            ok(7),
+            packet(EXTENDED_REPLY, Some(8), &[&[0u8; 88]]),
+            ok(9),
+            ok(10),
+        ];
+        let ops = both_ways(&client, &server);
+        let seen: Vec<_> = ops
+            .iter()
+            .map(|o| {
+                (
+                    o.action,
+                    o.path.as_str(),
+                    o.target.as_deref(),
+                    o.extension.as_deref(),
+                    o.result.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("setstat", "/srv/app.sh", None, None, "ok"),
+                ("setstat", "/srv/conf", None, None, "ok"),
+                ("symlink", "/tmp/l", Some("/etc/shadow"), None, "Permission denied"),
+                ("hardlink", "/tmp/h", Some("/etc/passwd"), None, "ok"),
+                ("hardlink", "/tmp/h2", Some("/etc/hosts"), None, "ok"),
+                ("setstat", "/tmp/l", None, None, "ok"),
+                ("extended", "/home", None, Some("statvfs@openssh.com"), "ok"),
+                ("extended", "/srv/app.sh", None, Some("fsync@openssh.com"), "ok"),
+                ("open", "/srv/app.sh", None, None, "ok"),
+            ]
+        );
     }
 }

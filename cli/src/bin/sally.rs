@@ -957,44 +957,23 @@ async fn recordings(format: Format) -> Result<()> {
                 .exit_code
                 .map(|c| c.to_string())
                 .unwrap_or_else(|| "-".into());
+            // Every field a user or a node chose is shown with its control bytes escaped: a
+            // command such as `echo \e]52;…` must not act on the terminal listing it.
+            let esc = sallyport_core::terminal::escape_controls;
             println!(
                 "{:<36} {:<12} {:<10} {:<16} {:<20} {:<5} {:<10} {}",
-                s.session_id,
-                s.user,
-                s.login,
-                s.node,
+                esc(&s.session_id),
+                esc(&s.user),
+                esc(&s.login),
+                esc(&s.node),
                 s.start,
                 code,
-                s.status,
-                s.command.as_deref().unwrap_or("(shell)")
+                esc(&s.status),
+                s.command.as_deref().map_or("(shell)".into(), esc)
             );
         }
     }
     Ok(())
-}
-
-/// Drops terminal sequences that can act on the viewer's terminal beyond drawing (OSC such as
-/// clipboard writes and title changes, DCS, APC, PM, SOS), keeping colours and cursor motion.
-fn defang(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' && matches!(chars.peek(), Some(']' | 'P' | '_' | '^' | 'X')) {
-            chars.next();
-            // Skip to BEL or ST (ESC \).
-            while let Some(d) = chars.next() {
-                if d == '\x07' || (d == '\x1b' && chars.peek() == Some(&'\\')) {
-                    if d == '\x1b' {
-                        chars.next();
-                    }
-                    break;
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
 }
 
 async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
@@ -1011,6 +990,9 @@ async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
     }
     let speed = if speed > 0.0 { speed } else { 1.0 };
     let mut last = 0.0f64;
+    // One filter for the whole replay: a sequence split across two events is still caught.
+    let mut filter = sallyport_core::terminal::Filter::new();
+    let mut shown = String::new();
     for (i, line) in text.lines().enumerate() {
         if i == 0 {
             continue;
@@ -1029,7 +1011,13 @@ async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
             }
             last = ev.0;
         }
-        out.write_all(defang(&ev.2).as_bytes())?;
+        shown.clear();
+        filter.feed(&ev.2, &mut shown);
+        out.write_all(shown.as_bytes())?;
+    }
+    // A replay cut short may leave colours or a hidden cursor behind on the viewer's terminal.
+    if format.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        out.write_all(sallyport_core::terminal::RESET.as_bytes())?;
     }
     out.flush()?;
     Ok(())

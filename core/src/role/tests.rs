@@ -448,6 +448,26 @@ fn allow_logins_cannot_be_patterns() {
     assert!(e.contains("allowed logins are names"), "{e}");
 }
 
+#[test]
+fn deny_logins_are_names_or_every_login() {
+    // `ro*` was accepted and denied nothing: refused now, with what to write instead.
+    for bad in ["ro*", "*admin", "^ro.*$"] {
+        let e = role_err(&format!(
+            "kind: role\nversion: v1\nmetadata: {{name: x}}\nspec:\n  deny:\n    logins: ['{bad}']\n"
+        ));
+        assert!(
+            e.contains("denied logins are names, or `*` for every login, not patterns"),
+            "{bad}: {e}"
+        );
+    }
+    for good in ["root", "*", "svc$", "{{internal.logins}}"] {
+        let e = role_err(&format!(
+            "kind: role\nversion: v1\nmetadata: {{name: x}}\nspec:\n  deny:\n    logins: ['{good}']\n"
+        ));
+        assert_eq!(e, "", "{good}");
+    }
+}
+
 fn role_err(yaml: &str) -> String {
     match serde_saphyr::from_str::<Role>(yaml) {
         Ok(r) => r
