@@ -7,8 +7,10 @@
 //! 2. The browser signs in at the provider and comes back to the proxy's callback with a code;
 //!    auth claims the state (once), exchanges the code (client secret + PKCE verifier), checks
 //!    the ID token (signature by a key from the provider's JWKS with an allowed algorithm,
-//!    issuer, audience, expiry, issued-at with 60 s of skew, nonce), maps claims to roles,
-//!    refreshes the `sso` user and issues certificates; the browser is sent on to `sally`'s
+//!    issuer, audience and authorized party, expiry, issued-at with 60 s of skew, nonce), adds
+//!    the claims of the provider's UserInfo endpoint (about the same `sub`), names the user by
+//!    a claim the provider vouches for, maps claims to roles, refreshes the `sso` user keyed on
+//!    (connector, issuer, `sub`) and issues certificates; the browser is sent on to `sally`'s
 //!    loopback listener with a one-time response code.
 //! 3. `sally` redeems the response code with its client secret and receives the certificates.
 //!
@@ -23,12 +25,12 @@ use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use sallyport_core::api::{Certs, LoginRequest};
 use sallyport_core::audit::Event;
-use sallyport_core::oidc::{OidcConnector, map_roles};
+use sallyport_core::oidc::{OidcConnector, map_roles, merge_userinfo};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;
 
-use crate::users::token_hash;
+use crate::users::{SsoIdentity, token_hash};
 use crate::{AuthError, AuthServer};
 
 /// How long a started login may take at the provider.
@@ -96,6 +98,10 @@ pub struct Discovery {
     pub authorization_endpoint: String,
     pub token_endpoint: String,
     pub jwks_uri: String,
+    /// Optional in discovery (OpenID Connect Discovery 3), but where most providers answer
+    /// `email` and `groups` for the code flow.
+    #[serde(default)]
+    pub userinfo_endpoint: Option<String>,
 }
 
 /// Provider keys by JWKS URL, refetched when a token names a key not in the cache.
@@ -191,7 +197,8 @@ fn find_key(set: &JwkSet, kid: Option<&str>) -> Option<jsonwebtoken::jwk::Jwk> {
 }
 
 /// Checks an ID token: allowed algorithm, a key from the provider's JWKS (refetched once for an
-/// unknown `kid`), issuer, audience, expiry, issued-at and the nonce. Returns its claims.
+/// unknown `kid`), issuer, audience, authorized party, expiry, issued-at and the nonce. Returns
+/// its claims.
 pub async fn verify_id_token(
     token: &str,
     d: &Discovery,
@@ -244,6 +251,7 @@ pub async fn verify_id_token(
         }
     })?;
     let claims = data.claims;
+    sallyport_core::oidc::check_authorized_party(&claims, client_id)?;
     let now = sallyport_core::unix_now();
     let iat = claims
         .get("iat")
@@ -257,6 +265,43 @@ pub async fn verify_id_token(
         return Err("the ID token's nonce does not match this login".into());
     }
     Ok(claims)
+}
+
+/// The provider's UserInfo response (OpenID Connect Core 5.3) for the access token the code
+/// exchange returned: a JSON object of claims. A signed or encrypted response (`application/jwt`,
+/// which a client must register for) is refused with a clear message.
+async fn fetch_userinfo(
+    endpoint: &str,
+    access_token: &str,
+    issuer: &str,
+) -> Result<BTreeMap<String, Value>, String> {
+    let resp = http()
+        .map_err(|e| e.to_string())?
+        .get(endpoint)
+        .bearer_auth(access_token)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| provider_down(issuer, format!("UserInfo: {e}")).to_string())?;
+    let status = resp.status();
+    let jwt = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/jwt"));
+    if !status.is_success() {
+        return Err(format!(
+            "the provider's UserInfo endpoint refused the access token ({status})"
+        ));
+    }
+    if jwt {
+        return Err(
+            "the provider answers UserInfo signed (application/jwt); configure the client at the provider for plain JSON UserInfo responses".into(),
+        );
+    }
+    resp.json::<BTreeMap<String, Value>>()
+        .await
+        .map_err(|e| format!("the provider's UserInfo response is not a JSON object: {e}"))
 }
 
 fn pkce_challenge(verifier: &str) -> String {
@@ -604,9 +649,25 @@ impl AuthServer {
         let id_token = body["id_token"]
             .as_str()
             .ok_or_else(|| fail("the provider returned no ID token".into()))?;
-        let claims = verify_id_token(id_token, &d, &c.spec.client_id, &nonce)
+        let mut claims = verify_id_token(id_token, &d, &c.spec.client_id, &nonce)
             .await
             .map_err(fail)?;
+        // Providers that follow the spec's default answer `email`, `groups` and the like only
+        // at UserInfo for the code flow, leaving the ID token with `sub` and the protocol claims.
+        if let (Some(endpoint), Some(access_token)) =
+            (&d.userinfo_endpoint, body["access_token"].as_str())
+        {
+            let info = fetch_userinfo(endpoint, access_token, &c.spec.issuer_url)
+                .await
+                .map_err(fail)?;
+            merge_userinfo(&mut claims, info).map_err(fail)?;
+        }
+        let subject = claims
+            .get("sub")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| fail("the ID token's subject (sub) is not a string".into()))?
+            .to_string();
         let name = sallyport_core::oidc::username(&c.spec, &claims).map_err(fail)?;
         let (roles, matched) = map_roles(&c.spec.claims_to_roles, &claims);
         if roles.is_empty() {
@@ -618,10 +679,27 @@ impl AuthServer {
             ));
         }
         let traits = sallyport_core::oidc::traits(&claims);
-        let user = self
-            .upsert_sso_user(&name, &roles, &traits)
+        let identity = SsoIdentity {
+            connector,
+            issuer: &d.issuer,
+            subject: &subject,
+        };
+        let sso = self
+            .upsert_sso_user(&name, &identity, &roles, &traits)
             .await
             .map_err(|e| (Some(name.clone()), e.to_string()))?;
+        if sso.adopted {
+            // A user from before identities were stored: say which identity now owns it.
+            self.emit(
+                Event::new("user.sso_linked", Some(&name))
+                    .with("connector", connector)
+                    .with("issuer", d.issuer.clone())
+                    .with("subject", subject.clone()),
+            )
+            .await
+            .map_err(|e| (Some(name.clone()), e.to_string()))?;
+        }
+        let user = sso.record;
         self.check_lock(&name)
             .await
             .map_err(|e| (Some(name.clone()), e.to_string()))?;

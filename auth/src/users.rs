@@ -57,6 +57,23 @@ impl UserRecord {
 
 pub use sallyport_core::rfc3339;
 
+/// Who a single sign-on user is to their provider: the connector they came through, the
+/// issuer that signed their ID token and its `sub` for them, which the provider never
+/// reassigns (OpenID Connect Core 5.7). Names and emails can change; this does not.
+#[derive(Debug, Clone, Copy)]
+pub struct SsoIdentity<'a> {
+    pub connector: &'a str,
+    pub issuer: &'a str,
+    pub subject: &'a str,
+}
+
+/// An SSO user after [`AuthServer::upsert_sso_user`]; `adopted` when a user from before
+/// identities were stored was linked to this identity now.
+pub struct SsoUser {
+    pub record: UserRecord,
+    pub adopted: bool,
+}
+
 /// How a one-time secret (sign-up and join tokens, SSO state and responses) is stored: the
 /// hex SHA-256, so the database never holds one that works.
 pub(crate) fn token_hash(token: &str) -> String {
@@ -82,44 +99,111 @@ impl AuthServer {
     }
 
     /// Creates or refreshes a user who signed in through SSO: type `sso`, roles and traits from
-    /// the provider's claims at this login. A local user of the same name is never taken over.
+    /// the provider's claims at this login. The user is keyed on `identity`: a name already
+    /// held by a local user or by another identity is refused, never taken over, and an
+    /// identity already linked to another name is refused too (the provider renamed the person:
+    /// an admin decides, by removing the old user, since locks, sessions and recordings are
+    /// kept under the old name). An SSO user from before identities were stored is linked to
+    /// the first identity that signs in as it.
     pub async fn upsert_sso_user(
         &self,
         name: &str,
+        identity: &SsoIdentity<'_>,
         roles: &[String],
         traits: &sallyport_core::identity::Traits,
-    ) -> Result<UserRecord, AuthError> {
+    ) -> Result<SsoUser, AuthError> {
+        let SsoIdentity {
+            connector,
+            issuer,
+            subject,
+        } = *identity;
+        let linked = sqlx::query(
+            "SELECT name FROM users WHERE sso_connector = $1 AND sso_issuer = $2 AND sso_subject = $3",
+        )
+        .bind(connector)
+        .bind(issuer)
+        .bind(subject)
+        .fetch_optional(&self.backend.pool)
+        .await?
+        .map(|r| r.try_get::<String, _>("name"))
+        .transpose()?;
+        if let Some(linked) = linked
+            && linked != name
+        {
+            return Err(AuthError::Conflict(format!(
+                "your identity at connector {connector} belongs to user {linked}, but the provider now names you {name}; ask an admin to remove user {linked} (`sallyctl users rm {linked}`) if {name} should replace it"
+            )));
+        }
+        let taken = |u: Option<UserRecord>| match u {
+            Some(u) if u.user_type != "sso" => AuthError::Conflict(format!(
+                "a local user named {name} exists; single sign-on cannot log in as a local user"
+            )),
+            _ => AuthError::Conflict(format!(
+                "user {name} is already linked to another identity; ask an admin"
+            )),
+        };
         if let Some(u) = self.get_user(name).await?
             && u.user_type != "sso"
         {
-            return Err(AuthError::Conflict(format!(
-                "a local user named {name} exists; single sign-on cannot log in as a local user"
-            )));
+            return Err(taken(Some(u)));
         }
         self.roles_named(roles)
             .await
             .map_err(|e| AuthError::BadRequest(format!("the roles your claims map to: {e}")))?;
-        sqlx::query(
-            "INSERT INTO users (name, user_type, roles, traits, created) VALUES ($1, 'sso', $2, $3, $4)
-             ON CONFLICT (name) DO UPDATE SET roles = excluded.roles, traits = excluded.traits
-             WHERE users.user_type = 'sso'",
+        let (roles, traits) = (
+            serde_json::to_string(roles)?,
+            serde_json::to_string(traits)?,
+        );
+        // Each statement below changes only a row of this identity (or an unlinked SSO row),
+        // so concurrent logins cannot interleave into a takeover.
+        let inserted = sqlx::query(
+            "INSERT INTO users (name, user_type, roles, traits, created, sso_connector, sso_issuer, sso_subject)
+             VALUES ($1, 'sso', $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
-        .bind(serde_json::to_string(roles)?)
-        .bind(serde_json::to_string(traits)?)
+        .bind(&roles)
+        .bind(&traits)
         .bind(sallyport_core::unix_now())
+        .bind(connector)
+        .bind(issuer)
+        .bind(subject)
+        .execute(&self.backend.pool)
+        .await?
+        .rows_affected()
+            == 1;
+        let adopted = !inserted
+            && sqlx::query(
+                "UPDATE users SET sso_connector = $1, sso_issuer = $2, sso_subject = $3
+                 WHERE name = $4 AND user_type = 'sso' AND sso_subject IS NULL",
+            )
+            .bind(connector)
+            .bind(issuer)
+            .bind(subject)
+            .bind(name)
+            .execute(&self.backend.pool)
+            .await?
+            .rows_affected()
+                == 1;
+        let refreshed = sqlx::query(
+            "UPDATE users SET roles = $1, traits = $2
+             WHERE name = $3 AND user_type = 'sso' AND sso_connector = $4 AND sso_issuer = $5 AND sso_subject = $6",
+        )
+        .bind(&roles)
+        .bind(&traits)
+        .bind(name)
+        .bind(connector)
+        .bind(issuer)
+        .bind(subject)
         .execute(&self.backend.pool)
         .await?;
-        let u = self
+        if refreshed.rows_affected() != 1 {
+            return Err(taken(self.get_user(name).await?));
+        }
+        let record = self
             .get_user(name)
             .await?
             .ok_or_else(|| AuthError::Internal(format!("user {name} vanished")))?;
-        if u.user_type != "sso" {
-            return Err(AuthError::Conflict(format!(
-                "a local user named {name} exists; single sign-on cannot log in as a local user"
-            )));
-        }
-        Ok(u)
+        Ok(SsoUser { record, adopted })
     }
 
     /// Creates a local user and returns its first sign-up token.

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use russh::keys::ssh_key::{Algorithm, PrivateKey};
+use sallyport_auth::users::SsoIdentity;
 use sallyport_auth::{AuthConfig, AuthError, AuthServer};
 use sallyport_core::api::{AddUser, LoginRequest, SignupFinish, SignupStart};
 
@@ -91,6 +92,8 @@ async fn suite(url: &str) {
         Err(AuthError::Locked(_))
     ));
 
+    sso_users_are_keyed_on_their_identity(&auth).await;
+
     let v = auth.audit_verify().await.unwrap();
     assert!(v.ok, "{}", v.message);
     let n = auth.audit_count().await.unwrap();
@@ -100,8 +103,58 @@ async fn suite(url: &str) {
     // A second instance on the same storage sees the same CAs, users and chain.
     let again = AuthServer::open(cfg).await.unwrap();
     assert_eq!(again.authorities.pins().unwrap(), pins);
-    assert_eq!(again.list_users().await.unwrap().len(), 1);
+    assert_eq!(again.list_users().await.unwrap().len(), 2);
     assert!(again.audit_verify().await.unwrap().ok);
+}
+
+/// An SSO user belongs to one (connector, issuer, sub); the unique index and the statements that
+/// guard it hold on both databases.
+async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
+    let id = |connector, subject| SsoIdentity {
+        connector,
+        issuer: "https://idp.example.com",
+        subject,
+    };
+    let roles = vec!["access".to_string()];
+    let traits = Default::default();
+    let first = auth
+        .upsert_sso_user("a@x.io", &id("corp", "s1"), &roles, &traits)
+        .await
+        .unwrap();
+    assert!(!first.adopted);
+    // The same identity again refreshes the same user.
+    auth.upsert_sso_user("a@x.io", &id("corp", "s1"), &roles, &traits)
+        .await
+        .unwrap();
+    for (who, name, needle) in [
+        (
+            id("corp", "s2"),
+            "a@x.io",
+            "already linked to another identity",
+        ),
+        (
+            id("corp2", "s1"),
+            "a@x.io",
+            "already linked to another identity",
+        ),
+        (
+            id("corp", "s1"),
+            "b@x.io",
+            "the provider now names you b@x.io",
+        ),
+        (id("corp", "s3"), "u1", "a local user named u1 exists"),
+    ] {
+        let e = auth
+            .upsert_sso_user(name, &who, &roles, &traits)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{who:?} as {name}"));
+        assert!(
+            matches!(&e, AuthError::Conflict(m) if m.contains(needle)),
+            "{who:?} as {name}: {e}"
+        );
+    }
+    assert!(auth.get_user("b@x.io").await.unwrap().is_none());
 }
 
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! Single sign-on with OpenID Connect against a real provider: the npm package `oidc-provider`
 //! (tests/oidc/provider.mjs) on loopback, with `tests/oidc/browser.py` doing the browser's part
-//! (its login form, consent, the redirects). The same fixture's "hostile" issuer speaks the same
-//! protocol but signs ID tokens wrong on purpose, one defect at a time: each must be refused with
-//! a clear message and nothing issued.
+//! (its login form, consent, the redirects). The provider runs with the library's defaults, as
+//! real providers do (claims such as `email` and `groups` only at UserInfo); the variant with
+//! claims in the ID token and no UserInfo comes after. The same fixture's "hostile" issuer speaks
+//! the same protocol but signs ID tokens wrong on purpose, one defect at a time: each must be
+//! refused with a clear message and nothing issued.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -29,7 +31,30 @@ fn oidc_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc")
 }
 
+impl Provider {
+    /// Replaces an account's claims at the provider (`login` stays its `sub`).
+    fn set_user(&self, login: &str, claims: &str) {
+        run(
+            Command::new("curl").args([
+                "-sf",
+                "-X",
+                "POST",
+                "--data-binary",
+                claims,
+                &format!("{}/test/users/{login}", self.issuer),
+            ]),
+            "",
+        )
+        .ok();
+    }
+}
+
+/// The provider with the library's defaults.
 fn provider(c: &Cluster) -> Provider {
+    provider_with(c, &[])
+}
+
+fn provider_with(c: &Cluster, env: &[(&str, &str)]) -> Provider {
     let (port, hport) = (free_port(), free_port());
     assert!(
         oidc_dir().join("node_modules/oidc-provider").exists(),
@@ -45,11 +70,15 @@ fn provider(c: &Cluster) -> Provider {
             "REDIRECT_URI",
             format!("https://{}/v1/webapi/oidc/callback", c.proxy),
         )
+        // carol's provider has not verified her address; mallory's account claims alice's.
         .env(
             "USERS",
             r#"{"alice": {"email": "alice@example.com", "groups": ["admins", "team-db"]},
-                "bob": {"email": "bob@example.com", "groups": ["nobody"]}}"#,
+                "bob": {"email": "bob@example.com", "groups": ["nobody"]},
+                "carol": {"email": "carol@example.com", "email_verified": false, "groups": ["admins"]},
+                "mallory": {"email": "alice@example.com", "groups": ["admins"]}}"#,
         )
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -286,6 +315,18 @@ fn bad_id_tokens_and_a_provider_that_is_down_are_refused() {
         ("wrong-nonce", "nonce does not match"),
         ("wrong-issuer", "another issuer"),
         ("alg-none", "ID token"),
+        (
+            "wrong-azp",
+            "issued to another client (azp \"someone-else\")",
+        ),
+        (
+            "several-aud-no-azp",
+            "several audiences but no authorized party (azp)",
+        ),
+        (
+            "userinfo-other-sub",
+            "UserInfo is about another subject (mallory) than the ID token (alice)",
+        ),
     ] {
         scenario(name);
         let home = c.dir.path().join(format!("home-{name}"));
@@ -306,4 +347,109 @@ fn bad_id_tokens_and_a_provider_that_is_down_are_refused() {
     drop(p);
     let (r, _) = sso_login(&c, &c.dir.path().join("home-down"), "corp", "alice");
     r.fails_with("cannot be reached");
+}
+
+/// The other kind of provider: claims in the ID token itself and no UserInfo endpoint.
+#[test]
+fn claims_in_the_id_token_without_userinfo_are_read_too() {
+    let c = Cluster::start();
+    roles_file(&c);
+    let p = provider_with(&c, &[("CLAIMS_IN_ID_TOKEN", "1")]);
+    let discovery = run(
+        Command::new("curl").args([
+            "-s",
+            &format!("{}/.well-known/openid-configuration", p.issuer),
+        ]),
+        "",
+    )
+    .ok()
+    .stdout;
+    assert!(!discovery.contains("userinfo_endpoint"), "{discovery}");
+    connector(&c, "corp", &p.issuer);
+    let home = c.dir.path().join("home-sso");
+    sso_login(&c, &home, "corp", "alice").0.ok();
+    let status: serde_json::Value = serde_json::from_str(
+        &c.sally(&home, &["status", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(status["user"], "alice@example.com");
+    assert_eq!(
+        status["roles"],
+        serde_json::json!(["sso-ops", "db-readers"])
+    );
+}
+
+fn sso_users(c: &Cluster) -> String {
+    c.sallyctl(&["users", "ls"]).ok().stdout
+}
+
+/// SSO users are named by an address the provider vouches for and keyed on (connector, issuer,
+/// `sub`): another account, connector or provider that presents the same address, or the same
+/// person under a new address, does not become an existing user.
+#[test]
+fn sso_users_are_keyed_on_the_identity_the_provider_vouches_for() {
+    let c = Cluster::start();
+    roles_file(&c);
+    let p = provider(&c);
+    connector(&c, "corp", &p.issuer);
+    let home = |n: &str| c.dir.path().join(format!("home-{n}"));
+    sso_login(&c, &home("alice"), "corp", "alice").0.ok();
+    assert!(sso_users(&c).contains("alice@example.com"));
+
+    // An address the provider has not verified names no one; no user is written.
+    let (r, _) = sso_login(&c, &home("carol"), "corp", "carol");
+    r.fails_with(
+        "your identity provider has not verified the email address \"carol@example.com\" (email_verified is not true)",
+    );
+    assert!(!home("carol").join("profile.json").exists());
+    assert!(!sso_users(&c).contains("carol"), "{}", sso_users(&c));
+
+    // Another account at the same provider with alice's address.
+    let refused = "user alice@example.com is already linked to another identity; ask an admin";
+    let (r, _) = sso_login(&c, &home("mallory"), "corp", "mallory");
+    r.fails_with(refused);
+    assert!(!home("mallory").join("profile.json").exists());
+    // A second connector to the same provider, and a connector to another provider, each
+    // presenting alice's address (the other provider even with the same `sub`).
+    connector(&c, "corp2", &p.issuer);
+    let (r, _) = sso_login(&c, &home("corp2"), "corp2", "alice");
+    r.fails_with(refused);
+    connector(&c, "other", &p.hostile);
+    let (r, _) = sso_login(&c, &home("other"), "other", "alice");
+    r.fails_with(refused);
+    for h in ["corp2", "other"] {
+        assert!(!home(h).join("profile.json").exists(), "{h}");
+    }
+    // alice herself still signs in, as herself.
+    sso_login(&c, &home("alice-again"), "corp", "alice").0.ok();
+
+    // alice's address changes at the provider: the same identity under a new name is refused
+    // (her locks, sessions and recordings are under the old name) until an admin removes the
+    // old user.
+    p.set_user(
+        "alice",
+        r#"{"email": "alice.smith@example.com", "groups": ["admins"]}"#,
+    );
+    let (r, _) = sso_login(&c, &home("renamed"), "corp", "alice");
+    r.fails_with("your identity at connector corp belongs to user alice@example.com, but the provider now names you alice.smith@example.com; ask an admin to remove user alice@example.com");
+    assert!(!sso_users(&c).contains("alice.smith"), "{}", sso_users(&c));
+    c.sallyctl(&["users", "rm", "alice@example.com"]).ok();
+    sso_login(&c, &home("renamed-ok"), "corp", "alice").0.ok();
+    let users = sso_users(&c);
+    assert!(users.contains("alice.smith@example.com"), "{users}");
+    assert!(
+        !users.lines().any(|l| l.contains("alice@example.com")),
+        "{users}"
+    );
+
+    // Every refusal is audited with its reason.
+    let failures = c
+        .sallyctl(&["audit", "search", "--type", "user.login"])
+        .ok()
+        .stdout;
+    for needle in ["not verified", "already linked", "now names you"] {
+        assert!(failures.contains(needle), "{needle}: {failures}");
+    }
 }
