@@ -1,5 +1,7 @@
 //! File copies that run as commands: which commands are copies (legacy `scp -t/-f`,
-//! `rsync --server`, a direct `sftp-server`), for the `ssh_file_copy` role option, and the
+//! `rsync --server`, a direct `sftp-server`) — exactly what the real clients send, read as the
+//! shell reads it, since a copy is audited per file instead of recorded and anything else must
+//! be recorded — which merely mention one (refused under `ssh_file_copy: false`), and the
 //! legacy scp protocol's file headers, read from the sending side to audit each file.
 
 /// Which way the bytes go, seen from the person's side.
@@ -28,62 +30,239 @@ pub enum FileCopy {
     SftpServer,
 }
 
-fn base(word: &str) -> &str {
-    word.rsplit('/').next().unwrap_or(word)
+/// The system `sftp-server` binaries `sftp -s PATH` names: root-owned paths, so the program
+/// is the real server, not something the login put there.
+pub const SFTP_SERVERS: &[&str] = &[
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+    "/usr/libexec/sftp-server",
+    "/usr/lib/sftp-server",
+];
+
+/// One word of a command, as the shell would pass it to the program.
+struct Word {
+    text: String,
+    /// An unquoted `*`, `?` or `[`: the shell may turn the word into other words.
+    glob: bool,
+    /// The first character came from an unquoted glob.
+    glob_first: bool,
 }
 
-fn unquote(word: &str) -> String {
-    word.trim_matches(|c| c == '\'' || c == '"').to_string()
-}
-
-/// Whether `command` is a file copy. Errs on the side of yes: any word that is one of the copy
-/// programs with its server-side flags counts, wherever it stands in the command.
-pub fn classify(command: &str) -> Option<FileCopy> {
-    let words: Vec<&str> = command.split_whitespace().collect();
-    for (i, w) in words.iter().enumerate() {
-        let rest = &words[i + 1..];
-        let path = || {
-            rest.iter()
-                .rev()
-                .find(|w| !w.starts_with('-'))
-                .map(|w| unquote(w))
-                .unwrap_or_default()
-        };
-        match base(w) {
-            "scp" => {
-                let flag = |f: char| {
-                    rest.iter()
-                        .take_while(|w| **w != "--")
-                        .any(|w| w.starts_with('-') && !w.starts_with("--") && w[1..].contains(f))
-                };
-                let direction = if flag('t') {
-                    Direction::Upload
-                } else if flag('f') {
-                    Direction::Download
-                } else {
-                    continue;
-                };
-                return Some(FileCopy::Scp {
-                    direction,
-                    path: path(),
-                });
+/// The words of `command` as any POSIX-like login shell (sh, bash, dash, zsh, fish) runs it,
+/// or `None` unless the shell would run exactly one program with literal arguments: any
+/// unquoted `; | & $ \` ( ) < > { } ! #`, a `$` or `` ` `` or `\` or `!` inside double quotes,
+/// a `\` inside single quotes (shells disagree on it), a line break or another control
+/// character, or an unclosed quote, and the answer is `None`.
+fn shell_words(command: &str) -> Option<Vec<Word>> {
+    let mut words = Vec::new();
+    let mut cur: Option<Word> = None;
+    let mut chars = command.chars();
+    fn push(cur: &mut Option<Word>, c: char, glob: bool) {
+        let w = cur.get_or_insert_with(|| Word {
+            text: String::new(),
+            glob: false,
+            glob_first: glob,
+        });
+        w.text.push(c);
+        w.glob |= glob;
+    }
+    fn start(cur: &mut Option<Word>) {
+        cur.get_or_insert_with(|| Word {
+            text: String::new(),
+            glob: false,
+            glob_first: false,
+        });
+    }
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' => {
+                if let Some(w) = cur.take() {
+                    words.push(w);
+                }
             }
-            "rsync" if rest.contains(&"--server") => {
-                let direction = if rest.contains(&"--sender") {
-                    Direction::Download
-                } else {
-                    Direction::Upload
-                };
-                return Some(FileCopy::Rsync {
-                    direction,
-                    path: path(),
-                });
+            '\\' => match chars.next() {
+                Some(e) if !e.is_control() => push(&mut cur, e, false),
+                _ => return None,
+            },
+            '\'' => {
+                start(&mut cur);
+                loop {
+                    match chars.next()? {
+                        '\'' => break,
+                        '\\' => return None,
+                        e if e.is_control() => return None,
+                        e => push(&mut cur, e, false),
+                    }
+                }
             }
-            "sftp-server" => return Some(FileCopy::SftpServer),
-            _ => {}
+            '"' => {
+                start(&mut cur);
+                loop {
+                    match chars.next()? {
+                        '"' => break,
+                        '$' | '`' | '\\' | '!' => return None,
+                        e if e.is_control() => return None,
+                        e => push(&mut cur, e, false),
+                    }
+                }
+            }
+            '#' if cur.is_none() => return None,
+            ';' | '|' | '&' | '$' | '`' | '(' | ')' | '<' | '>' | '{' | '}' | '!' => {
+                return None;
+            }
+            c if c.is_control() => return None,
+            '*' | '?' | '[' => push(&mut cur, c, true),
+            c => push(&mut cur, c, false),
         }
     }
-    None
+    if let Some(w) = cur.take() {
+        words.push(w);
+    }
+    Some(words)
+}
+
+/// Whether `command` is a file copy: exactly what the real clients send, the whole command read
+/// as the shell would read it. Anything else (`echo x; : rsync --server`, `scp -t a b`,
+/// `./scp -t x`) is not a copy, and so a recorded session.
+///
+/// - OpenSSH's legacy scp (`scp -O`): `scp [-r] [-p] [-d] [-v] [-q] -t|-f [--] PATH`.
+/// - rsync: `rsync --server [--sender] OPTIONS . PATH...`, without the options that make the
+///   server run a daemon with a config file of the login's choosing (which can run programs).
+/// - `sftp -s`: one of [`SFTP_SERVERS`], alone.
+pub fn classify(command: &str) -> Option<FileCopy> {
+    let words = shell_words(command)?;
+    // A word the shell may expand must not be able to become an option (`*` next to a file
+    // named `--daemon`): its first character is literal and not `-`.
+    if words
+        .iter()
+        .any(|w| w.glob && (w.glob_first || w.text.starts_with('-')))
+    {
+        return None;
+    }
+    let (program, args) = words.split_first()?;
+    if program.glob {
+        return None;
+    }
+    match program.text.as_str() {
+        "scp" => scp(args),
+        "rsync" => rsync(args),
+        p if SFTP_SERVERS.contains(&p) && args.is_empty() => Some(FileCopy::SftpServer),
+        _ => None,
+    }
+}
+
+fn scp(args: &[Word]) -> Option<FileCopy> {
+    let mut direction = None;
+    let mut rest = args;
+    while let Some((w, tail)) = rest.split_first() {
+        let t = w.text.as_str();
+        if t == "--" {
+            rest = tail;
+            break;
+        }
+        let Some(flags) = t.strip_prefix('-') else {
+            break;
+        };
+        if flags.is_empty() {
+            return None;
+        }
+        for f in flags.chars() {
+            match f {
+                'r' | 'p' | 'd' | 'v' | 'q' => {}
+                't' | 'f' if direction.is_none() => {
+                    direction = Some(if f == 't' {
+                        Direction::Upload
+                    } else {
+                        Direction::Download
+                    });
+                }
+                _ => return None,
+            }
+        }
+        rest = tail;
+    }
+    match (direction, rest) {
+        (Some(direction), [path]) if !path.text.is_empty() => Some(FileCopy::Scp {
+            direction,
+            path: path.text.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// rsync server options that turn it into something other than a copy of the named paths.
+const RSYNC_REFUSED: &[&str] = &[
+    "--daemon",
+    "--config",
+    "--dparam",
+    "--rsh",
+    "--rsync-path",
+    "--remote-option",
+];
+
+fn rsync(args: &[Word]) -> Option<FileCopy> {
+    let (first, rest) = args.split_first()?;
+    if first.text != "--server" {
+        return None;
+    }
+    let dot = rest.iter().position(|w| w.text == ".")?;
+    let (options, paths) = (&rest[..dot], &rest[dot + 1..]);
+    let mut direction = Direction::Upload;
+    for o in options {
+        let t = o.text.as_str();
+        if t == "--sender" {
+            direction = Direction::Download;
+        } else if let Some(long) = t.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or(long);
+            if RSYNC_REFUSED
+                .iter()
+                .any(|r| r.strip_prefix("--") == Some(name))
+            {
+                return None;
+            }
+        } else if let Some(short) = t.strip_prefix('-') {
+            // `e` takes the rest of the word as its value (the protocol's capabilities).
+            let flags = short.split('e').next().unwrap_or(short);
+            if short.is_empty() || flags.contains('M') {
+                return None;
+            }
+        } else {
+            return None;
+        }
+    }
+    if paths.is_empty() || paths.iter().any(|p| p.text.starts_with('-')) {
+        return None;
+    }
+    Some(FileCopy::Rsync {
+        direction,
+        path: paths.last().map(|p| p.text.clone()).unwrap_or_default(),
+    })
+}
+
+/// Whether `command` mentions a copy program with its server-side flags anywhere: not enough
+/// to be a copy (that is [`classify`]), but enough to refuse under `ssh_file_copy: false`, so a
+/// copy wrapped in a little shell (`cd /tmp && scp -t .`) stays refused.
+pub fn mentions_copy(command: &str) -> bool {
+    let words: Vec<&str> = command
+        .split(|c: char| c.is_whitespace() || matches!(c, ';' | '&' | '|' | '(' | ')' | '`'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    words.iter().enumerate().any(|(i, w)| {
+        let w = w.trim_matches(|c| c == '\'' || c == '"');
+        let rest = &words[i + 1..];
+        match w.rsplit('/').next().unwrap_or(w) {
+            "scp" => rest
+                .iter()
+                .take_while(|w| **w != "--")
+                .any(|w| w.starts_with('-') && !w.starts_with("--") && w[1..].contains(['t', 'f'])),
+            "rsync" => rest
+                .iter()
+                .any(|w| w.trim_matches(['\'', '"']) == "--server"),
+            "sftp-server" => true,
+            _ => false,
+        }
+    })
 }
 
 /// One file carried by legacy scp.
@@ -220,50 +399,124 @@ impl ScpStream {
 mod tests {
     use super::*;
 
+    fn scp(direction: Direction, path: &str) -> Option<FileCopy> {
+        Some(FileCopy::Scp {
+            direction,
+            path: path.into(),
+        })
+    }
+
+    fn rsync(direction: Direction, path: &str) -> Option<FileCopy> {
+        Some(FileCopy::Rsync {
+            direction,
+            path: path.into(),
+        })
+    }
+
+    /// What OpenSSH 9.2's `scp -O`, rsync 3.2 and `sftp -s` send (seen with `-S`/`-e` set
+    /// to a script that prints its arguments), and what only looks like them.
     #[test]
-    fn copies_are_recognised_wherever_they_stand() {
-        assert_eq!(
-            classify("scp -t -- /tmp/x"),
-            Some(FileCopy::Scp {
-                direction: Direction::Upload,
-                path: "/tmp/x".into()
-            })
-        );
-        assert_eq!(
-            classify("scp -r -p -f -- /srv/logs"),
-            Some(FileCopy::Scp {
-                direction: Direction::Download,
-                path: "/srv/logs".into()
-            })
-        );
-        assert!(matches!(
-            classify("cd /tmp && /usr/bin/scp -vt ."),
-            Some(FileCopy::Scp {
-                direction: Direction::Upload,
-                ..
-            })
-        ));
-        assert_eq!(
-            classify("rsync --server --sender -vlogDtpre.iLsfxCIvu . /etc/hosts"),
-            Some(FileCopy::Rsync {
-                direction: Direction::Download,
-                path: "/etc/hosts".into()
-            })
-        );
-        assert!(matches!(
-            classify("rsync --server -vlogDtpre.iLsfxCIvu . /tmp/d/"),
-            Some(FileCopy::Rsync {
-                direction: Direction::Upload,
-                ..
-            })
-        ));
-        assert_eq!(
-            classify("/usr/lib/openssh/sftp-server"),
-            Some(FileCopy::SftpServer)
-        );
-        assert_eq!(classify("scp --help"), None);
-        assert_eq!(classify("uname -a"), None);
-        assert_eq!(classify("rsync --version"), None);
+    fn only_what_the_real_clients_send_is_a_copy() {
+        use Direction::{Download, Upload};
+        let table: &[(&str, Option<FileCopy>)] = &[
+            ("scp -t /tmp/x", scp(Upload, "/tmp/x")),
+            ("scp -r -p -t /tmp/x", scp(Upload, "/tmp/x")),
+            ("scp -d -t /tmp/", scp(Upload, "/tmp/")),
+            ("scp -v -t /tmp/x", scp(Upload, "/tmp/x")),
+            ("scp -r -d -t /tmp", scp(Upload, "/tmp")),
+            ("scp -f /tmp/x", scp(Download, "/tmp/x")),
+            ("scp -r -f /srv/logs", scp(Download, "/srv/logs")),
+            ("scp -f /var/log/*.log", scp(Download, "/var/log/*.log")),
+            ("scp -t ~/x", scp(Upload, "~/x")),
+            ("scp -t -- -dash", scp(Upload, "-dash")),
+            ("scp -vt .", scp(Upload, ".")),
+            (
+                "rsync --server -vlogDtpre.iLsfxCIvu . /tmp/x",
+                rsync(Upload, "/tmp/x"),
+            ),
+            (
+                "rsync --server -e.LsfxCIvu . /tmp/x",
+                rsync(Upload, "/tmp/x"),
+            ),
+            (
+                "rsync --server --sender -logDtpre.iLsfxCIvu . /etc/hosts",
+                rsync(Download, "/etc/hosts"),
+            ),
+            (
+                "rsync --server --sender -e.LsfxCIvu . /a /b",
+                rsync(Download, "/b"),
+            ),
+            (
+                "rsync --server -vlogDtpre.iLsfxCIvu . /tmp/with\\ space",
+                rsync(Upload, "/tmp/with space"),
+            ),
+            (
+                "rsync --server -logDtprze.iLsfxCIvu --delete . /tmp/it\\'s\\$x",
+                rsync(Upload, "/tmp/it's$x"),
+            ),
+            ("/usr/lib/openssh/sftp-server", Some(FileCopy::SftpServer)),
+            // Commands that merely contain a copy are sessions, recorded.
+            ("echo x; : rsync --server", None),
+            ("echo x; : rsync --server . /tmp", None),
+            ("rsync --server . /tmp; sh", None),
+            ("scp -t /tmp/x && sh", None),
+            ("scp -t /tmp/x | sh", None),
+            ("scp -t /tmp/x & sh", None),
+            ("scp -t /tmp/x\nsh", None),
+            ("scp -t /tmp/x\rsh", None),
+            ("scp -t $(sh)", None),
+            ("scp -t `sh`", None),
+            ("scp -t \"$(sh)\"", None),
+            ("scp -t '/tmp/x' > /tmp/y", None),
+            ("scp -t /tmp/x #", None),
+            ("scp -t /tmp/{a,b}", None),
+            ("cd /tmp && /usr/bin/scp -vt .", None),
+            ("/usr/bin/scp -t /tmp/x", None),
+            ("./scp -t /tmp/x", None),
+            ("sh -c 'scp -t /tmp/x'", None),
+            ("FOO=1 scp -t /tmp/x", None),
+            ("scp -t", None),
+            ("scp -t a b", None),
+            ("scp -t -f /tmp/x", None),
+            ("scp -t -S/tmp/evil /tmp/x", None),
+            ("scp --help", None),
+            ("scp -t 'x\\' y", None),
+            ("scp -t 'unclosed", None),
+            ("scp -f *", None),
+            ("scp -f -*", None),
+            ("rsync --server --daemon --config=/tmp/c . /tmp", None),
+            ("rsync --server --config /tmp/c . /tmp", None),
+            ("rsync --server -M--foo . /tmp", None),
+            ("rsync --server . -x", None),
+            ("rsync --server -vlogDtpre.iLsfxCIvu . *", None),
+            ("rsync --server --da* . /tmp", None),
+            ("rsync --version", None),
+            ("rsync --server", None),
+            ("/usr/lib/openssh/sftp-server -d /", None),
+            ("/tmp/sftp-server", None),
+            ("uname -a", None),
+            ("", None),
+        ];
+        for (command, expect) in table {
+            assert_eq!(&classify(command), expect, "{command:?}");
+        }
+    }
+
+    #[test]
+    fn copies_wrapped_in_shell_are_still_seen_for_refusal() {
+        for cmd in [
+            "scp -t /tmp/x",
+            "cd /tmp && /usr/bin/scp -vt .",
+            "echo x; : rsync --server",
+            "sh -c 'rsync --server . /tmp'",
+            "exec /usr/lib/openssh/sftp-server",
+            "true;scp -f /etc/passwd",
+        ] {
+            assert!(mentions_copy(cmd), "{cmd:?}");
+        }
+        for cmd in ["uname -a", "scp --help", "rsync --version", "which scp"] {
+            assert!(!mentions_copy(cmd), "{cmd:?}");
+        }
     }
 
     #[test]

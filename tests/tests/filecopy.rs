@@ -354,3 +354,111 @@ fn a_full_disk_on_the_node_is_an_error_the_client_sees() {
     }));
     assert!(ops.iter().all(|e| e["result"] != "ok"), "{ops:#?}");
 }
+
+/// The session id and .cast text of the one recording whose command is `command`.
+fn recording_of(c: &Cluster, home: &Path, command: &str) -> Option<(String, String)> {
+    let list: serde_json::Value = serde_json::from_str(
+        &c.sally(home, &["recordings", "ls", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .ok()?;
+    let id = list.as_array()?.iter().find(|s| s["command"] == command)?["session_id"]
+        .as_str()?
+        .to_string();
+    let cast =
+        std::fs::read_to_string(c.data_dir().join("recordings").join(format!("{id}.cast"))).ok()?;
+    Some((id, cast))
+}
+
+#[test]
+fn a_command_that_only_mentions_a_copy_is_a_recorded_session() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: strict}\nspec:\n  options: {record_session: {ssh: strict}}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let home = c.user("sam", "strict", "");
+    let auditor = c.user("audrey", "auditor", "");
+    let cfg = c.ssh_config(&home, "sam");
+    // Each of these once ran unrecorded because it contained a copy program's server flags.
+    for command in [
+        "echo rsync-dodge; : rsync --server",
+        "echo scp-dodge; : scp -t /tmp/x",
+        "echo sftp-dodge; : /usr/lib/openssh/sftp-server",
+        "echo wrapped-dodge && rsync --server --version >/dev/null 2>&1; true",
+    ] {
+        let said = command
+            .split(';')
+            .next()
+            .unwrap()
+            .trim_start_matches("echo ");
+        let said = said.split(" &&").next().unwrap();
+        let r = c.ssh(&cfg, &["root@local1", command], "").ok();
+        assert_eq!(r.stdout, format!("{said}\n"));
+        let mut found = None;
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                found = recording_of(&c, &auditor, command);
+                found.is_some()
+            }),
+            "no recording of {command:?}"
+        );
+        let (_, cast) = found.unwrap();
+        assert!(
+            cast.contains(said),
+            "{command:?} recorded without its output: {cast}"
+        );
+    }
+    // Real copies are still copies: audited per file, not recorded as terminal output.
+    let file = c.dir.path().join("real.txt");
+    std::fs::write(&file, "real\n").unwrap();
+    let remote = format!("/tmp/sallyport-real-{}", std::process::id());
+    run(
+        tool("scp", &cfg)
+            .args(["-O", "-q"])
+            .arg(&file)
+            .arg(format!("root@local1:{remote}")),
+        "",
+    )
+    .ok();
+    assert!(eventually(Duration::from_secs(10), || {
+        events(&c, "scp")
+            .iter()
+            .any(|e| e["tool"] == "scp" && e["path"] == remote.as_str() && e["size"] == 5)
+    }));
+    c.ssh(&cfg, &["root@local1", &format!("rm -f {remote}")], "")
+        .ok();
+}
+
+#[test]
+fn ssh_file_copy_false_refuses_copies_wrapped_in_a_shell() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: no-copy}\nspec:\n  options: {ssh_file_copy: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let home = c.user("erin", "no-copy", "");
+    let cfg = c.ssh_config(&home, "erin");
+    let remote = format!("/tmp/sallyport-wrapped-{}", std::process::id());
+    // Not an exact copy, so it would be a recorded session, but it runs one: still refused.
+    c.ssh(
+        &cfg,
+        &["root@local1", &format!("cd /tmp && scp -t {remote}")],
+        "C0644 2 x\nx\n\0",
+    )
+    .fails_with("file copy (scp, sftp, rsync) is not allowed by your roles (ssh_file_copy: false)");
+    let r = c
+        .ssh(
+            &cfg,
+            &[
+                "root@local1",
+                &format!("test -e {remote} && echo there || echo absent"),
+            ],
+            "",
+        )
+        .ok();
+    assert_eq!(r.stdout, "absent\n");
+}
