@@ -155,6 +155,27 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
         );
     }
     assert!(auth.get_user("b@x.io").await.unwrap().is_none());
+
+    // An SSO user from before identities were stored is linked to the first identity that
+    // signs in as it, and held by that one from then on.
+    sqlx::query(
+        "INSERT INTO users (name, user_type, roles, traits, created) VALUES ('old@x.io', 'sso', '[\"access\"]', '{}', 0)",
+    )
+    .execute(&auth.backend.pool)
+    .await
+    .unwrap();
+    let linked = auth
+        .upsert_sso_user("old@x.io", &id("corp", "s9"), &roles, &traits)
+        .await
+        .unwrap();
+    assert!(linked.adopted);
+    let e = auth
+        .upsert_sso_user("old@x.io", &id("corp2", "s9"), &roles, &traits)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("already linked"), "{e}");
+    auth.remove_user("old@x.io", "test").await.unwrap();
 }
 
 #[tokio::test]
