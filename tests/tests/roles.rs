@@ -378,3 +378,21 @@ fn roles_api_is_guarded_and_tokens_never_show_secrets() {
         "a token's secret is never shown again"
     );
 }
+
+#[test]
+fn deny_login_patterns_are_refused_rather_than_denying_nothing() {
+    let c = Cluster::start();
+    let f = c.dir.path().join("deny.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: no-ro}\nspec:\n  deny:\n    logins: ['ro*']\n",
+    )
+    .unwrap();
+    let r = c
+        .sallyctl(&["create", &f.display().to_string()])
+        .fails_with("spec.deny.logins")
+        .fails_with("\"ro*\": denied logins are names, or `*` for every login, not patterns");
+    assert_eq!(r.code, 1);
+    c.sallyctl(&["get", "role/no-ro"])
+        .fails_with("does not exist");
+}

@@ -134,7 +134,19 @@ fn sftp_event(op: sallyport_core::sftp::Op) -> (&'static str, serde_json::Value)
     if let Some(m) = op.mode {
         e["mode"] = m.into();
     }
+    if let Some(x) = op.extension {
+        e["extension"] = x.into();
+    }
     ("sftp", e)
+}
+
+/// The event that says why a file copy's channel was ended: its stream could no longer be
+/// audited (a protocol violation, a flood), so nothing more of it may pass unaudited.
+fn copy_aborted(why: &str) -> (&'static str, serde_json::Value) {
+    (
+        "sftp",
+        json!({"action": "abort", "path": "", "bytes": 0, "result": why}),
+    )
 }
 
 async fn send_all(events: &EventSink, list: Vec<(&'static str, serde_json::Value)>) {
@@ -1009,6 +1021,7 @@ async fn node_to_user(
                     Ok(list) => send_all(&events, list).await,
                     Err(e) => {
                         tracing::warn!(session = %grant.session_id, error = %e, "closing a file copy that cannot be audited");
+                        send_all(&events, vec![copy_aborted(&e)]).await;
                         let _ = user
                             .extended_data(
                                 ch,
@@ -1531,6 +1544,7 @@ impl russh::server::Handler for Inner {
                 Ok(list) => send_all(&r.events, list).await,
                 Err(e) => {
                     tracing::warn!(user = %self.user, error = %e, "closing a file copy that cannot be audited");
+                    send_all(&r.events, vec![copy_aborted(&e)]).await;
                     _session.extended_data(
                         ch,
                         1,
