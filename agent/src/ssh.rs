@@ -45,20 +45,16 @@ impl NodeServer {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad(&e))?;
         let config = russh::server::Config {
-            methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey][..]),
             auth_rejection_time: Duration::from_millis(100),
-            auth_rejection_time_initial: Some(Duration::ZERO),
-            keys: vec![key],
-            certificates: vec![cert],
             inactivity_timeout: None,
-            nodelay: true,
             window_size: 8 * 1024 * 1024,
-            // Slack between nested session loops: see `sallyport_core::flow`.
-            channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-            // Only the proxy reaches this server, through the mTLS tunnel.
-            preferred: sallyport_core::sshcert::preferred_tunnel_server(),
             event_buffer_size: 1024,
-            ..Default::default()
+            // Only the proxy reaches this server, through the mTLS tunnel: `none` is offered.
+            ..sallyport_core::sshcert::server_config(
+                key,
+                cert,
+                sallyport_core::sshcert::Transport::InsideTunnel,
+            )
         };
         Ok(NodeServer {
             config: Arc::new(config),
@@ -72,6 +68,9 @@ impl NodeServer {
         self: Arc<Self>,
         stream: S,
     ) {
+        // Only the proxy reaches this server, so there is no one to cap here; a connection
+        // that does not authenticate in time is still ended.
+        let (pending, login) = sallyport_core::door::Pending::new(None);
         let conn = Conn {
             srv: self.clone(),
             login: None,
@@ -80,20 +79,18 @@ impl NodeServer {
             permits: Permits::default(),
             stop: CancellationToken::new(),
             remote: HashMap::new(),
+            pending,
         };
-        match russh::server::run_stream(
+        if let Err(e) = sallyport_core::door::serve_ssh(
             self.config.clone(),
-            sallyport_core::flow::Decoupled::new(stream),
+            stream,
             conn,
+            login,
+            sallyport_core::door::DEFAULT_LOGIN_GRACE,
         )
         .await
         {
-            Ok(running) => {
-                if let Err(e) = running.await {
-                    tracing::debug!(error = %e, "ssh connection ended");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "ssh handshake failed"),
+            tracing::debug!(error = %e, "ssh connection ended");
         }
     }
 }
@@ -117,6 +114,8 @@ struct Conn {
     stop: CancellationToken,
     /// Remote forwards by the (address, port) the client asked for.
     remote: HashMap<(String, u32), CancellationToken>,
+    /// Held to the login grace until authenticated.
+    pending: sallyport_core::door::Pending,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -410,6 +409,11 @@ async fn relay_pty(
 
 impl russh::server::Handler for Conn {
     type Error = russh::Error;
+
+    async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
+        self.pending.authenticated();
+        Ok(())
+    }
 
     async fn auth_openssh_certificate(
         &mut self,
@@ -794,5 +798,54 @@ impl Conn {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sallyport_core::sshcert::{self, Transport};
+
+    /// Only the proxy can reach this server (through the tunnel), so `ssh-audit` cannot: what
+    /// it would see is checked here instead. It is the list every SSH server here offers.
+    #[test]
+    fn the_agent_offers_the_shared_server_algorithms() {
+        let ca = sshcert::generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let key = sshcert::generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let cert = sshcert::issue_host(
+            &ca,
+            key.public_key(),
+            "node-1",
+            &["web1".to_string()],
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let openssh =
+            |r: Result<String, russh::keys::ssh_key::Error>| r.unwrap_or_else(|e| panic!("{e}"));
+        let id = AgentIdentity {
+            node_id: "node-1".into(),
+            nodename: "web1".into(),
+            cluster_name: "test".into(),
+            proxy: String::new(),
+            tunnel_addr: String::new(),
+            tls_key_pem: String::new(),
+            tls_cert_pem: String::new(),
+            host_ca_pem: String::new(),
+            ssh_host_key: openssh(
+                key.to_openssh(russh::keys::ssh_key::LineEnding::LF)
+                    .map(|k| k.to_string()),
+            ),
+            ssh_host_cert: openssh(cert.to_openssh()),
+            user_ca_keys: vec![openssh(ca.public_key().to_openssh())],
+        };
+        let server = NodeServer::new(&id).unwrap_or_else(|e| panic!("{e}"));
+        let offered = &server.config.preferred;
+        let shared = sshcert::server_preferred(Transport::InsideTunnel);
+        assert_eq!(offered.kex, shared.kex);
+        assert_eq!(offered.cipher, shared.cipher);
+        assert_eq!(offered.mac, shared.mac);
+        assert_eq!(offered.compression, shared.compression);
+        // `none` first: the tunnel already encrypts (ARCHITECTURE's invariant).
+        assert_eq!(offered.cipher.first(), Some(&russh::cipher::NONE));
     }
 }

@@ -1,12 +1,20 @@
 //! Serving an axum router over TLS with the peer's verified certificate chain and address
 //! attached to every request, so handlers authorize from what the handshake proved — never
 //! from a header.
+//!
+//! Bounded under abuse: a connection counts against its door's caps (`crate::door`) until its
+//! first request arrives, and beyond them is answered 429 (or closed, when many are being
+//! refused at once); the TLS handshake must finish within [`HANDSHAKE_TIMEOUT`], request headers
+//! arrive within [`HEADER_READ_TIMEOUT`] (which also closes idle HTTP/1.1 keep-alives), and a
+//! connection that moves no byte for [`IDLE_TIMEOUT`] is asked to close (HTTP/2 GOAWAY), then
+//! dropped after as long again.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls_pki_types::CertificateDer;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -16,6 +24,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
 use tower::ServiceExt;
 
+use crate::door::{self, Door};
+
 /// The certificates the client presented and rustls verified (empty when none).
 #[derive(Debug, Clone, Default)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
@@ -24,7 +34,12 @@ pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A TLS handshake takes a few round trips; more is a client holding a connection open.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's own default, which it applies only when given a timer (we had none before).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// No byte either way for this long: the connection is asked to close.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Connections whose TLS ClientHello offers `alpn` are not terminated here: their bytes are
 /// piped unchanged to `target`, so mutual TLS runs end to end between the client and `target`
@@ -35,14 +50,17 @@ pub struct Passthrough {
     pub target: String,
 }
 
-/// Accepts connections until the task is dropped; each connection runs on its own task.
+/// Accepts connections until the task is dropped; each connection runs on its own task,
+/// admitted under `limits` (see the module doc).
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: axum::Router,
     passthrough: Option<Passthrough>,
+    limits: door::Limits,
 ) {
     let passthrough = passthrough.map(Arc::new);
+    let door = Door::new("https", limits);
     loop {
         let (tcp, addr) = match listener.accept().await {
             Ok(c) => c,
@@ -54,6 +72,14 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let (tls, router, passthrough) = (tls.clone(), router.clone(), passthrough.clone());
+        let counted = match door.admit(addr.ip()) {
+            Ok(c) => c,
+            Err(refusal) => {
+                tracing::info!(peer = %addr, reason = %refusal, "https connection refused");
+                tokio::spawn(refuse(tcp, tls, passthrough, refusal.to_string()));
+                continue;
+            }
+        };
         tokio::spawn(async move {
             match tokio::time::timeout(
                 HANDSHAKE_TIMEOUT,
@@ -61,8 +87,14 @@ pub async fn serve(
             )
             .await
             {
-                Ok(Ok(Some(stream))) => serve_connection(stream, addr, router).await,
-                Ok(Ok(None)) => {}
+                Ok(Ok(Handshake::Done(stream))) => {
+                    serve_connection(stream, addr, router, counted).await
+                }
+                Ok(Ok(Handshake::Passthrough {
+                    client,
+                    seen,
+                    target,
+                })) => pipe(client, seen, target, counted).await,
                 Ok(Err(e)) => tracing::debug!(peer = %addr, error = %e, "tls handshake failed"),
                 Err(_) => tracing::debug!(peer = %addr, "tls handshake timed out"),
             }
@@ -72,52 +104,129 @@ pub async fn serve(
 
 type Stream = tokio_rustls::server::TlsStream<Recorder>;
 
-/// Completes the TLS handshake, or hands the connection to its passthrough target (`None`).
+enum Handshake {
+    Done(Stream),
+    /// A connection for the passthrough target, with the bytes already read from it.
+    Passthrough {
+        client: TcpStream,
+        seen: Vec<u8>,
+        target: String,
+    },
+}
+
+fn wants_passthrough(hello: &rustls::server::ClientHello<'_>, p: &Passthrough) -> bool {
+    hello
+        .alpn()
+        .is_some_and(|mut protos| protos.any(|a| a == p.alpn.as_slice()))
+}
+
+/// Completes the TLS handshake, or reads enough to hand the connection to its passthrough
+/// target.
 async fn handshake(
     tcp: TcpStream,
     tls: Arc<rustls::ServerConfig>,
     passthrough: Option<&Passthrough>,
-) -> std::io::Result<Option<Stream>> {
+) -> std::io::Result<Handshake> {
     let recorder = Recorder {
         inner: tcp,
         seen: Vec::new(),
         recording: passthrough.is_some(),
     };
     let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), recorder).await?;
-    if let Some(p) = passthrough {
-        let wants = start
-            .client_hello()
-            .alpn()
-            .is_some_and(|mut protos| protos.any(|a| a == p.alpn.as_slice()));
-        if wants {
-            let Recorder {
-                inner: mut client,
-                seen,
-                ..
-            } = start.io;
-            let target = p.target.clone();
-            tokio::spawn(async move {
-                let Ok(Ok(mut upstream)) =
-                    tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&target)).await
-                else {
-                    tracing::warn!(%target, "passthrough target unreachable");
-                    return;
-                };
-                let _ = upstream.set_nodelay(true);
-                if upstream.write_all(&seen).await.is_ok() {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                }
-            });
-            return Ok(None);
-        }
+    if let Some(p) = passthrough
+        && wants_passthrough(&start.client_hello(), p)
+    {
+        let Recorder {
+            inner: client,
+            seen,
+            ..
+        } = start.io;
+        return Ok(Handshake::Passthrough {
+            client,
+            seen,
+            target: p.target.clone(),
+        });
     }
     let mut start = start;
     start.io.recording = false;
     start.io.seen = Vec::new();
-    start.into_stream(tls).await.map(Some)
+    start.into_stream(tls).await.map(Handshake::Done)
 }
 
-async fn serve_connection(tls: Stream, addr: SocketAddr, router: axum::Router) {
+/// Pipes a passthrough connection to its target. The mutual TLS it carries is checked there,
+/// out of our sight, so it stays counted against this door for as long as a handshake may take.
+async fn pipe(
+    mut client: TcpStream,
+    seen: Vec<u8>,
+    target: String,
+    counted: door::Unauthenticated,
+) {
+    let Ok(Ok(mut upstream)) =
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&target)).await
+    else {
+        tracing::warn!(%target, "passthrough target unreachable");
+        return;
+    };
+    let _ = upstream.set_nodelay(true);
+    if upstream.write_all(&seen).await.is_err() {
+        return;
+    }
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    tokio::pin!(copy);
+    tokio::select! {
+        _ = &mut copy => return,
+        () = tokio::time::sleep(HANDSHAKE_TIMEOUT) => drop(counted),
+    }
+    let _ = copy.await;
+}
+
+/// Answers a connection beyond the door's caps with 429 and the reason, when few are being
+/// answered at once; otherwise (and for passthrough clients, which expect the target's TLS, not
+/// ours) it is closed.
+async fn refuse(
+    tcp: TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    passthrough: Option<Arc<Passthrough>>,
+    reason: String,
+) {
+    let Some(_permit) = door::telling_permit() else {
+        return;
+    };
+    let _ = tokio::time::timeout(door::telling_time(), async move {
+        let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await?;
+        if let Some(p) = passthrough.as_deref()
+            && wants_passthrough(&start.client_hello(), p)
+        {
+            return Ok(());
+        }
+        let stream = start.into_stream(tls).await?;
+        let svc = hyper::service::service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+            let reason = reason.clone();
+            async move {
+                use axum::response::IntoResponse;
+                let answer = (
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    [(axum::http::header::CONNECTION, "close")],
+                    axum::Json(serde_json::json!({ "error": reason })),
+                )
+                    .into_response();
+                Ok::<_, std::convert::Infallible>(answer)
+            }
+        });
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().keep_alive(false);
+        let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+}
+
+async fn serve_connection(
+    tls: Stream,
+    addr: SocketAddr,
+    router: axum::Router,
+    counted: door::Unauthenticated,
+) {
     let peer = PeerCertificates(Arc::new(
         tls.get_ref()
             .1
@@ -125,17 +234,120 @@ async fn serve_connection(tls: Stream, addr: SocketAddr, router: axum::Router) {
             .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
             .unwrap_or_default(),
     ));
+    // The first request is what takes a connection out of the door's count: a peer that has
+    // sent one is no longer holding a connection open for nothing.
+    let counted = Arc::new(std::sync::Mutex::new(Some(counted)));
+    let pending = counted.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        if let Some(c) = pending.lock().ok().and_then(|mut c| c.take()) {
+            c.authenticated();
+        }
         req.extensions_mut().insert(peer.clone());
         req.extensions_mut().insert(RemoteAddr(addr));
         router.clone().oneshot(req.map(axum::body::Body::new))
     });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-        .await
-    {
-        tracing::debug!(peer = %addr, error = %e, "connection ended with error");
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http2().timer(TokioTimer::new());
+    let last = Arc::new(AtomicU64::new(crate::unix_now_ms()));
+    let io = Watched {
+        inner: tls,
+        last: last.clone(),
+    };
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let first_request_by = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+    let mut asked_to_close = false;
+    loop {
+        let waiting = counted.lock().map(|c| c.is_some()).unwrap_or(false);
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(peer = %addr, error = %e, "connection ended with error");
+                }
+                return;
+            }
+            // HTTP/2 has no header timeout of its own: no first request in time, no connection.
+            () = tokio::time::sleep_until(first_request_by), if waiting => {
+                if counted.lock().map(|c| c.is_some()).unwrap_or(false) {
+                    tracing::debug!(peer = %addr, "no request in time");
+                    return;
+                }
+            }
+            () = tokio::time::sleep(IDLE_TIMEOUT / 4) => {
+                let quiet = crate::unix_now_ms().saturating_sub(last.load(Ordering::Relaxed));
+                if quiet >= 2 * IDLE_TIMEOUT.as_millis() as u64 {
+                    tracing::debug!(peer = %addr, "idle connection dropped");
+                    return;
+                }
+                if quiet >= IDLE_TIMEOUT.as_millis() as u64 && !asked_to_close {
+                    asked_to_close = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// A stream that notes when a byte last moved either way.
+struct Watched<S> {
+    inner: S,
+    last: Arc<AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.last.store(crate::unix_now_ms(), Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &r
+            && *n > 0
+        {
+            self.last.store(crate::unix_now_ms(), Ordering::Relaxed);
+        }
+        r
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = &r
+            && *n > 0
+        {
+            self.last.store(crate::unix_now_ms(), Ordering::Relaxed);
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod api;
 pub mod asciicast;
 pub mod audit;
 pub mod ca;
+pub mod door;
 pub mod duration;
 pub mod flow;
 pub mod https;

@@ -279,12 +279,93 @@ pub fn preferred_in_tunnel() -> russh::Preferred {
     }
 }
 
-/// The agent's SSH server, reached only through its tunnel: accepts [`preferred_in_tunnel`]'s
-/// `none` as well as the usual ciphers.
-pub fn preferred_tunnel_server() -> russh::Preferred {
-    use russh::cipher::{AES_256_CTR, AES_256_GCM, CHACHA20_POLY1305, NONE};
+/// Where an SSH server runs: open to the network, or only inside an agent's mutually
+/// authenticated TLS tunnel (where `none` is offered as well, see [`preferred_in_tunnel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Open,
+    InsideTunnel,
+}
+
+/// Key exchanges every SSH server here offers: OpenSSH 9.x's defaults minus what `ssh-audit`
+/// fails or warns on (beyond its note that classical exchanges are not post-quantum): the NIST
+/// curves (fail), the 2048-bit `diffie-hellman-group14-sha256` (warn) and group exchange (russh
+/// answers it from two fixed groups, one of them 2048-bit). `sntrup761x25519` is not in russh.
+const SERVER_KEX: &[russh::kex::Name] = &[
+    russh::kex::MLKEM768X25519_SHA256,
+    russh::kex::CURVE25519,
+    russh::kex::CURVE25519_PRE_RFC_8731,
+    russh::kex::DH_G16_SHA512,
+    russh::kex::DH_G18_SHA512,
+    russh::kex::EXTENSION_SUPPORT_AS_CLIENT,
+    russh::kex::EXTENSION_SUPPORT_AS_SERVER,
+    russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
+    russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_SERVER,
+];
+
+/// AES-GCM first, as everywhere here (the CPU accelerates it; the benchmarks depend on it), then
+/// the rest of OpenSSH's defaults.
+const SERVER_CIPHERS: &[russh::cipher::Name] = &[
+    russh::cipher::AES_256_GCM,
+    russh::cipher::AES_128_GCM,
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
+];
+
+/// The same behind `none`, inside the tunnel only.
+const TUNNEL_SERVER_CIPHERS: &[russh::cipher::Name] = &[
+    russh::cipher::NONE,
+    russh::cipher::AES_256_GCM,
+    russh::cipher::AES_128_GCM,
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
+];
+
+/// Encrypt-then-MAC only (the AEAD ciphers above need no MAC at all); SHA-1 never.
+const SERVER_MACS: &[russh::mac::Name] =
+    &[russh::mac::HMAC_SHA512_ETM, russh::mac::HMAC_SHA256_ETM];
+
+/// Compression only after authentication (`zlib@openssh.com`), as OpenSSH since 7.4: plain
+/// `zlib` would run the decompressor on what anyone sends before logging in.
+const SERVER_COMPRESSION: &[russh::compression::Name] =
+    &[russh::compression::NONE, russh::compression::ZLIB_LEGACY];
+
+/// The algorithms every SSH server here offers (the proxy's door on 3023, the inner server it
+/// terminates for each node, every agent): one list, so an audit of one is an audit of all.
+pub fn server_preferred(transport: Transport) -> russh::Preferred {
     russh::Preferred {
-        cipher: std::borrow::Cow::Borrowed(&[NONE, AES_256_GCM, CHACHA20_POLY1305, AES_256_CTR]),
+        kex: std::borrow::Cow::Borrowed(SERVER_KEX),
+        cipher: std::borrow::Cow::Borrowed(match transport {
+            Transport::Open => SERVER_CIPHERS,
+            Transport::InsideTunnel => TUNNEL_SERVER_CIPHERS,
+        }),
+        mac: std::borrow::Cow::Borrowed(SERVER_MACS),
+        compression: std::borrow::Cow::Borrowed(SERVER_COMPRESSION),
+        ..Default::default()
+    }
+}
+
+/// What every SSH server here shares: certificate-backed public keys as the only method, the
+/// first `none` probe answered at once (refusals after it take the caller's
+/// `auth_rejection_time`), no Nagle, room between nested session loops (`crate::flow`), and
+/// [`server_preferred`]'s algorithms. Each server sets its own timeouts and windows over this.
+pub fn server_config(
+    key: PrivateKey,
+    certificate: Certificate,
+    transport: Transport,
+) -> russh::server::Config {
+    russh::server::Config {
+        methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey][..]),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        keys: vec![key],
+        certificates: vec![certificate],
+        nodelay: true,
+        channel_buffer_size: crate::flow::CHANNEL_BUFFER,
+        preferred: server_preferred(transport),
         ..Default::default()
     }
 }
@@ -319,7 +400,44 @@ mod tests {
         let none = russh::cipher::NONE;
         assert!(!preferred().cipher.contains(&none));
         assert_eq!(&*preferred_in_tunnel().cipher, &[none]);
-        assert!(preferred_tunnel_server().cipher.contains(&none));
+        assert!(!server_preferred(Transport::Open).cipher.contains(&none));
+        assert!(
+            server_preferred(Transport::InsideTunnel)
+                .cipher
+                .contains(&none)
+        );
+    }
+
+    #[test]
+    fn servers_offer_nothing_ssh_audit_flags() {
+        for transport in [Transport::Open, Transport::InsideTunnel] {
+            let p = server_preferred(transport);
+            let kex: Vec<&str> = p.kex.iter().map(|k| k.as_ref()).collect();
+            for weak in [
+                "diffie-hellman-group14-sha256",
+                "diffie-hellman-group14-sha1",
+                "diffie-hellman-group-exchange-sha256",
+                "ecdh-sha2-nistp256",
+            ] {
+                assert!(!kex.contains(&weak), "{weak} offered");
+            }
+            assert!(kex.contains(&"kex-strict-s-v00@openssh.com"));
+            assert!(
+                p.mac
+                    .iter()
+                    .all(|m| m.as_ref().ends_with("-etm@openssh.com"))
+            );
+            let compression: Vec<&str> = p.compression.iter().map(|c| c.as_ref()).collect();
+            assert_eq!(compression, ["none", "zlib@openssh.com"]);
+            // AES-GCM first among real ciphers: the benchmarks depend on it.
+            let real: Vec<&str> = p
+                .cipher
+                .iter()
+                .map(|c| c.as_ref())
+                .filter(|c| *c != "none")
+                .collect();
+            assert_eq!(real.first(), Some(&"aes256-gcm@openssh.com"));
+        }
     }
 
     #[test]

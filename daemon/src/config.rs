@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sallyport_core::duration::HumanDuration;
 use serde::{Deserialize, Serialize};
@@ -219,6 +220,46 @@ pub struct ProxyService {
     /// Extra names (DNS or IP) clients use to reach the proxy; they go into its certificate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub public_addr: Vec<String>,
+    /// How long an SSH connection on `ssh_listen_addr` may take to authenticate.
+    #[serde(default = "default_login_grace")]
+    pub ssh_login_grace: HumanDuration,
+    /// Connections not yet authenticated, all addresses together, at each of the proxy's doors
+    /// (SSH, web, tunnel).
+    #[serde(default = "default_max_unauthenticated")]
+    pub max_unauthenticated_connections: usize,
+    /// The same from one address (an IPv6 /64 counts as one).
+    #[serde(default = "default_max_unauthenticated_per_address")]
+    pub max_unauthenticated_per_address: usize,
+    /// New connections a second one address may open that do not log in, beyond a burst of
+    /// `max_unauthenticated_per_address` (the DHEat throttle).
+    #[serde(default = "default_connection_rate")]
+    pub max_connection_rate_per_address: u32,
+}
+
+impl ProxyService {
+    /// The limits every door of the proxy applies before a peer has authenticated.
+    pub fn door_limits(&self) -> sallyport_core::door::Limits {
+        sallyport_core::door::Limits {
+            max_unauthenticated: self.max_unauthenticated_connections,
+            per_address: Some(sallyport_core::door::PerAddress {
+                max_unauthenticated: self.max_unauthenticated_per_address,
+                new_per_second: self.max_connection_rate_per_address,
+            }),
+        }
+    }
+}
+
+fn default_login_grace() -> HumanDuration {
+    HumanDuration(sallyport_core::door::DEFAULT_LOGIN_GRACE)
+}
+fn default_max_unauthenticated() -> usize {
+    sallyport_core::door::DEFAULT_MAX_UNAUTHENTICATED
+}
+fn default_max_unauthenticated_per_address() -> usize {
+    sallyport_core::door::DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS
+}
+fn default_connection_rate() -> u32 {
+    sallyport_core::door::DEFAULT_NEW_PER_SECOND_PER_ADDRESS
 }
 
 impl Default for ProxyService {
@@ -230,6 +271,10 @@ impl Default for ProxyService {
             tunnel_listen_addr: default_tunnel(),
             kube_listen_addr: default_kube(),
             public_addr: vec![],
+            ssh_login_grace: default_login_grace(),
+            max_unauthenticated_connections: default_max_unauthenticated(),
+            max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
+            max_connection_rate_per_address: default_connection_rate(),
         }
     }
 }
@@ -312,6 +357,21 @@ impl Config {
         }
         sallyport_core::names::validate("cluster", &cfg.auth_service.cluster_name)
             .map_err(|e| format!("auth_service.cluster_name: {e}"))?;
+        let p = &cfg.proxy_service;
+        if p.ssh_login_grace.0.is_zero() || p.ssh_login_grace.0 > Duration::from_secs(3600) {
+            return Err("proxy_service.ssh_login_grace: between 1s and 1h".into());
+        }
+        if p.max_unauthenticated_connections == 0 {
+            return Err("proxy_service.max_unauthenticated_connections: at least 1".into());
+        }
+        if p.max_unauthenticated_per_address == 0
+            || p.max_unauthenticated_per_address > p.max_unauthenticated_connections
+        {
+            return Err("proxy_service.max_unauthenticated_per_address: at least 1 and at most max_unauthenticated_connections".into());
+        }
+        if p.max_connection_rate_per_address == 0 {
+            return Err("proxy_service.max_connection_rate_per_address: at least 1".into());
+        }
         Ok(cfg)
     }
 
@@ -367,6 +427,13 @@ proxy_service:
   tunnel_listen_addr: 127.0.0.1:3024  # reverse tunnels from agents
   kube_listen_addr: 127.0.0.1:3026    # Kubernetes API for kubectl
   # public_addr: [proxy.example.com]  # extra names clients use; added to the proxy's certificate
+  # Before a peer has authenticated (sized for a 2-core proxy; beyond them: 429, or an SSH
+  # disconnect with the reason):
+  ssh_login_grace: 30s                  # an SSH connection not authenticated by then is closed
+  max_unauthenticated_connections: 256  # at each door (SSH, web, tunnel), all addresses together
+  max_unauthenticated_per_address: 16   # the same from one address (an IPv6 /64)
+  max_connection_rate_per_address: 5    # new connections a second that do not log in, beyond a
+                                        # burst of max_unauthenticated_per_address
 
 ssh_service:
   enabled: true
@@ -388,6 +455,38 @@ mod tests {
             c.ssh_service.labels.get("env").map(String::as_str),
             Some("dev")
         );
+    }
+
+    #[test]
+    fn door_limits_default_and_are_checked() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proxy_service.ssh_login_grace.0, Duration::from_secs(30));
+        let l = c.proxy_service.door_limits();
+        assert_eq!(l.max_unauthenticated, 256);
+        let per = l
+            .per_address
+            .unwrap_or_else(|| panic!("per-address limits"));
+        assert_eq!((per.max_unauthenticated, per.new_per_second), (16, 5));
+        let cases = [
+            ("ssh_login_grace: 0s", "ssh_login_grace"),
+            (
+                "max_unauthenticated_connections: 0",
+                "max_unauthenticated_connections",
+            ),
+            (
+                "max_unauthenticated_per_address: 300",
+                "max_unauthenticated_per_address",
+            ),
+            (
+                "max_connection_rate_per_address: 0",
+                "max_connection_rate_per_address",
+            ),
+        ];
+        for (line, key) in cases {
+            let text = format!("version: v1\nproxy_service:\n  {line}\n");
+            let e = Config::parse(&text).err().unwrap_or_default();
+            assert!(e.contains(key), "{text:?} gave {e:?}");
+        }
     }
 
     #[test]

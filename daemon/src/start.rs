@@ -128,6 +128,12 @@ pub async fn run(
         Arc::new(auth_tls),
         sallyport_auth::api::router(auth.clone()),
         None,
+        // Auth's clients are the proxies, which speak for everyone: a per-address cap here
+        // would let one person's flood through a proxy lock out all.
+        sallyport_core::door::Limits {
+            per_address: None,
+            ..Default::default()
+        },
     ));
 
     write_admin_identity(&auth, &dir, a.listen_addr)?;
@@ -165,6 +171,7 @@ pub async fn run(
         Arc::new(web_tls),
         sallyport_proxy::web::router(client.clone(), doors),
         Some(passthrough),
+        p.door_limits(),
     ));
     // Agents' door: only a node certificate from the host CA opens a tunnel.
     let mut tunnel_tls = server_config(
@@ -179,6 +186,7 @@ pub async fn run(
         Arc::new(tunnel_tls),
         tunnels.clone(),
         client.clone(),
+        p.door_limits(),
     ));
     // Users' SSH door.
     let ssh_key = sallyport_core::sshcert::generate_ed25519()?;
@@ -203,7 +211,15 @@ pub async fn run(
     );
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
-    tokio::spawn(sallyport_proxy::ssh::accept::serve(ssh_listener, state));
+    let admission = sallyport_proxy::ssh::accept::Admission {
+        limits: p.door_limits(),
+        login_grace: p.ssh_login_grace.0,
+    };
+    tokio::spawn(sallyport_proxy::ssh::accept::serve(
+        ssh_listener,
+        state,
+        admission,
+    ));
     lines.push(format!("web      https://{}", p.web_listen_addr));
     lines.push(format!("ssh      {}", p.ssh_listen_addr));
     lines.push(format!("tunnel   {}", p.tunnel_listen_addr));

@@ -68,14 +68,25 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     tunnels: Tunnels,
     auth: AuthClient,
+    limits: sallyport_core::door::Limits,
 ) {
     let acceptor = TlsAcceptor::from(tls);
+    let door = sallyport_core::door::Door::new("tunnel", limits);
     loop {
         let Ok((tcp, addr)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        // Until its handshake proves a node certificate, a connection counts against the caps;
+        // beyond them it is closed before the handshake (agents retry with backoff).
+        let counted = match door.admit(addr.ip()) {
+            Ok(c) => c,
+            Err(refusal) => {
+                tracing::info!(peer = %addr, reason = %refusal, "tunnel connection refused");
+                continue;
+            }
+        };
         let (acceptor, tunnels, auth) = (acceptor.clone(), tunnels.clone(), auth.clone());
         tokio::spawn(async move {
             let tls =
@@ -103,6 +114,7 @@ pub async fn serve(
                 tracing::warn!(peer = %addr, cn = %subject.common_name, "refused a tunnel from a certificate that is not a node's");
                 return;
             }
+            counted.authenticated();
             let node_id = subject.common_name;
             let (opener, mut inbound) = tunnel::run(tls, Side::Proxy);
             let generation = tunnels.insert(&node_id, opener);

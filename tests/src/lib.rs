@@ -105,6 +105,8 @@ pub struct Options {
     /// `postgres://...` to use PostgreSQL instead of the embedded SQLite.
     pub postgres: Option<String>,
     pub cluster_name: String,
+    /// More `proxy_service` keys, one `key: value` a line (`ssh_login_grace: 2s`).
+    pub proxy_service: Vec<String>,
 }
 
 impl Default for Options {
@@ -114,6 +116,7 @@ impl Default for Options {
             max_login_attempts: 5,
             postgres: None,
             cluster_name: "test".into(),
+            proxy_service: vec![],
         }
     }
 }
@@ -166,8 +169,13 @@ proxy_service:
   ssh_listen_addr: 127.0.0.1:{ssh}
   tunnel_listen_addr: 127.0.0.1:{tunnel}
   kube_listen_addr: 127.0.0.1:{kube}
-ssh_service: {{enabled: true, labels: {{env: dev}}}}
+{proxy_extra}ssh_service: {{enabled: true, labels: {{env: dev}}}}
 ",
+                proxy_extra = o
+                    .proxy_service
+                    .iter()
+                    .map(|l| format!("  {l}\n"))
+                    .collect::<String>(),
                 data = dir.path().join("data").display(),
                 cluster = o.cluster_name,
                 sf = if o.second_factor { "otp" } else { "off" },

@@ -1,5 +1,7 @@
-//! The outer connection on port 3023: authenticate the user certificate, then serve only
-//! `direct-tcpip` channels, each handed to [`super::relay`] as an inner SSH connection.
+//! The outer connection on port 3023: admit it under the door's caps and per-address rate
+//! (`sallyport_core::door`; refused with a reason before any key exchange), hold it to
+//! `ssh_login_grace`, authenticate the user certificate, then serve only `direct-tcpip`
+//! channels, each handed to [`super::relay`] as an inner SSH connection.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,51 +12,76 @@ use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelOpenFailure};
 use tokio::net::TcpListener;
 
+use sallyport_core::door::{self, Door};
+
 use super::SshState;
 
 pub fn config(state: &SshState) -> russh::server::Config {
     russh::server::Config {
-        methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey][..]),
         // Every refusal takes the same time, whatever the reason.
         auth_rejection_time: Duration::from_millis(300),
-        auth_rejection_time_initial: Some(Duration::ZERO),
-        keys: vec![(*state.key).clone()],
-        certificates: vec![state.proxy_cert.clone()],
         inactivity_timeout: Some(Duration::from_secs(3600)),
         max_auth_attempts: 6,
-        nodelay: true,
         window_size: sallyport_core::flow::CLIENT_WINDOW,
-        // Slack between nested session loops: see `sallyport_core::flow`.
-        channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-        preferred: sallyport_core::sshcert::preferred(),
-        ..Default::default()
+        ..sallyport_core::sshcert::server_config(
+            (*state.key).clone(),
+            state.proxy_cert.clone(),
+            sallyport_core::sshcert::Transport::Open,
+        )
     }
 }
 
-pub async fn serve(listener: TcpListener, state: Arc<SshState>) {
+/// What the door on 3023 allows a connection that has not authenticated yet.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission {
+    pub limits: door::Limits,
+    /// `ssh_login_grace`: how long a connection may take to authenticate.
+    pub login_grace: Duration,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission {
+            limits: door::Limits::default(),
+            login_grace: door::DEFAULT_LOGIN_GRACE,
+        }
+    }
+}
+
+pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admission) {
     let config = Arc::new(config(&state));
+    let door = Door::new("ssh", admission.limits);
     loop {
         let Ok((tcp, addr)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        // Refused before any key exchange: a flood costs an accept and a few bytes.
+        let counted = match door.admit(addr.ip()) {
+            Ok(c) => c,
+            Err(refusal) => {
+                tracing::info!(peer = %addr, reason = %refusal, "ssh connection refused");
+                let config = config.clone();
+                tokio::spawn(async move {
+                    door::refuse_ssh(tcp, &config.server_id, &refusal.to_string()).await;
+                });
+                continue;
+            }
+        };
         let (config, state) = (config.clone(), state.clone());
         tokio::spawn(async move {
+            let (pending, login) = door::Pending::new(Some(counted));
             let conn = Outer {
                 id: NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 state,
                 addr,
                 user: None,
                 refusal: None,
+                pending,
             };
-            match russh::server::run_stream(config, sallyport_core::flow::Decoupled::new(tcp), conn)
-                .await
-            {
-                Ok(s) => {
-                    let _ = s.await;
-                }
-                Err(e) => tracing::debug!(peer = %addr, error = %e, "ssh handshake failed"),
+            if let Err(e) = door::serve_ssh(config, tcp, conn, login, admission.login_grace).await {
+                tracing::debug!(peer = %addr, error = %e, "ssh connection ended");
             }
         });
     }
@@ -70,6 +97,8 @@ struct Outer {
     /// When set, every channel is refused with this reason (russh itself already refuses
     /// expired certificates before the handler sees them).
     refusal: Option<String>,
+    /// Counted against the door's caps, and held to the login grace, until authenticated.
+    pending: door::Pending,
 }
 
 impl Drop for Outer {
@@ -80,6 +109,11 @@ impl Drop for Outer {
 
 impl russh::server::Handler for Outer {
     type Error = russh::Error;
+
+    async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
+        self.pending.authenticated();
+        Ok(())
+    }
 
     async fn auth_openssh_certificate(
         &mut self,

@@ -1,8 +1,10 @@
 //! The users' SSH door (port 3023), in the order a connection passes through it:
 //!
-//! 1. `accept` — the outer connection: a user certificate from the user CA (signature, type,
-//!    validity, critical options) is the only credential. It serves only `direct-tcpip` to a
-//!    registered node: the proxy itself offers no shell, exec or sftp.
+//! 1. `accept` — the outer connection: admitted under the door's caps on unauthenticated
+//!    connections and its per-address rate, and ended if it has not authenticated within
+//!    `ssh_login_grace` (`sallyport_core::door`); a user certificate from the user CA
+//!    (signature, type, validity, critical options) is the only credential. It serves only
+//!    `direct-tcpip` to a registered node: the proxy itself offers no shell, exec or sftp.
 //! 2. `relay` — each `direct-tcpip` channel carries the client's inner SSH connection, which the
 //!    proxy terminates with a host certificate for the node's names; there it authenticates the
 //!    user again for the login asked for, asks auth to authorize (roles, labels, deny rules) and

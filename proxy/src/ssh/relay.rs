@@ -171,17 +171,14 @@ pub async fn serve_inner<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let config = russh::server::Config {
-        methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey][..]),
         auth_rejection_time: Duration::from_millis(300),
-        auth_rejection_time_initial: Some(Duration::ZERO),
-        keys: vec![(*state.key).clone()],
-        certificates: vec![cert],
         inactivity_timeout: None,
         window_size: sallyport_core::flow::CLIENT_WINDOW,
-        // Slack between nested session loops: see `sallyport_core::flow`.
-        channel_buffer_size: sallyport_core::flow::CHANNEL_BUFFER,
-        preferred: sallyport_core::sshcert::preferred(),
-        ..Default::default()
+        ..sallyport_core::sshcert::server_config(
+            (*state.key).clone(),
+            cert,
+            sallyport_core::sshcert::Transport::Open,
+        )
     };
     let inner = Inner {
         state,
