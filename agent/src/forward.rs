@@ -139,14 +139,41 @@ pub async fn listen_remote(
     .await;
 }
 
-pub async fn bind_remote(requested: &str, port: u32) -> Result<TcpListener, String> {
+/// Binds a remote forward's listener for the login `uid`. The agent runs as root, but the
+/// listener is the login's: a port the login could not bind itself is refused.
+pub async fn bind_remote(requested: &str, port: u32, uid: u32) -> Result<TcpListener, String> {
     let ip = bind_address(requested).ok_or_else(|| {
         format!("remote forwards bind on the node's loopback only, not {requested}")
     })?;
     let port = u16::try_from(port).map_err(|_| format!("{port} is not a port"))?;
+    login_may_bind(uid, port, unprivileged_port_start())?;
     TcpListener::bind(SocketAddr::new(ip, port))
         .await
         .map_err(|e| format!("cannot listen on {ip}:{port}: {e}"))
+}
+
+/// The lowest port a process without `CAP_NET_BIND_SERVICE` may bind
+/// (`net.ipv4.ip_unprivileged_port_start`, 1024 unless the host changed it).
+fn unprivileged_port_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1024)
+}
+
+/// What the kernel would decide for a process running as `uid` without extra capabilities: a
+/// port below `start` needs root. (The workspace forbids `unsafe`, so the agent cannot bind as
+/// the login on a thread of its own; checking the same rule here is the same decision. A login
+/// given `CAP_NET_BIND_SERVICE` through its programs' file capabilities does not get it here,
+/// which errs on the refusing side.) Port 0 asks for any free port, which is never privileged.
+pub fn login_may_bind(uid: u32, port: u16, start: u16) -> Result<(), String> {
+    if port == 0 || port >= start || uid == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "port {port} is privileged (below {start}) and the login is not root"
+        ))
+    }
 }
 
 /// A forwarded agent: a socket in a fresh directory owned by the login (0700), whose
@@ -295,4 +322,28 @@ pub async fn serve_x11(
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_binds_what_the_kernel_would_let_it() {
+        for (uid, port, start, ok) in [
+            (1000, 80, 1024, false),
+            (1000, 1023, 1024, false),
+            (1000, 1024, 1024, true),
+            (1000, 0, 1024, true),
+            (1000, 80, 80, true),
+            (1000, 80, 0, true),
+            (0, 22, 1024, true),
+        ] {
+            assert_eq!(
+                login_may_bind(uid, port, start).is_ok(),
+                ok,
+                "{uid} {port} {start}"
+            );
+        }
+    }
 }

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::forward;
+use sallyport_core::names::{MAX_ENV_VALUE, MAX_EXEC_COMMAND};
 
 use crate::passwd::{self, Login};
 use crate::{AgentError, AgentIdentity};
@@ -26,6 +27,10 @@ use crate::{AgentError, AgentIdentity};
 fn env_allowed(name: &str) -> bool {
     name == "LANG" || name == "TZ" || name == "COLORTERM" || name.starts_with("LC_")
 }
+
+/// At most this many environment variables per session (sshd has no such limit; 64 is far
+/// more than the allow-list above yields in practice).
+const MAX_ENV_VARS: usize = 64;
 
 pub struct NodeServer {
     config: Arc<russh::server::Config>,
@@ -99,6 +104,9 @@ impl NodeServer {
 struct Chan {
     pty: Option<(String, u32, u32)>,
     env: Vec<(String, String)>,
+    /// Why an `env` request was over the limits; the session refuses to start with it (an
+    /// `env` request has no answer the client would show).
+    env_refused: Option<String>,
     input: Option<flow::Sender>,
     pid: Option<u32>,
 }
@@ -221,6 +229,9 @@ impl Conn {
     ) -> Result<(), String> {
         let login = self.login.clone().ok_or("not authenticated")?;
         let chan = self.channels.get(&ch).ok_or("no such channel")?;
+        if let Some(e) = &chan.env_refused {
+            return Err(e.clone());
+        }
         let env = self.environment(&login, chan);
         let cwd = if login.home.is_dir() {
             login.home.clone()
@@ -507,10 +518,18 @@ impl russh::server::Handler for Conn {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         if let Some(c) = self.channels.get_mut(&ch) {
-            if env_allowed(name) && c.env.len() < 64 && value.len() < 4096 {
-                c.env.push((name.to_string(), value.to_string()));
-            } else {
+            if !env_allowed(name) {
                 tracing::debug!(name, "ignored env request");
+            } else if value.len() > MAX_ENV_VALUE {
+                c.env_refused.get_or_insert(format!(
+                    "environment variable {name} is {} bytes long; the limit is {MAX_ENV_VALUE}",
+                    value.len()
+                ));
+            } else if c.env.len() >= MAX_ENV_VARS {
+                c.env_refused
+                    .get_or_insert(format!("more than {MAX_ENV_VARS} environment variables"));
+            } else {
+                c.env.push((name.to_string(), value.to_string()));
             }
         }
         Ok(())
@@ -530,6 +549,14 @@ impl russh::server::Handler for Conn {
         data: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
+        if data.len() > MAX_EXEC_COMMAND {
+            let e = format!(
+                "the command is {} bytes long; the limit is {MAX_EXEC_COMMAND}",
+                data.len()
+            );
+            tracing::warn!(error = %e, "exec refused");
+            return refuse(ch, &e, session);
+        }
         let cmd = String::from_utf8_lossy(data).into_owned();
         self.start_reply(ch, Some(cmd), session)
     }
@@ -591,11 +618,20 @@ impl russh::server::Handler for Conn {
         port: &mut u32,
         session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        if self.login.is_none() || !self.permits.port_forwarding {
+        // (u32::MAX: a login this host does not have.)
+        let Some(uid) = self
+            .login
+            .as_ref()
+            .map(|l| l.uid)
+            .filter(|u| *u != u32::MAX)
+        else {
+            return Ok(false);
+        };
+        if !self.permits.port_forwarding {
             tracing::info!(address, port = *port, "remote forward not permitted");
             return Ok(false);
         }
-        let listener = match forward::bind_remote(address, *port).await {
+        let listener = match forward::bind_remote(address, *port, uid).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::info!(address, port = *port, error = %e, "remote forward refused");
@@ -793,12 +829,21 @@ impl Conn {
             Ok(()) => session.channel_success(ch)?,
             Err(e) => {
                 tracing::warn!(error = %e, "session could not start");
-                session.extended_data(ch, 1, Bytes::from(format!("sallyport: {e}\r\n")))?;
-                session.channel_failure(ch)?;
+                refuse(ch, &e, session)?;
             }
         }
         Ok(())
     }
+}
+
+/// Ends a session request with `why` on stderr and exit status 1. Accepted first: OpenSSH
+/// exits at once on a failed exec request, before printing what the channel said.
+fn refuse(ch: ChannelId, why: &str, session: &mut Session) -> Result<(), russh::Error> {
+    session.channel_success(ch)?;
+    session.extended_data(ch, 1, Bytes::from(format!("sallyport: {why}\r\n")))?;
+    session.exit_status_request(ch, 1)?;
+    session.eof(ch)?;
+    session.close(ch)
 }
 
 #[cfg(test)]

@@ -91,7 +91,12 @@ async fn connect_once(
                 let line = format!("{}\n", serde_json::json!({ "labels": current }));
                 hb_write.write_all(line.as_bytes()).await?;
                 match tokio::time::timeout(HEARTBEAT, hb_lines.next_line()).await {
-                    Ok(Ok(Some(_))) => {}
+                    Ok(Ok(Some(answer))) => {
+                        // The proxy closes the tunnel after saying why (labels refused).
+                        if let Some(why) = answer.strip_prefix("error: ") {
+                            return Err(err(format!("the proxy refused this node's heartbeat: {why}")));
+                        }
+                    }
                     _ => return Err(err("heartbeat unanswered")),
                 }
             }
@@ -117,6 +122,17 @@ pub fn spawn_label_command(labels: Labels, name: String, command: Vec<String>, p
                 }
                 _ => None,
             };
+            // A value auth would refuse would take the whole heartbeat with it: leave it out.
+            let value = value.filter(|v| {
+                let one = BTreeMap::from([(name.clone(), v.clone())]);
+                match sallyport_core::names::validate_labels(&one) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(label = %name, error = %e, "label command output not used");
+                        false
+                    }
+                }
+            });
             if let Ok(mut l) = labels.lock() {
                 match value.filter(|v| !v.is_empty()) {
                     Some(v) => l.insert(name.clone(), v),

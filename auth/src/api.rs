@@ -329,6 +329,7 @@ async fn status(
         ssh_ca_fingerprints: [
             ("user".to_string(), fps(CaKind::User)),
             ("host".to_string(), fps(CaKind::Host)),
+            ("openssh".to_string(), fps(CaKind::OpenSsh)),
         ]
         .into(),
         users: auth.user_count().await?,
@@ -389,7 +390,7 @@ async fn export_ca(
     caller_of(&auth, &peer).await?;
     let k = CaKind::parse(&kind).ok_or_else(|| {
         AuthError::BadRequest(format!(
-            "unknown CA type {kind:?}: use user, host, tls-user or tls-host"
+            "unknown CA type {kind:?}: use user, host, openssh, tls-user or tls-host"
         ))
     })?;
     Ok(Json(CaExport {
@@ -561,11 +562,12 @@ async fn list_nodes(
 }
 
 /// The labels a node is matched by: its own, plus `hostname` and `id` as Teleport does.
+/// A node's labels as roles see them: its own, then the built-in ones from the registry, which
+/// win over anything stored (a row written before labels were checked cannot override them).
 pub fn node_labels(n: &NodeInfo) -> std::collections::BTreeMap<String, String> {
     let mut l = n.labels.clone();
-    l.entry("hostname".into())
-        .or_insert_with(|| n.hostname.clone());
-    l.entry("id".into()).or_insert_with(|| n.id.clone());
+    l.insert("hostname".into(), n.hostname.clone());
+    l.insert("id".into(), n.id.clone());
     l
 }
 

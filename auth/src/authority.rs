@@ -1,5 +1,10 @@
-//! The four certificate authorities. Each can hold several keys: the active one signs, all are
+//! The five certificate authorities. Each can hold several keys: the active one signs, all are
 //! trusted, so rotation can add a key, switch, then retire the old one.
+//!
+//! Each signs one kind of thing: the user SSH CA people's login certificates (and the
+//! per-session certificates agents check), the OpenSSH CA only the proxy's per-session
+//! certificates for agentless nodes, the host SSH CA host certificates, and the two TLS CAs
+//! user and service X.509 certificates.
 //!
 //! Private keys live in the backend and in this process's memory only; nothing here logs them.
 
@@ -26,11 +31,13 @@ pub struct TlsCaKey {
     pub active: bool,
 }
 
-/// All keys of all four authorities.
+/// All keys of all five authorities.
 #[derive(Clone)]
 pub struct Authorities {
     pub user: Vec<SshCa>,
     pub host: Vec<SshCa>,
+    /// What agentless nodes trust: the proxy's per-session certificates only.
+    pub openssh: Vec<SshCa>,
     pub tls_user: Vec<TlsCaKey>,
     pub tls_host: Vec<TlsCaKey>,
 }
@@ -40,9 +47,10 @@ fn internal(e: impl std::fmt::Display) -> AuthError {
 }
 
 impl Authorities {
-    /// Loads every CA key, creating the first key of any CA that has none. Creation inserts a
-    /// fixed id with `ON CONFLICT DO NOTHING`, so auth instances starting together on one
-    /// PostgreSQL agree on a single key.
+    /// Loads every CA key, creating the first key of any CA that has none (a database from
+    /// before the OpenSSH CA gets it at its next start). Creation inserts a fixed id with
+    /// `ON CONFLICT DO NOTHING`, so auth instances starting together on one PostgreSQL agree
+    /// on a single key.
     pub async fn load_or_create(backend: &Backend, cluster: &str) -> Result<Self, AuthError> {
         for kind in CaKind::ALL {
             let (private, public) = if kind.is_ssh() {
@@ -79,6 +87,7 @@ impl Authorities {
         let mut a = Authorities {
             user: vec![],
             host: vec![],
+            openssh: vec![],
             tls_user: vec![],
             tls_host: vec![],
         };
@@ -92,14 +101,14 @@ impl Authorities {
                 AuthError::Storage(format!("CA key {id} is unreadable: {e}"))
             };
             match CaKind::parse(&kind) {
-                Some(k @ (CaKind::User | CaKind::Host)) => {
+                Some(k @ (CaKind::User | CaKind::Host | CaKind::OpenSsh)) => {
                     let key =
                         PrivateKey::from_openssh(private.as_bytes()).map_err(|e| corrupt(&e))?;
                     let ca = SshCa { id, key, active };
-                    if k == CaKind::User {
-                        a.user.push(ca)
-                    } else {
-                        a.host.push(ca)
+                    match k {
+                        CaKind::User => a.user.push(ca),
+                        CaKind::Host => a.host.push(ca),
+                        _ => a.openssh.push(ca),
                     }
                 }
                 Some(k @ (CaKind::TlsUser | CaKind::TlsHost)) => {
@@ -120,7 +129,11 @@ impl Authorities {
                 None => return Err(corrupt(&format!("unknown kind {kind}"))),
             }
         }
-        if a.user.is_empty() || a.host.is_empty() || a.tls_user.is_empty() || a.tls_host.is_empty()
+        if a.user.is_empty()
+            || a.host.is_empty()
+            || a.openssh.is_empty()
+            || a.tls_user.is_empty()
+            || a.tls_host.is_empty()
         {
             return Err(AuthError::Storage(
                 "a certificate authority has no key".into(),
@@ -150,6 +163,11 @@ impl Authorities {
         &self.host[0]
     }
 
+    /// Signs the proxy's per-session certificates for agentless nodes, nothing else.
+    pub fn openssh_signer(&self) -> &SshCa {
+        &self.openssh[0]
+    }
+
     pub fn tls_user_signer(&self) -> &TlsCa {
         &self.tls_user[0].ca
     }
@@ -159,10 +177,10 @@ impl Authorities {
     }
 
     pub fn ssh_public_keys(&self, kind: CaKind) -> Vec<PublicKey> {
-        let keys = if kind == CaKind::User {
-            &self.user
-        } else {
-            &self.host
+        let keys = match kind {
+            CaKind::User => &self.user,
+            CaKind::OpenSsh => &self.openssh,
+            _ => &self.host,
         };
         keys.iter().map(|k| k.key.public_key().clone()).collect()
     }
@@ -203,12 +221,13 @@ impl Authorities {
     /// What `sallyctl auth export --type=KIND` prints.
     pub fn export(&self, kind: CaKind, cluster: &str) -> Result<String, AuthError> {
         Ok(match kind {
-            CaKind::User => self
-                .ssh_public_keys(CaKind::User)
+            // `TrustedUserCAKeys` lines; agentless nodes take the OpenSSH CA's.
+            CaKind::User | CaKind::OpenSsh => self
+                .ssh_public_keys(kind)
                 .iter()
                 .map(|k| {
                     let mut k = k.clone();
-                    k.set_comment(format!("sallyport user CA {cluster}"));
+                    k.set_comment(format!("sallyport {} CA {cluster}", kind.as_str()));
                     k.to_openssh().map(|s| s + "\n").map_err(internal)
                 })
                 .collect::<Result<String, _>>()?,

@@ -1,5 +1,6 @@
-//! The node registry. This slice holds agentless nodes registered by admins; agents that dial
-//! in register themselves here when SSH access lands.
+//! The node registry: agentless nodes registered by admins (agents register themselves at join,
+//! in `ssh_access`). Names and labels follow `sallyport_core::names`: no name the proxy answers
+//! to, no built-in label.
 
 use sallyport_core::api::{AddNode, NodeInfo};
 use sallyport_core::audit::Event;
@@ -30,8 +31,15 @@ pub use sallyport_core::names::parse_labels;
 
 impl AuthServer {
     pub async fn add_node(&self, req: &AddNode, by: &str) -> Result<NodeInfo, AuthError> {
-        sallyport_core::names::validate("node", &req.name)
-            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        // An agentless node gets host certificates for its names too (the proxy terminates
+        // SSH as it): the same names are reserved as for agents.
+        sallyport_core::names::validate_node(
+            &req.name,
+            &self.config.cluster_name,
+            &self.config.public_names,
+        )
+        .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        sallyport_core::names::validate_labels(&req.labels).map_err(AuthError::BadRequest)?;
         if req.addr.parse::<std::net::SocketAddr>().is_err() && !req.addr.contains(':') {
             return Err(AuthError::BadRequest(format!(
                 "node address {:?} must be HOST:PORT",

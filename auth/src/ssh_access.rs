@@ -79,10 +79,45 @@ impl AuthServer {
 
     /// An agent joins: the token is spent, the node registered under a unique name, and the
     /// agent's own keys certified.
+    ///
+    /// The token is checked before anything else is said: a caller without a valid token
+    /// learns nothing about which names exist or are allowed. It is spent only once the request
+    /// is known to be good, so a refused name does not cost the operator the token.
     pub async fn join(&self, req: &JoinRequest, remote: &str) -> Result<Joined, AuthError> {
-        let refuse = |msg: String| AuthError::Unauthenticated(msg);
-        sallyport_core::names::validate("node", &req.nodename)
-            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let now = sallyport_core::unix_now();
+        let hash = token_hash(&req.token);
+        let valid = sqlx::query(
+            "SELECT 1 FROM join_tokens WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = 'node'",
+        )
+        .bind(&hash)
+        .bind(now)
+        .fetch_optional(&self.backend.pool)
+        .await?
+        .is_some();
+        if !valid {
+            return Err(self.join_refused(req, remote).await);
+        }
+        let refused = |why: String| async move {
+            self.emit_logged(
+                Event::new("node.join", None)
+                    .with("success", false)
+                    .with("nodename", req.nodename.clone())
+                    .with("error", why.clone())
+                    .with("remote_addr", remote),
+            )
+            .await;
+            why
+        };
+        if let Err(e) = sallyport_core::names::validate_node(
+            &req.nodename,
+            &self.config.cluster_name,
+            &self.config.public_names,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|()| sallyport_core::names::validate_labels(&req.labels))
+        {
+            return Err(AuthError::BadRequest(refused(e).await));
+        }
         let host_key = PublicKey::from_openssh(req.ssh_host_key.trim()).map_err(|e| {
             AuthError::BadRequest(format!("the host key is not an OpenSSH public key: {e}"))
         })?;
@@ -90,28 +125,20 @@ impl AuthServer {
             .decode(&req.tls_spki)
             .map_err(|_| AuthError::BadRequest("the TLS key is not base64".into()))?;
         if let Some(n) = self.find_node(&req.nodename).await? {
-            return Err(AuthError::Conflict(format!(
+            let why = format!(
                 "node name {} is already taken (node {}); start the agent with another --nodename",
                 req.nodename, n.id
-            )));
+            );
+            return Err(AuthError::Conflict(refused(why).await));
         }
-        let now = sallyport_core::unix_now();
         let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = 'node'")
-            .bind(token_hash(&req.token))
+            .bind(&hash)
             .bind(now)
             .execute(&self.backend.pool)
             .await?;
         if claimed.rows_affected() != 1 {
-            let why = "the join token is unknown, expired or already used; create a new one with `sallyctl tokens add --type=node`";
-            self.emit_logged(
-                Event::new("node.join", None)
-                    .with("success", false)
-                    .with("nodename", req.nodename.clone())
-                    .with("error", why)
-                    .with("remote_addr", remote),
-            )
-            .await;
-            return Err(refuse(why.into()));
+            // Spent by a concurrent join since the check above.
+            return Err(self.join_refused(req, remote).await);
         }
         let id = uuid::Uuid::new_v4().to_string();
         sqlx::query("INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated, last_seen) VALUES ($1, $2, NULL, $3, 'agent', $4, $4, 0)")
@@ -160,6 +187,20 @@ impl AuthServer {
         })
     }
 
+    /// The one answer to a join without a valid token, whatever else the request says.
+    async fn join_refused(&self, req: &JoinRequest, remote: &str) -> AuthError {
+        let why = "invalid join token: it is unknown, expired or already used; create a new one with `sallyctl tokens add --type=node`";
+        self.emit_logged(
+            Event::new("node.join", None)
+                .with("success", false)
+                .with("nodename", req.nodename.clone())
+                .with("error", why)
+                .with("remote_addr", remote),
+        )
+        .await;
+        AuthError::Unauthenticated(why.into())
+    }
+
     pub fn user_ca_openssh(&self) -> Result<Vec<String>, AuthError> {
         self.authorities
             .ssh_public_keys(sallyport_core::ca::CaKind::User)
@@ -172,7 +213,12 @@ impl AuthServer {
     }
 
     /// The proxy reports an agent's tunnel; labels the agent sends replace the stored ones.
+    /// Labels a node may not set (built-in, oversized) refuse the whole report: the agent
+    /// hears why, and a node cannot be online under labels it was refused.
     pub async fn presence(&self, node_id: &str, p: &Presence) -> Result<(), AuthError> {
+        if let Some(labels) = &p.labels {
+            sallyport_core::names::validate_labels(labels).map_err(AuthError::BadRequest)?;
+        }
         let seen = if p.online {
             sallyport_core::unix_now()
         } else {
@@ -266,8 +312,15 @@ impl AuthServer {
             .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let now = sshcert::now();
         let logins = vec![req.login.clone()];
+        // An agentless sshd trusts the OpenSSH CA, which signs nothing but these; agents check
+        // the user CA they received at join, inside their mutually authenticated tunnel.
+        let signer = if node.kind == "agentless" {
+            self.authorities.openssh_signer()
+        } else {
+            self.authorities.user_signer()
+        };
         let cert = sshcert::issue_user(
-            &self.authorities.user_signer().key,
+            &signer.key,
             &UserCertRequest {
                 public_key: &key,
                 user: &user.name,

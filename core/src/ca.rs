@@ -1,4 +1,4 @@
-//! The four certificate authorities and how each is exported.
+//! The five certificate authorities and how each is exported.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,10 +14,22 @@ pub enum CaKind {
     TlsUser,
     /// Signs X.509 certificates of the services (auth, proxy, agents).
     TlsHost,
+    /// Signs the per-session certificates the proxy presents to agentless nodes, and nothing
+    /// else. An agentless `sshd` trusts this CA (`TrustedUserCAKeys`), not the user CA: a
+    /// person's own login certificate must not open it directly, past roles, locks,
+    /// recording and audit.
+    #[serde(rename = "openssh")]
+    OpenSsh,
 }
 
 impl CaKind {
-    pub const ALL: [CaKind; 4] = [CaKind::User, CaKind::Host, CaKind::TlsUser, CaKind::TlsHost];
+    pub const ALL: [CaKind; 5] = [
+        CaKind::User,
+        CaKind::Host,
+        CaKind::TlsUser,
+        CaKind::TlsHost,
+        CaKind::OpenSsh,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -25,6 +37,7 @@ impl CaKind {
             CaKind::Host => "host",
             CaKind::TlsUser => "tls-user",
             CaKind::TlsHost => "tls-host",
+            CaKind::OpenSsh => "openssh",
         }
     }
 
@@ -33,7 +46,7 @@ impl CaKind {
     }
 
     pub fn is_ssh(self) -> bool {
-        matches!(self, CaKind::User | CaKind::Host)
+        matches!(self, CaKind::User | CaKind::Host | CaKind::OpenSsh)
     }
 }
 

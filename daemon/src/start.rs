@@ -78,6 +78,10 @@ pub async fn run(
     let a = &cfg.auth_service;
     let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
     auth_cfg.recordings_dir = Some(dir.join("recordings"));
+    // No node may join under a name clients use for the proxy.
+    auth_cfg
+        .public_names
+        .extend(cfg.proxy_service.public_addr.iter().cloned());
     auth_cfg.second_factor = a.authentication.second_factor == SecondFactor::Otp;
     auth_cfg.max_login_attempts = a.authentication.max_login_attempts;
     auth_cfg.lockout_window = a.authentication.lockout_window.0;

@@ -7,12 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sallyport_core::api::Presence;
+use sallyport_core::names::MAX_HEARTBEAT_LINE;
 use sallyport_core::tunnel::{self, Opener, Side, TunnelStream};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::AuthClient;
+use crate::auth_client::ClientError;
 
 /// Live tunnels by node id. A newer tunnel from the same node replaces the older one.
 #[derive(Clone, Default)]
@@ -61,6 +63,67 @@ impl Tunnels {
 #[derive(serde::Deserialize)]
 struct Heartbeat {
     labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// Reads an agent's heartbeats until its stream ends or goes quiet, reporting each to auth as
+/// presence and answering `ok`. A line over [`MAX_HEARTBEAT_LINE`], one that is not a heartbeat,
+/// or labels auth refuses (built-in or oversized) is answered `error: <why>` and ends the
+/// tunnel: the agent logs why, and is not online under labels it was refused.
+async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
+    let (r, mut w) = tokio::io::split(hb);
+    let mut r = BufReader::new(r);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // Bounded: `lines()` would buffer whatever an agent sends before a newline.
+        let mut bounded = (&mut r).take(MAX_HEARTBEAT_LINE as u64 + 1);
+        let read = bounded.read_until(b'\n', &mut line);
+        match tokio::time::timeout(Duration::from_secs(35), read).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return,
+        }
+        let refusal = if line.len() > MAX_HEARTBEAT_LINE {
+            Some(format!(
+                "heartbeat line over {MAX_HEARTBEAT_LINE} bytes; fewer or shorter labels"
+            ))
+        } else {
+            match serde_json::from_slice::<Heartbeat>(line.trim_ascii_end()) {
+                Err(e) => Some(format!("heartbeat is not JSON: {e}")),
+                Ok(h) => {
+                    let p = Presence {
+                        online: true,
+                        labels: h.labels,
+                    };
+                    let path = format!("/v1/nodes/{node_id}/presence");
+                    match auth
+                        .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&p))
+                        .await
+                    {
+                        Ok(_) => None,
+                        Err(ClientError::Refused {
+                            status: 400,
+                            message,
+                        }) => Some(message),
+                        // Auth being away is not the agent's fault: keep the tunnel.
+                        Err(e) => {
+                            tracing::warn!(node = %node_id, error = %e, "presence not recorded");
+                            None
+                        }
+                    }
+                }
+            }
+        };
+        if let Some(why) = refusal {
+            tracing::warn!(node = %node_id, error = %why, "refused an agent's heartbeat; closing its tunnel");
+            let why: String = why.chars().filter(|c| !c.is_control()).collect();
+            let _ = w.write_all(format!("error: {why}\n").as_bytes()).await;
+            let _ = w.flush().await;
+            return;
+        }
+        if w.write_all(b"ok\n").await.is_err() {
+            return;
+        }
+    }
 }
 
 pub async fn serve(
@@ -121,36 +184,7 @@ pub async fn serve(
             tracing::info!(node = %node_id, peer = %addr, "agent tunnel up");
             // The agent's first stream is its heartbeat: labels in, "ok" out.
             if let Some(hb) = inbound.recv().await {
-                let (r, mut w) = tokio::io::split(hb);
-                let mut lines = BufReader::new(r).lines();
-                loop {
-                    let line = match tokio::time::timeout(
-                        Duration::from_secs(35),
-                        lines.next_line(),
-                    )
-                    .await
-                    {
-                        Ok(Ok(Some(l))) => l,
-                        _ => break,
-                    };
-                    let labels = serde_json::from_str::<Heartbeat>(&line)
-                        .ok()
-                        .and_then(|h| h.labels);
-                    let p = Presence {
-                        online: true,
-                        labels,
-                    };
-                    let path = format!("/v1/nodes/{node_id}/presence");
-                    if let Err(e) = auth
-                        .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&p))
-                        .await
-                    {
-                        tracing::warn!(node = %node_id, error = %e, "presence not recorded");
-                    }
-                    if w.write_all(b"ok\n").await.is_err() {
-                        break;
-                    }
-                }
+                heartbeats(hb, &node_id, &auth).await;
             }
             if tunnels.remove(&node_id, generation) {
                 let p = Presence {

@@ -1,6 +1,7 @@
-//! Agentless nodes: a real OpenSSH `sshd`, started by this test, that trusts the cluster's user
-//! CA (`sallyctl auth export --type=user`), reached through the proxy with per-session
-//! certificates. Its host key is pinned at first contact; a changed key is refused.
+//! Agentless nodes: a real OpenSSH `sshd`, started by this test, that trusts the cluster's
+//! OpenSSH CA (`sallyctl auth export --type=openssh`), reached through the proxy with
+//! per-session certificates. A person's own login certificate (from the user CA) does not open
+//! it directly. Its host key is pinned at first contact; a changed key is refused.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -65,7 +66,15 @@ fn plain_sshd_behind_the_proxy_with_a_pinned_host_key() {
     let c = Cluster::start();
     let dir = c.dir.path().join("sshd");
     std::fs::create_dir_all(&dir).unwrap();
-    let ca = c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout;
+    let ca = c
+        .sallyctl(&["auth", "export", "--type=openssh"])
+        .ok()
+        .stdout;
+    assert!(ca.starts_with("ssh-ed25519 "), "{ca}");
+    assert_ne!(
+        ca,
+        c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout
+    );
     let port = free_port();
     let sshd = start_sshd(&dir, port, &ca, "hostkey");
     c.sallyctl(&[
@@ -100,4 +109,87 @@ fn plain_sshd_behind_the_proxy_with_a_pinned_host_key() {
     let _impostor = start_sshd(&dir, port, &ca, "other-hostkey");
     c.ssh(&cfg, &["root@plain1", "true"], "")
         .fails_with("host key other than the one pinned");
+}
+
+/// OpenSSH straight at the agentless sshd with the user's own key and login certificate.
+fn direct(dir: &Path, home: &Path, c: &Cluster, user: &str, port: u16) -> Run {
+    let key = home.join("keys").join(c.proxy.replace(':', "_")).join(user);
+    run(
+        Command::new("ssh")
+            .arg("-i")
+            .arg(&key)
+            .arg("-o")
+            .arg(format!("CertificateFile={}-cert.pub", key.display()))
+            .args([
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+            ])
+            .arg(format!(
+                "UserKnownHostsFile={}",
+                dir.join("direct_known_hosts").display()
+            ))
+            .args(["-p", &port.to_string(), "root@127.0.0.1", "echo direct"]),
+        "",
+    )
+}
+
+#[test]
+fn a_login_certificate_does_not_open_an_agentless_node_directly() {
+    let c = Cluster::start();
+    let dir = c.dir.path().join("sshd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let ca = c
+        .sallyctl(&["auth", "export", "--type=openssh"])
+        .ok()
+        .stdout;
+    let sshd = start_sshd(&dir, port, &ca, "hostkey");
+    c.sallyctl(&[
+        "nodes",
+        "add",
+        "--name",
+        "plain2",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .ok();
+    let home = c.user("mallory", "access", "root");
+    // Past the proxy, skipping roles, locks, recording and audit: refused.
+    direct(&dir, &home, &c, "mallory", port).fails_with("Permission denied");
+    // Through the proxy: the per-session certificate from the OpenSSH CA.
+    let cfg = c.ssh_config(&home, "mallory");
+    let r = c.ssh(&cfg, &["root@plain2", "echo proxied"], "").ok();
+    assert_eq!(r.stdout, "proxied\n");
+    // A node still trusting the user CA (set up before the OpenSSH CA) is refused by the
+    // proxy's certificate, with the switch to make in the message.
+    drop(sshd);
+    let user_ca = c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout;
+    let _old = start_sshd(&dir, port, &user_ca, "hostkey");
+    c.ssh(&cfg, &["root@plain2", "true"], "")
+        .fails_with("sallyctl auth export --type=openssh");
+}
+
+#[test]
+fn a_database_from_before_the_openssh_ca_gets_one_at_start() {
+    let mut c = Cluster::start();
+    let user = c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout;
+    c.stop();
+    c.sqlite("DELETE FROM cert_authorities WHERE kind = 'openssh';");
+    c.boot();
+    let openssh = c
+        .sallyctl(&["auth", "export", "--type=openssh"])
+        .ok()
+        .stdout;
+    assert!(openssh.starts_with("ssh-ed25519 "), "{openssh}");
+    assert_ne!(openssh, user);
+    // The other CAs are the ones the cluster had.
+    assert_eq!(
+        c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout,
+        user
+    );
 }

@@ -214,10 +214,11 @@ enum UsersCommand {
 
 #[derive(Subcommand)]
 enum AuthCommand {
-    /// Print a CA's public part: `user` for sshd's TrustedUserCAKeys, `host` as a known_hosts
-    /// line, `tls-user` / `tls-host` as PEM.
+    /// Print a CA's public part: `openssh` for an agentless node's sshd (TrustedUserCAKeys: it
+    /// signs only the proxy's per-session certificates), `user` for what checks people's login
+    /// certificates, `host` as a known_hosts line, `tls-user` / `tls-host` as PEM.
     Export {
-        #[arg(long = "type", value_parser = ["user", "host", "tls-user", "tls-host"])]
+        #[arg(long = "type", value_parser = ["user", "host", "openssh", "tls-user", "tls-host"])]
         kind: String,
     },
 }

@@ -786,8 +786,13 @@ impl Inner {
             .await
             .map_err(|e| format!("node {}: {e}", grant.node.hostname))?;
         if !auth.success() {
+            let trust = if grant.node.kind == "agentless" {
+                "does its sshd trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
+            } else {
+                "does its agent belong to this cluster?"
+            };
             return Err(format!(
-                "node {} refused the session certificate for login {login}; does it trust `sallyctl auth export --type=user`?",
+                "node {} refused the session certificate for login {login}; {trust}",
                 grant.node.hostname
             ));
         }
@@ -1270,6 +1275,15 @@ impl russh::server::Handler for Inner {
         data: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
+        // Bounded before it is parsed, audited or sent on (agentless nodes have only this check).
+        if data.len() > sallyport_core::names::MAX_EXEC_COMMAND {
+            let e = format!(
+                "the command is {} bytes long; the limit is {}",
+                data.len(),
+                sallyport_core::names::MAX_EXEC_COMMAND
+            );
+            return self.refuse_request(ch, &e, session);
+        }
         let cmd = String::from_utf8_lossy(data).into_owned();
         let copy = sallyport_core::scp::classify(&cmd);
         if let Some(copy) = copy {

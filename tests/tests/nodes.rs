@@ -1,0 +1,254 @@
+//! Nodes as a hostile agent would try them: names that belong to the proxy (`localhost`, IP
+//! addresses, the cluster name and anything under it), built-in labels set at join or in a
+//! heartbeat, a bogus token probing which names exist, oversized labels, commands and
+//! environment values, and `ssh -R` on a privileged port as a login that could not bind it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use sallyport_tests::*;
+
+/// Runs an agent's first start with `token` until it exits (a refused join exits at once; one
+/// still running after 20 s joined, and is stopped).
+fn join(c: &Cluster, name: &str, labels: &str, token: &str) -> Run {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = c.dir.path().join(format!("agent-try-{n}"));
+    let log = c.dir.path().join(format!("agent-try-{n}.log"));
+    let mut child = c
+        .agent_command(name, labels, Some(token), &dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let exited = eventually(Duration::from_secs(20), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let code = child.wait().unwrap().code().unwrap_or(-1);
+    Run {
+        code: if exited { code } else { 0 },
+        stdout: String::new(),
+        stderr: std::fs::read_to_string(&log).unwrap(),
+    }
+}
+
+#[test]
+fn agents_cannot_take_the_proxys_names() {
+    let c = Cluster::start();
+    let token = c.join_token();
+    for (name, says) in [
+        (
+            "localhost",
+            "node name \"localhost\" is reserved: it names the local machine",
+        ),
+        (
+            "127.0.0.1",
+            "node name \"127.0.0.1\" reads as an IP address",
+        ),
+        ("127.1", "node name \"127.1\" reads as an IP address"),
+        ("test", "node name \"test\" is the cluster's name"),
+        ("x.test", "node name \"x.test\" ends in .test"),
+        ("Web.TEST", "node name \"Web.TEST\" ends in .test"),
+    ] {
+        join(&c, name, "", &token).fails_with(&format!("joining failed: {says}"));
+    }
+    // A refused name does not spend the token: the operator fixes the name and joins.
+    let mut good = c
+        .agent_command("web1", "", Some(&token), &c.dir.path().join("agent-web1"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.wait_online("web1");
+    let _ = good.kill();
+    let _ = good.wait();
+    // Refused joins are audited with the reason.
+    assert!(c.events("node.join").iter().any(|e| e["success"] == false
+        && e["nodename"] == "localhost"
+        && e["error"].as_str().unwrap().contains("is reserved")));
+    // An agentless node follows the same rules.
+    for (name, says) in [
+        ("localhost", "is reserved"),
+        ("10.0.0.5", "reads as an IP address"),
+        ("db.test", "ends in .test"),
+    ] {
+        c.sallyctl(&["nodes", "add", "--name", name, "--addr", "127.0.0.1:22"])
+            .fails_with(says);
+    }
+    c.sallyctl(&[
+        "nodes",
+        "add",
+        "--name",
+        "db1",
+        "--addr",
+        "127.0.0.1:22",
+        "--labels",
+        "hostname=web1",
+    ])
+    .fails_with("label \"hostname\" is built in");
+}
+
+#[test]
+fn a_bogus_token_learns_nothing_about_names() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let answer = "joining failed: invalid join token: it is unknown, expired or already used";
+    let taken = join(&c, "local1", "", "0123456789abcdef0123456789abcdef").fails_with(answer);
+    let fresh = join(&c, "fresh1", "", "0123456789abcdef0123456789abcdef").fails_with(answer);
+    let reserved = join(&c, "localhost", "", "0123456789abcdef0123456789abcdef").fails_with(answer);
+    let bad_labels =
+        join(&c, "fresh2", "id=x", "0123456789abcdef0123456789abcdef").fails_with(answer);
+    for r in [&taken, &fresh, &reserved, &bad_labels] {
+        assert!(
+            !r.stderr.contains("taken")
+                && !r.stderr.contains("reserved")
+                && !r.stderr.contains("built in"),
+            "{r:?}"
+        );
+    }
+    // With a valid token the name is what is wrong, and the answer says so.
+    join(&c, "local1", "", &c.join_token()).fails_with("node name local1 is already taken");
+}
+
+#[test]
+fn built_in_labels_are_refused_at_join_and_in_heartbeats() {
+    let c = Cluster::start();
+    let token = c.join_token();
+    join(&c, "lab1", "hostname=evil,id=x", &token)
+        .fails_with("joining failed: label \"hostname\" is built in");
+    join(&c, "lab1", "id=local1", &token).fails_with("joining failed: label \"id\" is built in");
+    // Sizes: clear errors, not a truncated or dropped label.
+    join(&c, "lab1", &format!("big={}", "v".repeat(300)), &token)
+        .fails_with("label big is 300 bytes long; a label value has at most 256");
+    let many: Vec<String> = (0..65).map(|i| format!("k{i}=v")).collect();
+    join(&c, "lab1", &many.join(","), &token).fails_with("a node has at most 64 labels, not 65");
+
+    let mut agent = c.agent("lab1", "env=qa");
+    let before = c
+        .sallyctl(&["get", "node/lab1", "--format", "json"])
+        .ok()
+        .stdout;
+    // The joined agent restarts with a built-in label: its heartbeat is refused and it says why.
+    agent.stop();
+    let log = c.dir.path().join("lab1-restart.log");
+    let mut restarted = c
+        .agent_command("lab1", "env=qa,hostname=local1", None, &agent.dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || std::fs::read_to_string(&log)
+            .unwrap()
+            .contains(
+                "the proxy refused this node's heartbeat: label \"hostname\" is built in"
+            )),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let _ = restarted.kill();
+    let _ = restarted.wait();
+    let after = c
+        .sallyctl(&["get", "node/lab1", "--format", "json"])
+        .ok()
+        .stdout;
+    let labels =
+        |json: &str| serde_json::from_str::<serde_json::Value>(json).unwrap()["labels"].clone();
+    assert_eq!(labels(&after), labels(&before));
+    assert_eq!(labels(&after), serde_json::json!({"env": "qa"}));
+}
+
+#[test]
+fn oversized_commands_and_environment_are_clear_errors() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("olga", "access", "root");
+    let cfg = c.ssh_config(&home, "olga");
+    let long = format!("echo {}", "x".repeat(70_000));
+    c.ssh(&cfg, &["root@local1", &long], "")
+        .fails_with("the command is 70005 bytes long; the limit is 65536");
+    // Just under the limit runs.
+    let fits = format!("echo {} | wc -c", "x".repeat(65_000));
+    let r = c.ssh(&cfg, &["root@local1", &fits], "").ok();
+    assert_eq!(r.stdout.trim(), "65001");
+    let r = run(
+        Command::new("ssh")
+            .env("LC_HUGE", "y".repeat(5000))
+            .arg("-F")
+            .arg(&cfg)
+            .args([
+                "-J",
+                "proxy",
+                "-o",
+                "SendEnv=LC_HUGE",
+                "root@local1",
+                "true",
+            ]),
+        "",
+    );
+    r.fails_with("environment variable LC_HUGE is 5000 bytes long; the limit is 4096");
+    let r = run(
+        Command::new("ssh")
+            .env("LC_FINE", "z".repeat(100))
+            .arg("-F")
+            .arg(&cfg)
+            .args([
+                "-J",
+                "proxy",
+                "-o",
+                "SendEnv=LC_FINE",
+                "root@local1",
+                "echo ${#LC_FINE}",
+            ]),
+        "",
+    )
+    .ok();
+    assert_eq!(r.stdout, "100\n");
+}
+
+/// A port below 1024 nothing listens on, for root to bind.
+fn free_privileged_port() -> u16 {
+    (600..1000)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below 1000 (the tests run as root)")
+}
+
+#[test]
+fn remote_forwards_bind_as_the_login_would() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("rita", "access", "root,sallytest");
+    let cfg = c.ssh_config(&home, "rita");
+    let forward = |login: &str, port: u16| {
+        run(
+            Command::new("ssh")
+                .arg("-F")
+                .arg(&cfg)
+                .args(["-J", "proxy", "-o", "ExitOnForwardFailure=yes", "-R"])
+                .arg(format!("127.0.0.1:{port}:127.0.0.1:9"))
+                .arg(format!("{login}@local1"))
+                .arg("echo bound"),
+            "",
+        )
+    };
+    let low = free_privileged_port();
+    // sallytest cannot bind a privileged port itself, so it cannot through the agent either.
+    let r = forward("sallytest", low);
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "remote port forwarding failed for listen port {low}"
+        )),
+        "{r:?}"
+    );
+    assert!(std::net::TcpListener::bind(("127.0.0.1", low)).is_ok());
+    // An unprivileged port works for sallytest, and the privileged one for root.
+    assert_eq!(forward("sallytest", free_port()).ok().stdout, "bound\n");
+    assert_eq!(forward("root", low).ok().stdout, "bound\n");
+}
