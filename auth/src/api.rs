@@ -185,6 +185,7 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/oidc/finish", post(oidc_finish))
         .route("/v1/locks/{id}", axum::routing::delete(remove_lock))
         .route("/v1/sessions/{id}/end", post(session_end))
+        .route("/v1/sessions/{id}/check", post(session_check))
         .route("/v1/sessions/{id}/update", post(session_update))
         .route("/v1/sessions/{id}/events", post(session_events))
         .route("/v1/sessions/{id}/recording", get(recording))
@@ -749,6 +750,16 @@ async fn session_end(
     Ok(Json(serde_json::json!({})))
 }
 
+/// The proxy checks a running session's grant again (a forward's new connection).
+async fn session_check(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Path(id): Path<String>,
+) -> Result<Json<GrantCheck>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    Ok(Json(auth.session_check(&id).await?))
+}
+
 /// Whose sessions `caller` may see: everyone's with `list` on `event` (auditors, editors),
 /// otherwise only their own, with `list` on `session`.
 async fn session_scope(auth: &AuthServer, caller: &Caller) -> Result<Option<String>, AuthError> {
@@ -790,14 +801,18 @@ async fn recording(
         .recordings_dir
         .clone()
         .ok_or_else(|| AuthError::NotFound("no recordings are kept here".into()))?;
-    let bytes = tokio::fs::read(dir.join(format!("{id}.cast")))
+    let file = tokio::fs::File::open(dir.join(format!("{id}.cast")))
         .await
         .map_err(|e| {
             AuthError::NotFound(format!("recording of session {id} is not available: {e}"))
         })?;
+    // Streamed as it is read: a recording may be as large as `max_recording_size` (a GiB by
+    // default), and auth must not hold one, let alone several, in memory.
+    let body =
+        axum::body::Body::from_stream(tokio_util::io::ReaderStream::with_capacity(file, 64 * 1024));
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/x-asciicast")],
-        bytes,
+        body,
     )
         .into_response())
 }

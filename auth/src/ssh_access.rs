@@ -308,6 +308,10 @@ impl AuthServer {
                 req.user, req.login, node.hostname, decision.explanation
             )));
         }
+        if let Some(why) = over_limits(&set, req) {
+            self.emit_logged(reject(why.clone())).await;
+            return Err(AuthError::AccessDenied(why));
+        }
         let key = PublicKey::from_openssh(req.public_key.trim())
             .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let now = sshcert::now();
@@ -373,8 +377,50 @@ impl AuthServer {
             x11_forwarding: set.permit_x11_forwarding(),
             idle_timeout_secs: set.client_idle_timeout().map(|d| d.as_secs().max(1)),
             disconnect_expired_cert: set.disconnect_expired_cert(),
+            record_input: set.record_input(),
             explanation: decision.explanation,
             node,
+        })
+    }
+
+    /// Checks a running session's grant again, as the user's roles and locks stand now: the
+    /// proxy asks before each new connection through a forward, so removing the user, locking
+    /// them or taking `port_forwarding` away stops forwards that were opened before.
+    pub async fn session_check(
+        &self,
+        id: &str,
+    ) -> Result<sallyport_core::api::GrantCheck, AuthError> {
+        let row = sqlx::query("SELECT user_name, login, node_id FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("session {id} does not exist")))?;
+        let (user_name, login, node_id): (String, String, String) = (
+            row.try_get("user_name")?,
+            row.try_get("login")?,
+            row.try_get("node_id")?,
+        );
+        let Some(user) = self.get_user(&user_name).await? else {
+            return Err(AuthError::AccessDenied(format!(
+                "user {user_name} no longer exists"
+            )));
+        };
+        self.check_lock(&user.name).await?;
+        let Some(node) = self.find_node(&node_id).await? else {
+            return Err(AuthError::NotFound(format!(
+                "node {node_id} is not registered"
+            )));
+        };
+        let set = self.role_set(&user.roles, &user.traits).await?;
+        let decision = set.check_node(&login, &crate::api::node_labels(&node));
+        if !decision.allowed {
+            return Err(AuthError::AccessDenied(format!(
+                "{user_name} as {login} on {}: {}",
+                node.hostname, decision.explanation
+            )));
+        }
+        Ok(sallyport_core::api::GrantCheck {
+            port_forwarding: set.port_forwarding(),
         })
     }
 
@@ -529,4 +575,31 @@ impl AuthServer {
             .await?;
         row.as_ref().map(session_from_row).transpose()
     }
+}
+
+/// Why a session would exceed the roles' `max_sessions` (session channels on one SSH
+/// connection; [`DEFAULT_MAX_SESSIONS`] when no role sets it) or `max_connections` (the user's
+/// open SSH connections; the oldest ones keep working), if it would.
+///
+/// [`DEFAULT_MAX_SESSIONS`]: sallyport_core::api::DEFAULT_MAX_SESSIONS
+fn over_limits(set: &sallyport_core::role::RoleSet, req: &SessionRequest) -> Option<String> {
+    let max_sessions = set
+        .max_sessions()
+        .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS);
+    if let Some(open) = req.open_sessions
+        && open >= max_sessions
+    {
+        return Some(format!(
+            "{open} sessions are already open on this connection, the most your roles allow (max_sessions: {max_sessions})"
+        ));
+    }
+    if let Some(max) = set.max_connections()
+        && req.older_connections >= max
+    {
+        return Some(format!(
+            "{} has {} other connections open, the most your roles allow (max_connections: {max})",
+            req.user, req.older_connections
+        ));
+    }
+    None
 }

@@ -318,6 +318,26 @@ pub struct Presence {
     pub labels: Option<BTreeMap<String, String>>,
 }
 
+/// `text` as one segment of an API path: everything but letters, digits and `-._~` is
+/// percent-encoded, so a name can never add a segment (`/`), end the path (`?`, `#`) or climb
+/// out of it. URL parsers resolve a segment of only dots as a step, even percent-encoded, so
+/// such a segment (and an empty one) is sent with a leading `%20`: it then names nothing.
+/// Names are validated before this; this is the second line.
+pub fn path_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 3);
+    if text.bytes().all(|b| b == b'.') {
+        out.push_str("%20");
+    }
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// The proxy asking whether `user` may open a session as `login` on `node`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionRequest {
@@ -327,6 +347,26 @@ pub struct SessionRequest {
     /// OpenSSH public key of the proxy's per-session key, to certify for `login`.
     pub public_key: String,
     pub remote_addr: String,
+    /// Session channels already open on this SSH connection, for the roles' `max_sessions`;
+    /// `None` for a connection's forwards, which are not a session channel.
+    #[serde(default)]
+    pub open_sessions: Option<u32>,
+    /// How many of the user's SSH connections through the proxy are older than this one and
+    /// still open, for the roles' `max_connections` (the oldest ones are the ones allowed).
+    #[serde(default)]
+    pub older_connections: u32,
+}
+
+/// Session channels per SSH connection when no role sets `max_sessions` (OpenSSH's own
+/// `MaxSessions` default).
+pub const DEFAULT_MAX_SESSIONS: u32 = 10;
+
+/// Auth's answer when the proxy checks a running session's grant again (a forward's new
+/// connection): what the user's current roles still allow. A removed or locked user, or a
+/// node the roles no longer reach, is an error instead.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrantCheck {
+    pub port_forwarding: bool,
 }
 
 /// Auth's answer: the node, the per-session certificate, and what the roles say about the
@@ -351,6 +391,9 @@ pub struct SessionGrant {
     /// `disconnect_expired_cert`: the session ends when the person's certificate expires.
     #[serde(default)]
     pub disconnect_expired_cert: bool,
+    /// `record_input`: recordings hold what the person typed too (off unless a role asks).
+    #[serde(default)]
+    pub record_input: bool,
     pub explanation: String,
 }
 
@@ -364,7 +407,16 @@ pub struct SessionEvent {
 }
 
 /// The session events a proxy may report.
-pub const SESSION_EVENTS: &[&str] = &["sftp", "scp", "port", "x11-forward", "agent-forward"];
+/// `session.recording_limit`: a recording reached `max_recording_size` (the session ended
+/// under `strict`, went on unrecorded under `best_effort`).
+pub const SESSION_EVENTS: &[&str] = &[
+    "sftp",
+    "scp",
+    "port",
+    "x11-forward",
+    "agent-forward",
+    "session.recording_limit",
+];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionEnd {
@@ -391,4 +443,41 @@ pub struct SessionInfo {
     pub status: String,
     pub kind: String,
     pub command: Option<String>,
+}
+
+#[cfg(test)]
+mod path_segment_tests {
+    use super::path_segment;
+
+    #[test]
+    fn a_segment_stays_one_segment() {
+        for (text, want) in [
+            ("web1", "web1"),
+            ("a.b-c_d~e", "a.b-c_d~e"),
+            ("../oidc/callback#", "..%2Foidc%2Fcallback%23"),
+            ("x?y=1", "x%3Fy%3D1"),
+            ("a b%", "a%20b%25"),
+            ("..", "%20.."),
+            (".", "%20."),
+            ("", "%20"),
+            ("é", "%C3%A9"),
+        ] {
+            assert_eq!(path_segment(text), want, "{text:?}");
+        }
+        // And a URL parser keeps it where it was put.
+        for text in ["..", ".", "../x", "a/../../b", "#", "?"] {
+            let url = format!(
+                "https://auth/v1/nodes/{}/proxy-host-cert",
+                path_segment(text)
+            );
+            let parsed = url::Url::parse(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            let segs: Vec<&str> = parsed
+                .path_segments()
+                .map(|s| s.collect())
+                .unwrap_or_default();
+            assert_eq!(segs.len(), 4, "{text:?} -> {}", parsed.path());
+            assert_eq!(segs[3], "proxy-host-cert");
+            assert!(parsed.fragment().is_none() && parsed.query().is_none());
+        }
+    }
 }

@@ -71,6 +71,10 @@ pub struct RoleOptions {
     pub max_connections: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record_session: Option<RecordSession>,
+    /// Whether recordings also hold what the person typed (`i` events). Off unless a role
+    /// asks: keystrokes include passwords typed at prompts that do not echo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_input: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -1013,6 +1017,13 @@ impl RoleSet {
             .iter()
             .filter_map(|r| r.options.max_sessions)
             .min()
+    }
+
+    /// Whether any role asks for the person's input in recordings (off by default).
+    pub fn record_input(&self) -> bool {
+        self.roles
+            .iter()
+            .any(|r| r.options.record_input == Some(true))
     }
 
     pub fn max_connections(&self) -> Option<u32> {

@@ -234,6 +234,72 @@ pub struct ProxyService {
     /// `max_unauthenticated_per_address` (the DHEat throttle).
     #[serde(default = "default_connection_rate")]
     pub max_connection_rate_per_address: u32,
+    /// The largest a session recording may grow (`1GiB`, `64MiB`, or bytes): past it a
+    /// `strict` session ends and a `best_effort` one goes on unrecorded, audited.
+    #[serde(default = "default_max_recording_size")]
+    pub max_recording_size: ByteSize,
+}
+
+/// A size in bytes, written as a number or with a unit: `512KiB`, `64MiB`, `1GiB` (or
+/// `KB`/`MB`/`GB`, in powers of 1000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "u64")]
+pub struct ByteSize(pub u64);
+
+impl From<ByteSize> for u64 {
+    fn from(b: ByteSize) -> u64 {
+        b.0
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (n, unit) = s.split_at(split);
+        let n: u64 = n
+            .parse()
+            .map_err(|_| format!("{s:?} is not a size such as 1GiB, 64MiB or 1048576"))?;
+        let mul: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            "KB" | "kB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "TB" => 1_000_000_000_000,
+            u => {
+                return Err(format!(
+                    "{u:?} is not a size unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+                ));
+            }
+        };
+        n.checked_mul(mul)
+            .map(ByteSize)
+            .ok_or_else(|| format!("{s:?} is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+fn default_max_recording_size() -> ByteSize {
+    ByteSize(sallyport_proxy::record::DEFAULT_MAX_RECORDING_SIZE)
 }
 
 impl ProxyService {
@@ -275,6 +341,7 @@ impl Default for ProxyService {
             max_unauthenticated_connections: default_max_unauthenticated(),
             max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
             max_connection_rate_per_address: default_connection_rate(),
+            max_recording_size: default_max_recording_size(),
         }
     }
 }
@@ -372,6 +439,9 @@ impl Config {
         if p.max_connection_rate_per_address == 0 {
             return Err("proxy_service.max_connection_rate_per_address: at least 1".into());
         }
+        if p.max_recording_size.0 < 4096 {
+            return Err("proxy_service.max_recording_size: at least 4KiB".into());
+        }
         Ok(cfg)
     }
 
@@ -434,6 +504,8 @@ proxy_service:
   max_unauthenticated_per_address: 16   # the same from one address (an IPv6 /64)
   max_connection_rate_per_address: 5    # new connections a second that do not log in, beyond a
                                         # burst of max_unauthenticated_per_address
+  max_recording_size: 1GiB              # a session recording past this size ends the session
+                                        # (record_session: strict) or stops, audited (best_effort)
 
 ssh_service:
   enabled: true
@@ -486,6 +558,30 @@ mod tests {
             let text = format!("version: v1\nproxy_service:\n  {line}\n");
             let e = Config::parse(&text).err().unwrap_or_default();
             assert!(e.contains(key), "{text:?} gave {e:?}");
+        }
+    }
+
+    #[test]
+    fn max_recording_size_takes_units_and_defaults_to_a_gibibyte() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proxy_service.max_recording_size.0, 1 << 30);
+        for (text, bytes) in [("64KiB", 65536), ("2MB", 2_000_000), ("100000", 100_000)] {
+            let c = Config::parse(&format!(
+                "version: v1\nproxy_service:\n  max_recording_size: {text}\n"
+            ))
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(c.proxy_service.max_recording_size.0, bytes, "{text}");
+        }
+        for bad in ["12 parsecs", "1KiB", "-5", "99999999999999GiB"] {
+            let e = Config::parse(&format!(
+                "version: v1\nproxy_service:\n  max_recording_size: {bad}\n"
+            ))
+            .err()
+            .unwrap_or_default();
+            assert!(
+                e.contains("max_recording_size") || e.contains("size"),
+                "{bad}: {e}"
+            );
         }
     }
 

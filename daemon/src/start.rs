@@ -212,7 +212,8 @@ pub async fn run(
         proxy_cert,
         tunnels,
         dir.join("recordings"),
-    );
+    )
+    .with_max_recording_size(p.max_recording_size.0);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
     let admission = sallyport_proxy::ssh::accept::Admission {

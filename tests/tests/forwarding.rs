@@ -594,3 +594,82 @@ fn a_connection_that_only_forwards_is_ended_when_idle_but_not_while_used() {
         "an idle forwarding connection stayed up"
     );
 }
+
+/// Whether a new connection through the local forward on `lport` reaches the site.
+fn reaches(lport: u16) -> bool {
+    curl(&[&format!("http://127.0.0.1:{lport}/hello.txt")]).stdout == "hello through the tunnel\n"
+}
+
+#[test]
+fn a_forward_checks_its_grant_again_for_every_new_connection() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: fwd}\nspec:\n  options: {port_forwarding: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello through the tunnel\n").unwrap();
+    let (_web, web) = http_server(&site);
+    let open = |user: &str| {
+        let home = c.user(user, "fwd", "");
+        let cfg = c.ssh_config(&home, user);
+        let lport = free_port();
+        let bg = forward(
+            &c,
+            &cfg,
+            &["-L", &format!("127.0.0.1:{lport}:127.0.0.1:{web}")],
+            lport,
+        );
+        assert!(reaches(lport));
+        (bg, lport)
+    };
+
+    // A removed user's forward carries no new connection within a few seconds.
+    let (_alice, alice) = open("alice");
+    c.sallyctl(&["users", "rm", "alice"]).ok();
+    assert!(
+        eventually(Duration::from_secs(6), || !reaches(alice)),
+        "the forward still works after `sallyctl users rm`"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!reaches(alice));
+
+    // A role that no longer allows port forwarding: the same, saying why in the audit log.
+    let (_bob, bob) = open("bob");
+    let f = c.dir.path().join("fwd-off.yaml");
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: fwd}\nspec:\n  options: {port_forwarding: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", "-f", &f.display().to_string()]).ok();
+    assert!(
+        eventually(Duration::from_secs(6), || !reaches(bob)),
+        "the forward still works after the role lost port_forwarding"
+    );
+    assert!(eventually(Duration::from_secs(10), || {
+        events(&c, "port").iter().any(|e| {
+            e["user"] == "bob"
+                && e["result"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("port forwarding is not allowed"))
+        })
+    }));
+
+    // A locked user: the lock ends the connection itself.
+    std::fs::write(
+        &f,
+        "kind: role\nversion: v1\nmetadata: {name: fwd}\nspec:\n  options: {port_forwarding: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    c.sallyctl(&["create", "-f", &f.display().to_string()]).ok();
+    let (_carol, carol) = open("carol");
+    c.sallyctl(&["lock", "--user", "carol", "--message", "incident"])
+        .ok();
+    assert!(
+        eventually(Duration::from_secs(6), || !reaches(carol)),
+        "the forward still works after a lock"
+    );
+}

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -647,4 +648,262 @@ fn disconnect_expired_cert_ends_the_session_when_the_certificate_expires() {
     assert!(started.elapsed() < Duration::from_secs(90), "{r:?}");
     assert!(!r.stdout.contains("late"), "{r:?}");
     assert!(r.stderr.contains("certificate expired"), "{r:?}");
+}
+
+/// The .cast text of `user`'s session that ran `command`, read by an auditor.
+fn cast_of(c: &Cluster, auditor: &Path, user: &str, command: &str) -> Option<String> {
+    let list: serde_json::Value = serde_json::from_str(
+        &c.sally(auditor, &["recordings", "ls", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .ok()?;
+    let id = list
+        .as_array()?
+        .iter()
+        .find(|s| s["user"] == user && s["command"] == command)?["session_id"]
+        .as_str()?
+        .to_string();
+    std::fs::read_to_string(c.data_dir().join("recordings").join(format!("{id}.cast"))).ok()
+}
+
+#[test]
+fn input_is_recorded_only_when_a_role_asks_for_it() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: keys}\nspec:\n  options: {record_input: true}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let auditor = c.user("audrey", "auditor", "");
+    let command = "read secret; echo got-it";
+    for (user, role, logins, recorded) in
+        [("pat", "access", "root", false), ("kim", "keys", "", true)]
+    {
+        let home = c.user(user, role, logins);
+        let cfg = c.ssh_config(&home, user);
+        let r = c
+            .ssh(&cfg, &["root@local1", command], "hunter2-piped-secret\n")
+            .ok();
+        assert_eq!(r.stdout, "got-it\n");
+        let mut cast = None;
+        assert!(eventually(Duration::from_secs(10), || {
+            cast = cast_of(&c, &auditor, user, command);
+            cast.as_deref().is_some_and(|t| t.contains("got-it"))
+        }));
+        let cast = cast.unwrap();
+        let inputs = cast
+            .lines()
+            .skip(1)
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e[1] == "i")
+            .count();
+        assert_eq!(
+            cast.contains("hunter2-piped-secret"),
+            recorded,
+            "{user}: {cast}"
+        );
+        assert_eq!(inputs > 0, recorded, "{user}: {cast}");
+    }
+}
+
+#[test]
+fn a_target_name_reaches_no_other_route_of_auth() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let all_events = || c.sallyctl(&["audit", "search"]).ok().stdout.lines().count();
+    let before = all_events();
+    for target in [
+        "../oidc/callback#",
+        "../../v1/ping?x=",
+        "local1/../../v1/locks",
+        "..",
+        "%2e%2e",
+        "a b",
+    ] {
+        let r = run(
+            Command::new("ssh")
+                .arg("-F")
+                .arg(&cfg)
+                .arg("-W")
+                .arg(format!("{target}:22"))
+                .arg("proxy"),
+            "",
+        );
+        r.fails_with(&format!("no node named {target:?}"));
+    }
+    // Nothing was reached: not one audit event more.
+    assert_eq!(all_events(), before);
+    // A real node is still reached by each of its names.
+    c.ssh(&cfg, &["root@local1.test", "echo by-cluster-name"], "")
+        .ok();
+}
+
+#[test]
+fn max_sessions_caps_session_channels_on_one_connection() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: two}\nspec:\n  options: {max_sessions: 2}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    for (user, role, logins, cap) in [("tess", "two", "", 2), ("ulla", "access", "root", 10)] {
+        let home = c.user(user, role, logins);
+        let cfg = c.ssh_config(&home, user);
+        let control = c.dir.path().join(format!("cm-{user}-%C"));
+        let mux = |args: &[&str]| {
+            let mut cmd = Command::new("ssh");
+            cmd.arg("-F")
+                .arg(&cfg)
+                .args([
+                    "-J",
+                    "proxy",
+                    "-o",
+                    "ControlMaster=auto",
+                    "-o",
+                    "ControlPersist=30s",
+                ])
+                .arg("-o")
+                .arg(format!("ControlPath={}", control.display()))
+                .args(args);
+            cmd
+        };
+        let spawn = |cmd: &str| {
+            mux(&["root@local1", cmd])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        // The first starts the master connection; the others are channels on it.
+        let mut running = vec![spawn("sleep 5; echo done-0")];
+        std::thread::sleep(Duration::from_secs(1));
+        for i in 1..cap {
+            running.push(spawn(&format!("sleep 4; echo done-{i}")));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        // One more session channel on the same connection is refused (OpenSSH then falls back
+        // to a connection of its own, where it is the first).
+        let r = run(&mut mux(&["root@local1", "echo extra"]), "");
+        assert!(
+            r.stderr.contains("Session open refused by peer"),
+            "{user}: {r:?}"
+        );
+        for (i, child) in running.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                format!("done-{i}\n"),
+                "{user}"
+            );
+        }
+        // Once they ended, there is room again on the same connection.
+        let r = run(&mut mux(&["root@local1", "echo again"]), "").ok();
+        assert_eq!(r.stdout, "again\n");
+        assert!(!r.stderr.contains("refused"), "{r:?}");
+        run(&mut mux(&["-O", "exit", "root@local1"]), "");
+        let want = format!("max_sessions: {cap}");
+        assert!(
+            events(&c, "session.rejected")
+                .iter()
+                .any(|e| e["user"] == user
+                    && e["reason"].as_str().is_some_and(|r| r.contains(&want))),
+            "{user}: no session.rejected with {want:?}"
+        );
+    }
+}
+
+#[test]
+fn max_connections_caps_a_users_open_connections() {
+    let c = Cluster::start();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: one}\nspec:\n  options: {max_connections: 1}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let home = c.user("olga", "one", "");
+    let cfg = c.ssh_config(&home, "olga");
+    let first = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-J", "proxy", "root@local1", "sleep 4; echo first"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    // The second connection is refused while the first is open; the first is unharmed.
+    c.ssh(&cfg, &["root@local1", "echo second"], "")
+        .fails_with("max_connections: 1");
+    let out = first.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\n");
+    // Then there is room again.
+    let r = c.ssh(&cfg, &["root@local1", "echo third"], "").ok();
+    assert_eq!(r.stdout, "third\n");
+    // Another user is not counted against olga.
+    let other = c.user("otto", "one", "");
+    let ocfg = c.ssh_config(&other, "otto");
+    c.ssh(&ocfg, &["root@local1", "true"], "").ok();
+}
+
+#[test]
+fn a_recording_past_max_recording_size_ends_a_strict_session_and_stops_otherwise() {
+    let mut c = Cluster::start();
+    // A small limit, set in the configuration and read at start.
+    let config = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        config.replace(
+            "proxy_service:\n",
+            "proxy_service:\n  max_recording_size: 64KiB\n",
+        ),
+    )
+    .unwrap();
+    c.stop();
+    c.boot();
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: strict}\nspec:\n  options: {record_session: {ssh: strict}}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("local1");
+    let auditor = c.user("audrey", "auditor", "");
+    // About 1.3 MB of output, twenty times the limit, slowly enough to be cut mid-way.
+    let command = "seq 1 200000";
+    let full = (1..=200000).map(|i| format!("{i}\n")).collect::<String>();
+
+    let relaxed = c.user("rex", "access", "root");
+    let cfg = c.ssh_config(&relaxed, "rex");
+    let r = c.ssh(&cfg, &["root@local1", command], "").ok();
+    assert_eq!(r.stdout.len(), full.len(), "best_effort sessions go on");
+
+    let strict = c.user("sam", "strict", "");
+    let cfg = c.ssh_config(&strict, "sam");
+    let r = c
+        .ssh(&cfg, &["root@local1", command], "")
+        .fails_with("recording reached max_recording_size");
+    assert!(r.stdout.len() < full.len() / 2, "{}", r.stdout.len());
+
+    for (user, action) in [("rex", "recording stopped"), ("sam", "session ended")] {
+        let mut cast = None;
+        assert!(eventually(Duration::from_secs(10), || {
+            cast = cast_of(&c, &auditor, user, command);
+            cast.is_some()
+        }));
+        let cast = cast.unwrap();
+        assert!(
+            cast.len() <= 64 * 1024 && cast.len() > 32 * 1024,
+            "{user}: {}",
+            cast.len()
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                events(&c, "session.recording_limit")
+                    .iter()
+                    .any(|e| e["user"] == user && e["action"] == action)
+            }),
+            "{user}: no session.recording_limit event"
+        );
+    }
 }

@@ -23,7 +23,10 @@ impl EventSink {
     pub fn spawn(state: Arc<SshState>, session_id: String) -> Self {
         let (tx, mut rx) = mpsc::channel::<SessionEvent>(QUEUE);
         tokio::spawn(async move {
-            let path = format!("/v1/sessions/{session_id}/events");
+            let path = format!(
+                "/v1/sessions/{}/events",
+                sallyport_core::api::path_segment(&session_id)
+            );
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
                 // Gather what arrives within a moment, up to a batch.

@@ -42,7 +42,28 @@ pub struct SshState {
     locked: RwLock<HashMap<String, String>>,
     /// Live outer connections by user, ended when the user is locked.
     live: Mutex<HashMap<u64, (String, russh::server::Handle)>>,
+    /// `max_recording_size`: the largest a recording may grow.
+    pub max_recording_size: u64,
+    /// Open inner (node) connections: their user by the order they authenticated in, for the
+    /// roles' `max_connections`.
+    inner: Mutex<std::collections::BTreeMap<u64, String>>,
 }
+
+/// An inner connection counted in [`SshState`] while it is open.
+pub struct InnerConnection {
+    state: Arc<SshState>,
+    seq: u64,
+}
+
+impl Drop for InnerConnection {
+    fn drop(&mut self) {
+        if let Ok(mut inner) = self.state.inner.lock() {
+            inner.remove(&self.seq);
+        }
+    }
+}
+
+static NEXT_INNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[derive(serde::Deserialize)]
 struct NodeCert {
@@ -74,7 +95,35 @@ impl SshState {
             node_certs: Mutex::new(HashMap::new()),
             locked: RwLock::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
+            max_recording_size: crate::record::DEFAULT_MAX_RECORDING_SIZE,
+            inner: Mutex::new(Default::default()),
         }
+    }
+
+    /// `max_recording_size` from the configuration.
+    pub fn with_max_recording_size(mut self, bytes: u64) -> Self {
+        self.max_recording_size = bytes;
+        self
+    }
+
+    /// Counts an inner connection of `user` as open until the returned value is dropped.
+    pub fn open_inner(self: &Arc<Self>, user: &str) -> InnerConnection {
+        let seq = NEXT_INNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.insert(seq, user.to_string());
+        }
+        InnerConnection {
+            state: self.clone(),
+            seq,
+        }
+    }
+
+    /// How many of its user's inner connections opened before `conn` are still open.
+    pub fn older_connections(&self, conn: &InnerConnection, user: &str) -> u32 {
+        self.inner
+            .lock()
+            .map(|inner| inner.range(..conn.seq).filter(|(_, u)| *u == user).count() as u32)
+            .unwrap_or(0)
     }
 
     /// Why `user` is locked, if they are.
@@ -155,6 +204,14 @@ impl SshState {
             .strip_suffix(&format!(".{}", self.cluster))
             .unwrap_or(target)
             .to_string();
+        // A target is a name a node could have registered under, nothing else: it goes into an
+        // API path (`../oidc/callback#` once reached other routes of auth).
+        if sallyport_core::names::validate("node", &name).is_err() {
+            return Err(format!(
+                "no node named {name:?} in cluster {}: node names are letters, digits and . _ - @ +",
+                self.cluster
+            ));
+        }
         if let Ok(cache) = self.node_certs.lock()
             && let Some((at, cert, node)) = cache.get(&name)
             && at.elapsed() < Duration::from_secs(300)
@@ -166,7 +223,10 @@ impl SshState {
             .public_key()
             .to_openssh()
             .map_err(|e| e.to_string())?;
-        let path = format!("/v1/nodes/{name}/proxy-host-cert");
+        let path = format!(
+            "/v1/nodes/{}/proxy-host-cert",
+            sallyport_core::api::path_segment(&name)
+        );
         let body = serde_json::json!({ "public_key": public });
         let nc: NodeCert = self
             .auth

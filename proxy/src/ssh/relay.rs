@@ -192,6 +192,7 @@ pub async fn serve_inner<S>(
         cert_expires: u64::MAX,
         activity: Arc::new(AtomicU64::new(now_ms())),
         remote_forwards: Arc::new(Mutex::new(HashSet::new())),
+        counted: None,
     };
     match russh::server::run_stream(Arc::new(config), stream, inner).await {
         Ok(s) => {
@@ -227,9 +228,70 @@ struct Asked {
     x11: AtomicBool,
 }
 
+/// How long a forward's grant, checked again with auth, is trusted: a user removed, locked
+/// or without `port_forwarding` any more gets no new forwarded connection after this.
+const GRANT_RECHECK: Duration = Duration::from_secs(2);
+
+/// A forwarding connection's grant, checked again before each new connection through one of
+/// its forwards (`-L`, `-D`, `-R`), at most every [`GRANT_RECHECK`]: a grant is given when
+/// the first forward opens, and forwards live on long after.
+struct GrantRecheck {
+    state: Arc<SshState>,
+    session_id: String,
+    last: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+}
+
+impl GrantRecheck {
+    /// Starts from `grant`, just given.
+    fn new(state: Arc<SshState>, grant: &SessionGrant) -> Self {
+        let answer = if grant.port_forwarding {
+            Ok(())
+        } else {
+            Err(PORT_FORWARDING_REFUSED.to_string())
+        };
+        GrantRecheck {
+            state,
+            session_id: grant.session_id.clone(),
+            last: tokio::sync::Mutex::new(Some((std::time::Instant::now(), answer))),
+        }
+    }
+
+    /// Whether the user's current roles and locks still allow a new forwarded connection.
+    /// When auth cannot be asked the answer is no: a forward is not worth an unchecked grant.
+    async fn allowed(&self) -> Result<(), String> {
+        let mut last = self.last.lock().await;
+        if let Some((at, answer)) = &*last
+            && at.elapsed() < GRANT_RECHECK
+        {
+            return answer.clone();
+        }
+        let path = format!(
+            "/v1/sessions/{}/check",
+            sallyport_core::api::path_segment(&self.session_id)
+        );
+        let answer = match self
+            .state
+            .auth
+            .json::<_, sallyport_core::api::GrantCheck>(
+                reqwest::Method::POST,
+                &path,
+                Some(&json!({})),
+            )
+            .await
+        {
+            Ok(g) if g.port_forwarding => Ok(()),
+            Ok(_) => Err(PORT_FORWARDING_REFUSED.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        *last = Some((std::time::Instant::now(), answer.clone()));
+        answer
+    }
+}
+
 /// The node connection that carries an inner connection's forwards.
 struct Forwarder {
     grant: SessionGrant,
+    recheck: Arc<GrantRecheck>,
     conn: NodeConn,
     events: EventSink,
     open_failure: Shared<Option<String>>,
@@ -256,6 +318,9 @@ struct Inner {
     activity: Arc<AtomicU64>,
     /// Remote forwards the person asked for and the node granted, by (address, port).
     remote_forwards: Shared<HashSet<(String, u32)>>,
+    /// This connection counted among its user's open ones (`max_connections`), once
+    /// authenticated.
+    counted: Option<super::InnerConnection>,
 }
 
 impl Drop for Inner {
@@ -294,6 +359,9 @@ struct NodeClient {
     asked: Arc<Asked>,
     remote_forwards: Shared<HashSet<(String, u32)>>,
     events: Arc<OnceLock<EventSink>>,
+    /// Set on the forwarding connection: its grant, checked again per remote-forwarded
+    /// connection. Other node connections have none, and carry no forwards.
+    recheck: Arc<OnceLock<Arc<GrantRecheck>>>,
     forward_bytes: Arc<(AtomicU64, AtomicU64)>,
     /// The inner connection's last activity (for idle timeouts).
     activity: Arc<AtomicU64>,
@@ -331,7 +399,10 @@ impl russh::client::Handler for NodeClient {
                 if self.node.kind == "agentless" =>
             {
                 let text = key.to_openssh().map_err(russh::Error::from)?;
-                let path = format!("/v1/nodes/{}/host-key", self.node.id);
+                let path = format!(
+                    "/v1/nodes/{}/host-key",
+                    sallyport_core::api::path_segment(&self.node.id)
+                );
                 let pinned: Result<serde_json::Value, _> = self
                     .state
                     .auth
@@ -396,6 +467,13 @@ impl russh::client::Handler for NodeClient {
                 .await;
             return Ok(());
         }
+        let Some(recheck) = self.recheck.get().cloned() else {
+            tracing::warn!(node = %self.node.hostname, "node opened a forward on a session connection");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
         let user = self.user.clone();
         let events = self.events.get().cloned();
         let bytes = self.forward_bytes.clone();
@@ -405,6 +483,21 @@ impl russh::client::Handler for NodeClient {
             originator_address.to_string(),
         );
         tokio::spawn(async move {
+            if let Err(why) = recheck.allowed().await {
+                tracing::info!(session = %recheck.session_id, %why, "remote-forwarded connection refused");
+                if let Some(ev) = events {
+                    ev.send(
+                        "port",
+                        json!({"kind": "remote", "addr": format!("{addr}:{connected_port}"),
+                        "originator": format!("{oaddr}:{originator_port}"), "result": why}),
+                    )
+                    .await;
+                }
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return;
+            }
             match user
                 .channel_open_forwarded_tcpip(
                     addr.clone(),
@@ -542,8 +635,16 @@ impl Inner {
     ) -> Result<(SessionGrant, NodeConn, Channel<ClientMsg>, Arc<Asked>), String> {
         let asked = Arc::new(Asked::default());
         let events = Arc::new(OnceLock::new());
+        let open = u32::try_from(self.chans.len()).unwrap_or(u32::MAX);
         let (grant, conn, open_failure) = self
-            .connect_node(user, asked.clone(), events, Default::default())
+            .connect_node(
+                user,
+                asked.clone(),
+                events,
+                Default::default(),
+                Some(open),
+                Default::default(),
+            )
             .await?;
         match conn.channel_open_session().await {
             Ok(c) => Ok((grant, conn, c, asked)),
@@ -565,6 +666,7 @@ impl Inner {
         if self.forwarder.is_none() {
             let user_handle = user.clone();
             let events = Arc::new(OnceLock::new());
+            let recheck_slot = Arc::new(OnceLock::new());
             let bytes: Arc<(AtomicU64, AtomicU64)> = Default::default();
             let (grant, conn, open_failure) = self
                 .connect_node(
@@ -572,10 +674,14 @@ impl Inner {
                     Arc::new(Asked::default()),
                     events.clone(),
                     bytes.clone(),
+                    None,
+                    recheck_slot.clone(),
                 )
                 .await?;
             let sink = EventSink::spawn(self.state.clone(), grant.session_id.clone());
             let _ = events.set(sink.clone());
+            let recheck = Arc::new(GrantRecheck::new(self.state.clone(), &grant));
+            let _ = recheck_slot.set(recheck.clone());
             self.update_kind(&grant, "forward", None);
             let (stop, stopped) = tokio::sync::oneshot::channel();
             // A connection that only forwards has no session channel to watch it.
@@ -588,6 +694,7 @@ impl Inner {
             ));
             self.forwarder = Some(Forwarder {
                 grant,
+                recheck,
                 conn,
                 events: sink,
                 open_failure,
@@ -602,7 +709,10 @@ impl Inner {
 
     fn update_kind(&self, grant: &SessionGrant, kind: &str, command: Option<&str>) {
         let state = self.state.clone();
-        let path = format!("/v1/sessions/{}/update", grant.session_id);
+        let path = format!(
+            "/v1/sessions/{}/update",
+            sallyport_core::api::path_segment(&grant.session_id)
+        );
         let body = SessionEnd {
             kind: Some(kind.into()),
             command: command.map(str::to_string),
@@ -623,8 +733,14 @@ impl Inner {
         asked: Arc<Asked>,
         events: Arc<OnceLock<EventSink>>,
         forward_bytes: Arc<(AtomicU64, AtomicU64)>,
+        open_sessions: Option<u32>,
+        recheck: Arc<OnceLock<Arc<GrantRecheck>>>,
     ) -> Result<(SessionGrant, NodeConn, Shared<Option<String>>), String> {
         let login = self.login.clone().ok_or("not authenticated")?;
+        let older_connections = self
+            .counted
+            .as_ref()
+            .map_or(0, |c| self.state.older_connections(c, &self.user));
         if let Some(refusal) = &self.refusal {
             // Ask auth anyway: it audits the refusal with the roles' explanation.
             let req = SessionRequest {
@@ -638,6 +754,8 @@ impl Inner {
                     .to_openssh()
                     .map_err(|e| e.to_string())?,
                 remote_addr: self.addr.to_string(),
+                open_sessions,
+                older_connections,
             };
             return match self
                 .state
@@ -671,6 +789,8 @@ impl Inner {
             node: self.node.id.clone(),
             public_key,
             remote_addr: self.addr.to_string(),
+            open_sessions,
+            older_connections,
         };
         let grant: SessionGrant = self
             .state
@@ -686,6 +806,7 @@ impl Inner {
                 user,
                 asked,
                 events,
+                recheck,
                 forward_bytes,
                 &open_failure,
             )
@@ -712,6 +833,7 @@ impl Inner {
         user: Handle,
         asked: Arc<Asked>,
         events: Arc<OnceLock<EventSink>>,
+        recheck: Arc<OnceLock<Arc<GrantRecheck>>>,
         forward_bytes: Arc<(AtomicU64, AtomicU64)>,
         open_failure: &Shared<Option<String>>,
     ) -> Result<russh::client::Handle<NodeClient>, String> {
@@ -726,6 +848,7 @@ impl Inner {
             asked,
             remote_forwards: self.remote_forwards.clone(),
             events,
+            recheck,
             forward_bytes,
             activity: self.activity.clone(),
         };
@@ -823,7 +946,10 @@ impl Inner {
     }
 
     async fn end_session(state: Arc<SshState>, grant: &SessionGrant, end: SessionEnd) {
-        let path = format!("/v1/sessions/{}/end", grant.session_id);
+        let path = format!(
+            "/v1/sessions/{}/end",
+            sallyport_core::api::path_segment(&grant.session_id)
+        );
         if let Err(e) = state
             .auth
             .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&end))
@@ -874,7 +1000,11 @@ impl Inner {
             title: &title,
             command,
         };
-        match Recorder::create(&self.state.recordings, &r.grant.session_id, &header) {
+        let limits = crate::record::Limits {
+            input: r.grant.record_input,
+            max_bytes: self.state.max_recording_size,
+        };
+        match Recorder::create(&self.state.recordings, &r.grant.session_id, &header, limits) {
             Ok(rec) => {
                 if let Ok(mut slot) = r.rec.lock() {
                     *slot = Some(rec);
@@ -995,7 +1125,21 @@ async fn node_to_user(
             r.output(data.clone());
         }
     };
+    let max_recording = state.max_recording_size;
     loop {
+        // Checked before anything more reaches the person: under `strict` nothing is shown
+        // that the recording no longer holds.
+        if recording_full(&rec, &grant, &events, max_recording).await {
+            let why = format!(
+                "this session's recording reached max_recording_size ({max_recording} bytes) and it must be recorded (record_session: strict); the session ends"
+            );
+            let _ = user
+                .extended_data(ch, 1, Bytes::from(format!("\r\nsallyport: {why}\r\n")))
+                .await;
+            let _ = user.exit_status_request(ch, 255).await;
+            exit_code = Some(255);
+            break;
+        }
         let msg = tokio::select! {
             m = read.wait() => m,
             _ = tick.tick() => {
@@ -1105,6 +1249,36 @@ async fn node_to_user(
     Inner::end_session(state, &grant, end).await;
 }
 
+/// Whether the recording in `rec` reached `max_recording_size` and the session must end
+/// (`strict`). Under `best_effort` the recording is finished where it stopped and the session
+/// goes on unrecorded; both are audited (`session.recording_limit`).
+async fn recording_full(
+    rec: &Shared<Option<Recorder>>,
+    grant: &SessionGrant,
+    events: &EventSink,
+    max_bytes: u64,
+) -> bool {
+    let full = rec.lock().ok().and_then(|mut r| r.take_if(|r| r.is_full()));
+    let Some(full) = full else {
+        return false;
+    };
+    full.finish();
+    let strict = grant.record == "strict";
+    tracing::warn!(session = %grant.session_id, max_bytes, strict, "recording reached max_recording_size");
+    let action = if strict {
+        "session ended"
+    } else {
+        "recording stopped"
+    };
+    events
+        .send(
+            "session.recording_limit",
+            json!({"max_recording_size": max_bytes, "record_session": grant.record, "action": action}),
+        )
+        .await;
+    strict
+}
+
 /// User → node: data, EOF and resizes in order, without ever stalling the user's session loop.
 async fn user_to_node(mut rx: flow::Receiver, node: Arc<ChannelWriteHalf<ClientMsg>>) {
     while let Some(item) = rx.recv().await {
@@ -1136,6 +1310,9 @@ impl russh::server::Handler for Inner {
             Ok(user) if user == self.user => {
                 self.login = Some(login.to_string());
                 self.cert_expires = cert.valid_before();
+                if self.counted.is_none() {
+                    self.counted = Some(self.state.open_inner(&self.user));
+                }
                 Ok(Auth::Accept)
             }
             // Genuine, current, this user's — but without this login: let the session be
@@ -1146,6 +1323,9 @@ impl russh::server::Handler for Inner {
             {
                 self.login = Some(login.to_string());
                 self.refusal = Some(e.to_string());
+                if self.counted.is_none() {
+                    self.counted = Some(self.state.open_inner(&self.user));
+                }
                 Ok(Auth::Accept)
             }
             Ok(other) => {
@@ -1286,16 +1466,21 @@ impl russh::server::Handler for Inner {
         }
         let cmd = String::from_utf8_lossy(data).into_owned();
         let copy = sallyport_core::scp::classify(&cmd);
+        // Refused when it is a copy or only wraps one: what `ssh_file_copy: false` refused
+        // before stays refused, though only an exact copy goes unrecorded.
+        if let Some(r) = self.chans.get(&ch)
+            && !r.grant.file_copy
+            && (copy.is_some() || sallyport_core::scp::mentions_copy(&cmd))
+        {
+            r.events
+                .send("scp", json!({"command": cmd, "result": FILE_COPY_REFUSED}))
+                .await;
+            return self.refuse_request(ch, FILE_COPY_REFUSED, session);
+        }
         if let Some(copy) = copy {
             let Some(r) = self.chans.get(&ch) else {
                 return session.channel_failure(ch);
             };
-            if !r.grant.file_copy {
-                r.events
-                    .send("scp", json!({"command": cmd, "result": FILE_COPY_REFUSED}))
-                    .await;
-                return self.refuse_request(ch, FILE_COPY_REFUSED, session);
-            }
             if let Ok(mut slot) = r.copy.lock() {
                 *slot = Some(CopyAudit::new(copy));
             }
@@ -1434,15 +1619,29 @@ impl russh::server::Handler for Inner {
             reply.reject(refuse(PORT_FORWARDING_REFUSED)).await;
             return Ok(());
         }
-        let (conn, events, slot, bytes) = (
+        let (conn, events, slot, bytes, recheck) = (
             fwd.conn.clone(),
             fwd.events.clone(),
             fwd.open_failure.clone(),
             fwd.bytes.clone(),
+            fwd.recheck.clone(),
         );
         let activity = self.activity.clone();
         let (host, originator) = (host.to_string(), originator.to_string());
         tokio::spawn(async move {
+            if let Err(why) = recheck.allowed().await {
+                tracing::info!(session = %recheck.session_id, %why, "forwarded connection refused");
+                events
+                    .send(
+                        "port",
+                        json!({"kind": "local", "addr": format!("{host}:{port}"),
+                            "originator": format!("{originator}:{originator_port}"),
+                            "result": why}),
+                    )
+                    .await;
+                reply.reject(refuse(why)).await;
+                return;
+            }
             match conn
                 .channel_open_direct_tcpip(host.clone(), port, originator.clone(), originator_port)
                 .await
