@@ -76,6 +76,13 @@ pub struct AuthConfig {
     pub public_names: Vec<String>,
     /// Where the proxy in this process writes session recordings (`<id>.cast`).
     pub recordings_dir: Option<std::path::PathBuf>,
+    /// The Ed25519 key that signs audit checkpoints (OpenSSH format, 0600, made at first
+    /// start), outside the database; none: the chain is not anchored.
+    pub audit_checkpoint_key: Option<std::path::PathBuf>,
+    /// A checkpoint is signed at every this many records...
+    pub audit_checkpoint_every: u64,
+    /// ...and at most this long after a record was written.
+    pub audit_checkpoint_interval: Duration,
 }
 
 impl AuthConfig {
@@ -89,6 +96,9 @@ impl AuthConfig {
             lockout_duration: Duration::from_secs(30 * 60),
             public_names: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             recordings_dir: None,
+            audit_checkpoint_key: None,
+            audit_checkpoint_every: 100,
+            audit_checkpoint_interval: Duration::from_secs(60),
         }
     }
 }
@@ -99,6 +109,8 @@ pub struct AuthServer {
     pub backend: Backend,
     pub authorities: Authorities,
     pub(crate) audit_lock: tokio::sync::Mutex<()>,
+    /// The audit checkpoint key, when the chain is anchored.
+    pub(crate) audit_anchor: Option<audit_log::Anchor>,
     /// A precomputed argon2 hash so that logins for unknown users cost the same.
     pub(crate) dummy_hash: String,
 }
@@ -118,15 +130,19 @@ impl AuthServer {
         }
         let authorities = Authorities::load_or_create(&backend, &config.cluster_name).await?;
         roles::create_presets(&backend).await?;
+        let audit_anchor = audit_log::Anchor::load(&config)?;
         let dummy_hash =
             login::hash_password("not a real password; timing equaliser".into()).await?;
-        Ok(Arc::new(AuthServer {
+        let auth = Arc::new(AuthServer {
             config,
             backend,
             authorities,
             audit_lock: tokio::sync::Mutex::new(()),
+            audit_anchor,
             dummy_hash,
-        }))
+        });
+        audit_log::spawn_anchorer(Arc::downgrade(&auth));
+        Ok(auth)
     }
 
     pub fn ping(&self) -> Ping {

@@ -164,6 +164,15 @@ pub struct AuditVerify {
     /// The sequence number of the first record that was edited or removed.
     pub first_bad_seq: Option<i64>,
     pub message: String,
+    /// Records covered by a signed checkpoint (a database writer cannot rewrite them unseen).
+    #[serde(default)]
+    pub anchored: u64,
+    /// Signed checkpoints checked.
+    #[serde(default)]
+    pub checkpoints: u64,
+    /// The SHA-256 fingerprint of the checkpoint key that signed them, for an auditor to pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

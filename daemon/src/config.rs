@@ -132,6 +132,8 @@ pub struct AuthService {
     pub cluster_name: String,
     #[serde(default)]
     pub authentication: Authentication,
+    #[serde(default)]
+    pub audit: AuditSettings,
 }
 
 impl Default for AuthService {
@@ -141,8 +143,37 @@ impl Default for AuthService {
             listen_addr: default_auth_addr(),
             cluster_name: default_cluster(),
             authentication: Authentication::default(),
+            audit: AuditSettings::default(),
         }
     }
+}
+
+/// When auth signs a checkpoint of the audit chain (with `<data>/audit-checkpoint.key`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSettings {
+    /// Every this many records...
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u64,
+    /// ...and at most this long after a record was written.
+    #[serde(default = "default_checkpoint_interval")]
+    pub checkpoint_interval: HumanDuration,
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        AuditSettings {
+            checkpoint_every: default_checkpoint_every(),
+            checkpoint_interval: default_checkpoint_interval(),
+        }
+    }
+}
+
+fn default_checkpoint_every() -> u64 {
+    100
+}
+fn default_checkpoint_interval() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(60))
 }
 
 fn yes() -> bool {
@@ -489,6 +520,12 @@ auth_service:
     max_login_attempts: 5 # failed logins within lockout_window that lock an account
     lockout_window: 30m
     lockout_duration: 30m
+  # The audit chain is anchored outside the database: auth signs a checkpoint of it with
+  # <data_dir>/audit-checkpoint.key (made at first start; keep it out of database backups' reach,
+  # and give every auth instance of a PostgreSQL cluster the same file).
+  audit:
+    checkpoint_every: 100     # records between signed checkpoints
+    checkpoint_interval: 1m   # and at most this long before a record is anchored
 
 proxy_service:
   enabled: true

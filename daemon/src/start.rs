@@ -86,6 +86,10 @@ pub async fn run(
     auth_cfg.max_login_attempts = a.authentication.max_login_attempts;
     auth_cfg.lockout_window = a.authentication.lockout_window.0;
     auth_cfg.lockout_duration = a.authentication.lockout_duration.0;
+    // Outside the database, so that a database writer cannot re-sign a rewritten audit chain.
+    auth_cfg.audit_checkpoint_key = Some(dir.join("audit-checkpoint.key"));
+    auth_cfg.audit_checkpoint_every = a.audit.checkpoint_every;
+    auth_cfg.audit_checkpoint_interval = a.audit.checkpoint_interval.0;
     let auth = AuthServer::open(auth_cfg)
         .await
         .context("cannot open the auth service")?;
@@ -286,6 +290,10 @@ pub async fn run(
 
     shutdown_signal().await;
     tracing::info!("shutting down");
+    // Anchor what was written since the last checkpoint rather than leave it to the next start.
+    if let Err(e) = auth.anchor_audit().await {
+        tracing::error!(error = %e, "no audit checkpoint signed at shutdown");
+    }
     Ok(())
 }
 

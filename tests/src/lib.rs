@@ -107,6 +107,8 @@ pub struct Options {
     pub cluster_name: String,
     /// More `proxy_service` keys, one `key: value` a line (`ssh_login_grace: 2s`).
     pub proxy_service: Vec<String>,
+    /// More `auth_service` keys, the same way (`audit: {checkpoint_every: 1}`).
+    pub auth_service: Vec<String>,
 }
 
 impl Default for Options {
@@ -117,6 +119,7 @@ impl Default for Options {
             postgres: None,
             cluster_name: "test".into(),
             proxy_service: vec![],
+            auth_service: vec![],
         }
     }
 }
@@ -163,7 +166,7 @@ auth_service:
   listen_addr: 127.0.0.1:{auth}
   cluster_name: {cluster}
   authentication: {{type: local, second_factor: {sf}, max_login_attempts: {max}}}
-proxy_service:
+{auth_extra}proxy_service:
   enabled: true
   web_listen_addr: 127.0.0.1:{web}
   ssh_listen_addr: 127.0.0.1:{ssh}
@@ -171,6 +174,11 @@ proxy_service:
   kube_listen_addr: 127.0.0.1:{kube}
 {proxy_extra}ssh_service: {{enabled: true, labels: {{env: dev}}}}
 ",
+                auth_extra = o
+                    .auth_service
+                    .iter()
+                    .map(|l| format!("  {l}\n"))
+                    .collect::<String>(),
                 proxy_extra = o
                     .proxy_service
                     .iter()
@@ -245,6 +253,19 @@ proxy_service:
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Stops the daemon cleanly (SIGTERM, as a service manager does) and waits for it to exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let sent = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+            let status = c.wait().unwrap();
+            assert!(status.success(), "sallyport exited with {status}");
         }
     }
 

@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::time::Duration;
+
 use sallyport_tests::*;
 
 fn events(c: &Cluster, args: &[&str]) -> Vec<serde_json::Value> {
@@ -123,4 +125,310 @@ fn verify_finds_removed_records_in_the_middle_and_at_the_end() {
         "{}",
         r.stdout
     );
+}
+
+/// A cluster whose audit checkpoints come at `every` records and `interval`.
+fn anchored_cluster(every: u32, interval: &str) -> Cluster {
+    Cluster::start_with(Options {
+        auth_service: vec![format!(
+            "audit: {{checkpoint_every: {every}, checkpoint_interval: {interval}}}"
+        )],
+        ..Options::default()
+    })
+}
+
+/// The attacker who knows the chain's public formula: rewrites record `seq` (replacing `old`
+/// with `new` in it), re-hashes every record after it and moves the chain head to match.
+const REHASH: &str = r#"
+import hashlib, json, sqlite3, sys
+db, seq, old, new = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+c = sqlite3.connect(db)
+def digest(rec):
+    body = json.dumps({k: v for k, v in rec.items() if k != "hash"}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256((rec["prev_hash"] + "\n" + body).encode()).hexdigest()
+prev = None
+for s, text in c.execute("SELECT seq, record FROM audit_events ORDER BY seq").fetchall():
+    rec = json.loads(text)
+    assert digest(rec) == rec["hash"], "the formula is known"
+    if s == seq:
+        rec = json.loads(text.replace(old, new))
+    if s >= seq:
+        rec["prev_hash"] = prev
+        rec["hash"] = digest(rec)
+        c.execute("UPDATE audit_events SET record = ?, hash = ? WHERE seq = ?",
+                  (json.dumps(rec, separators=(",", ":"), ensure_ascii=False), rec["hash"], s))
+    prev = rec["hash"]
+    last = s
+c.execute("UPDATE cluster_state SET value = ? WHERE key = 'audit_head'", ("%d:%s" % (last, prev),))
+c.commit()
+"#;
+
+fn rehash(c: &Cluster, seq: i64, old: &str, new: &str) {
+    let out = std::process::Command::new("python3")
+        .args(["-c", REHASH])
+        .arg(c.data_dir().join("sallyport.db"))
+        .args([&seq.to_string(), old, new])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn verify_fails(c: &Cluster, needle: &str, first_bad: i64) {
+    let r = c.sallyctl(&["audit", "verify"]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("audit log TAMPERED: ")
+            && r.stdout.contains(needle)
+            && r.stdout
+                .contains(&format!("(first bad record: {first_bad})")),
+        "{needle:?} / first bad record {first_bad} not in {}",
+        r.stdout
+    );
+}
+
+/// The number in "N not yet anchored" of a verify that passed.
+fn pending(c: &Cluster) -> u64 {
+    let out = c.sallyctl(&["audit", "verify"]).ok().stdout;
+    assert!(out.contains("records, chain intact;"), "{out}");
+    let before = out.split(" not yet anchored").next().unwrap();
+    before.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn checkpoints_are_signed_with_a_key_outside_the_database() {
+    let mut c = anchored_cluster(1000, "1h");
+    c.wait_online("local1");
+    c.add_user("k1", "access", "");
+    // Nothing is due yet: every record is reported as not anchored.
+    let out = c.sallyctl(&["audit", "verify"]).ok().stdout;
+    assert!(
+        out.contains("records, chain intact; 0 anchored by 0 signed checkpoints (key SHA256:"),
+        "{out}"
+    );
+    assert!(pending(&c) >= 3, "{out}");
+
+    // The key is a 0600 OpenSSH Ed25519 key in the data dir, and nowhere in the database.
+    let key = c.data_dir().join("audit-checkpoint.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let fp = run(
+        std::process::Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(&key),
+        "",
+    )
+    .ok()
+    .stdout;
+    assert!(fp.contains("(ED25519)"), "{fp}");
+    let fp = fp.split_whitespace().nth(1).unwrap().to_string();
+    assert!(out.contains(&format!("(key {fp})")), "{out}");
+    let secret = std::fs::read_to_string(&key).unwrap();
+    let secret_body = secret.lines().nth(1).unwrap();
+    let db = std::fs::read(c.data_dir().join("sallyport.db")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&db).contains(secret_body),
+        "the key is not in the database"
+    );
+
+    // A clean shutdown anchors what is pending, and a restart keeps the key.
+    c.terminate();
+    c.boot();
+    c.wait_online("local1");
+    let out = c.sallyctl(&["audit", "verify", "--key", &fp]).ok().stdout;
+    assert!(out.contains("anchored by 1 signed checkpoints"), "{out}");
+
+    // An auditor checks a checkpoint with OpenSSH alone, from the message's documented form.
+    let dir = c.dir.path();
+    let row = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3,sys,json; c=sqlite3.connect(sys.argv[1]); print(json.dumps(c.execute('SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints').fetchone()))"])
+        .arg(c.data_dir().join("sallyport.db"))
+        .output()
+        .unwrap();
+    let row: serde_json::Value = serde_json::from_slice(&row.stdout).unwrap();
+    let message = format!(
+        "sallyport audit checkpoint v1\ncluster test\nseq {}\nhash {}\ntime {}\nprevious {}\n",
+        row[0],
+        row[1].as_str().unwrap(),
+        row[2],
+        row[3]
+    );
+    std::fs::write(dir.join("checkpoint.sig"), row[4].as_str().unwrap()).unwrap();
+    let public = run(
+        std::process::Command::new("ssh-keygen")
+            .arg("-yf")
+            .arg(&key),
+        "",
+    )
+    .ok()
+    .stdout;
+    std::fs::write(dir.join("allowed_signers"), format!("audit {public}")).unwrap();
+    let checked = run(
+        std::process::Command::new("ssh-keygen")
+            .args([
+                "-Y",
+                "verify",
+                "-I",
+                "audit",
+                "-n",
+                "sallyport-audit-checkpoint",
+                "-f",
+            ])
+            .arg(dir.join("allowed_signers"))
+            .arg("-s")
+            .arg(dir.join("checkpoint.sig")),
+        &message,
+    );
+    assert!(
+        format!("{}{}", checked.stdout, checked.stderr)
+            .contains("Good \"sallyport-audit-checkpoint\" signature for audit"),
+        "{} {}",
+        checked.stdout,
+        checked.stderr
+    );
+
+    // A pinned key that is not the one in use is refused.
+    c.sallyctl(&["audit", "verify", "--key", "SHA256:AAAA"])
+        .fails_with("audit log NOT VERIFIED: its checkpoints are checked with key");
+
+    // At most an interval after a record is written, it is anchored.
+    let config = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        config.replace("checkpoint_interval: 1h", "checkpoint_interval: 1s"),
+    )
+    .unwrap();
+    c.stop();
+    c.boot();
+    c.add_user("k2", "access", "");
+    assert!(eventually(Duration::from_secs(10), || pending(&c) == 0));
+}
+
+#[test]
+fn a_rewritten_and_rehashed_chain_fails_against_its_checkpoints() {
+    let c = anchored_cluster(1, "1h");
+    c.wait_online("local1");
+    for name in ["r1", "r2", "r3", "r4"] {
+        c.add_user(name, "access", "");
+    }
+    assert_eq!(pending(&c), 0, "a checkpoint at every record");
+
+    // The database writer rewrites who was created and re-hashes the rest of the chain: the
+    // chain alone is consistent again, but record `seq` no longer has the hash auth signed.
+    let seq = seq_of(&c, "r2");
+    rehash(&c, seq, "\"r2\"", "\"zz\"");
+    verify_fails(
+        &c,
+        &format!(
+            "record {seq} was changed and the chain re-hashed: record {seq} does not have the hash checkpoint {seq} signed at"
+        ),
+        seq,
+    );
+
+    // Making the checkpoints agree needs the key: a checkpoint edited to fit is found.
+    c.sqlite(
+        "UPDATE audit_checkpoints SET hash = (SELECT hash FROM audit_events e WHERE e.seq = audit_checkpoints.seq);",
+    );
+    verify_fails(
+        &c,
+        &format!("checkpoint {seq} is not signed by the checkpoint key SHA256:"),
+        seq,
+    );
+}
+
+#[test]
+fn removed_checkpoints_and_a_cut_tail_are_found() {
+    let c = anchored_cluster(1, "1h");
+    c.wait_online("local1");
+    for name in ["t1", "t2", "t3", "t4"] {
+        c.add_user(name, "access", "");
+    }
+    let mid = seq_of(&c, "t2");
+    let last = seq_of(&c, "t4");
+    assert_eq!(pending(&c), 0);
+
+    // One checkpoint removed from the middle.
+    c.sqlite(&format!(
+        "CREATE TABLE saved AS SELECT * FROM audit_checkpoints;
+         DELETE FROM audit_checkpoints WHERE seq = {mid};"
+    ));
+    verify_fails(
+        &c,
+        &format!(
+            "checkpoint {} follows checkpoint {mid}, which is missing: checkpoints were removed from the database",
+            mid + 1
+        ),
+        mid,
+    );
+    c.sqlite("DELETE FROM audit_checkpoints; INSERT INTO audit_checkpoints SELECT * FROM saved;");
+    assert_eq!(pending(&c), 0);
+
+    // The tail cut below a checkpoint, the chain head moved to match.
+    let cut = mid;
+    c.sqlite(&format!(
+        "DELETE FROM audit_events WHERE seq > {cut};
+         UPDATE cluster_state SET value = (SELECT seq || ':' || hash FROM audit_events WHERE seq = {cut})
+           WHERE key = 'audit_head';"
+    ));
+    verify_fails(
+        &c,
+        &format!(
+            "the log ends at record {cut} but checkpoint {} signed record {}",
+            cut + 1,
+            cut + 1
+        ),
+        cut + 1,
+    );
+    // ...and the checkpoints after it removed too: auth remembers the last one it signed.
+    c.sqlite(&format!("DELETE FROM audit_checkpoints WHERE seq > {cut};"));
+    verify_fails(
+        &c,
+        &format!(
+            "is missing from the database, whose last checkpoint is {cut}: checkpoints were removed and the log cut back to record {cut}"
+        ),
+        cut + 1,
+    );
+    assert!(last > cut);
+}
+
+#[test]
+fn search_answers_from_the_records_not_the_side_columns() {
+    let c = Cluster::start();
+    let _home = c.user("alice", "access", "alice");
+    c.login(&_home, "alice", "wrong password")
+        .fails_with("invalid");
+    assert_eq!(
+        events(&c, &["--type", "user.login", "--user", "alice"]).len(),
+        2
+    );
+
+    // The database writer relabels alice's logins in the columns verify never read.
+    c.sqlite(
+        "UPDATE audit_events SET user_name = 'mallory', event_type = 'node.join', time = 0
+         WHERE user_name = 'alice';",
+    );
+    assert!(events(&c, &["--user", "mallory"]).is_empty());
+    assert!(events(&c, &["--type", "node.join", "--user", "mallory"]).is_empty());
+    let logins = events(
+        &c,
+        &["--type", "user.login", "--user", "alice", "--since", "1h"],
+    );
+    assert_eq!(logins.len(), 2, "{logins:?}");
+    assert!(logins.iter().all(|e| e["user"] == "alice"));
+
+    // A record edited in place is not handed out as evidence.
+    let seq = logins[0]["seq"].as_i64().unwrap();
+    c.sqlite(&format!(
+        "UPDATE audit_events SET record = replace(record, '\"success\":true', '\"success\":false') WHERE seq = {seq};"
+    ));
+    c.sallyctl(&["audit", "search", "--user", "alice"]).fails_with(&format!(
+        "audit record {seq} fails its hash check: it was changed in the database; run `sallyctl audit verify`"
+    ));
 }

@@ -239,8 +239,14 @@ enum AuditCommand {
         #[arg(long, value_enum, default_value = "json")]
         format: Format,
     },
-    /// Check the hash chain; names the first record that was edited or removed.
-    Verify,
+    /// Check the hash chain and its signed checkpoints; names the first record that was edited
+    /// or removed, and how many records are anchored.
+    Verify {
+        /// The checkpoint key's fingerprint (SHA256:...) to insist on, e.g. from
+        /// `ssh-keygen -lf <data>/audit-checkpoint.key` when the cluster was set up.
+        #[arg(long)]
+        key: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -619,8 +625,17 @@ async fn audit(api: &Api, cmd: &AuditCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        AuditCommand::Verify => {
+        AuditCommand::Verify { key } => {
             let v: AuditVerify = api.get("/v1/audit/verify").await?;
+            if let Some(pin) = key
+                && v.checkpoint_key.as_deref() != Some(pin.as_str())
+            {
+                println!(
+                    "audit log NOT VERIFIED: its checkpoints are checked with key {}, not the pinned {pin}",
+                    v.checkpoint_key.as_deref().unwrap_or("(none)")
+                );
+                return Ok(ExitCode::from(sallyport_cli::EXIT_FAILURE));
+            }
             if v.ok {
                 println!("audit log intact: {}", v.message);
                 Ok(ExitCode::SUCCESS)
