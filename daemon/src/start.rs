@@ -244,6 +244,10 @@ pub async fn run(
         let host_ca = auth.authorities.tls_pem(CaKind::TlsHost);
         let auth2 = auth.clone();
         let nodename = local_nodename(&cfg)?;
+        // The local agent joins in the background, where a name auth refuses would only be a
+        // log line: refuse it here, before the cluster claims to serve it.
+        sallyport_core::names::validate_node(&nodename, &cluster, &auth.config.public_names)
+            .map_err(|e| anyhow::anyhow!("{e}; pick one with --nodename"))?;
         lines.push(format!("node     {nodename} (local agent)"));
         tokio::spawn(async move {
             let token = match sallyport_agent::AgentIdentity::load(&agent_cfg.sallyport.data_dir) {

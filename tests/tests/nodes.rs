@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use sallyport_tests::*;
 
-/// Runs an agent's first start with `token` until it exits (a refused join exits at once; one
-/// still running after 20 s joined, and is stopped).
-fn join(c: &Cluster, name: &str, labels: &str, token: &str) -> Run {
+/// Runs `cmd` until it exits; one still running after 20 s is stopped and counts as a success
+/// (a refused join or start exits at once; an agent that joined keeps running).
+fn exits(c: &Cluster, cmd: &mut Command) -> Run {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = c.dir.path().join(format!("agent-try-{n}"));
-    let log = c.dir.path().join(format!("agent-try-{n}.log"));
-    let mut child = c
-        .agent_command(name, labels, Some(token), &dir)
+    let log = c.dir.path().join(format!("exits-{n}.log"));
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -36,6 +34,14 @@ fn join(c: &Cluster, name: &str, labels: &str, token: &str) -> Run {
         stdout: String::new(),
         stderr: std::fs::read_to_string(&log).unwrap(),
     }
+}
+
+/// An agent's first start with `token`.
+fn join(c: &Cluster, name: &str, labels: &str, token: &str) -> Run {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = c.dir.path().join(format!("agent-try-{n}"));
+    exits(c, &mut c.agent_command(name, labels, Some(token), &dir))
 }
 
 #[test]
@@ -251,4 +257,19 @@ fn remote_forwards_bind_as_the_login_would() {
     // An unprivileged port works for sallytest, and the privileged one for root.
     assert_eq!(forward("sallytest", free_port()).ok().stdout, "bound\n");
     assert_eq!(forward("root", low).ok().stdout, "bound\n");
+}
+
+#[test]
+fn an_all_in_one_start_refuses_a_local_node_named_like_the_proxy() {
+    let mut c = Cluster::start();
+    c.stop();
+    let r = exits(
+        &c,
+        Command::new(bin("sallyport"))
+            .args(["start", "--config"])
+            .arg(&c.config)
+            .args(["--nodename", "localhost"])
+            .env("SALLYPORT_LOG", "warn"),
+    );
+    r.fails_with("node name \"localhost\" is reserved: it names the local machine everywhere; use the node's own host name; pick one with --nodename");
 }
