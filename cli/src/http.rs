@@ -57,23 +57,32 @@ impl Api {
             .await
     }
 
-    /// A body that is not JSON (a recording).
-    pub async fn get_text(&self, path: &str) -> Result<String> {
+    /// A body that is not JSON (a recording), read as it arrives rather than held whole: a
+    /// recording may be as large as the proxy's `max_recording_size` (a GiB by default).
+    pub async fn get_body(&self, path: &str) -> Result<Body> {
         let resp = self
             .http
             .get(format!("{}{path}", self.base))
+            // Read while a replay plays it: no limit on the whole, one on each read (`Body`).
+            .timeout(Duration::from_secs(7 * 86400))
             .send()
             .await
             .map_err(|e| self.transport_error(e))?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
         if !status.is_success() {
+            let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
             let msg = serde_json::from_slice::<ErrorBody>(&bytes)
                 .map(|b| b.error)
                 .unwrap_or_else(|_| format!("{} answered {status}", self.what));
             return Err(anyhow!(msg));
         }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        Ok(Body {
+            resp,
+            what: self.what.clone(),
+            pending: Vec::new(),
+            start: 0,
+            done: false,
+        })
     }
 
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -148,4 +157,75 @@ pub fn user_api(p: &crate::profile::Profile) -> Result<Api> {
 pub fn proxy_api(p: &crate::profile::Profile) -> Result<Api> {
     let roots = sallyport_core::x509::pem_to_ders(&p.tls_host_ca_pem)?;
     Api::new(&p.proxy, "the proxy", Trust::Roots(roots), None, None)
+}
+
+/// A response body read as it arrives: in chunks, or a line at a time.
+pub struct Body {
+    resp: reqwest::Response,
+    what: String,
+    /// Bytes read and not yet handed out: `pending[start..]`.
+    pending: Vec<u8>,
+    start: usize,
+    done: bool,
+}
+
+/// How long one read of a body may wait for the server.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest line [`Body::line`] hands out: an asciicast event is at most one SSH packet,
+/// escaped (a few hundred KiB); anything far longer is not a recording.
+const MAX_LINE: usize = 16 << 20;
+
+impl Body {
+    async fn read(&mut self) -> Result<Option<bytes::Bytes>> {
+        if self.done {
+            return Ok(None);
+        }
+        let next = tokio::time::timeout(BODY_READ_TIMEOUT, self.resp.chunk())
+            .await
+            .map_err(|_| anyhow!("{} stopped sending", self.what))?
+            .map_err(|e| anyhow!("reading from {}: {e}", self.what))?;
+        self.done = next.is_none();
+        Ok(next)
+    }
+
+    /// The next chunk as the server sent it, or `None` at the end.
+    pub async fn chunk(&mut self) -> Result<Option<bytes::Bytes>> {
+        if self.start < self.pending.len() {
+            let rest = self.pending.split_off(self.start);
+            (self.pending, self.start) = (Vec::new(), 0);
+            return Ok(Some(rest.into()));
+        }
+        self.read().await
+    }
+
+    /// The next line (without its newline, invalid UTF-8 replaced), or `None` at the end.
+    pub async fn line(&mut self) -> Result<Option<String>> {
+        let mut scanned = self.start;
+        loop {
+            if let Some(i) = self.pending[scanned..].iter().position(|&b| b == b'\n') {
+                let end = scanned + i;
+                let line = String::from_utf8_lossy(&self.pending[self.start..end]).into_owned();
+                self.start = end + 1;
+                return Ok(Some(line));
+            }
+            scanned = self.pending.len();
+            if scanned - self.start > MAX_LINE {
+                return Err(anyhow!("{} sent a line longer than 16 MiB", self.what));
+            }
+            // Consumed lines are dropped before reading more, so memory stays one line and
+            // one chunk.
+            self.pending.drain(..self.start);
+            scanned -= self.start;
+            self.start = 0;
+            match self.read().await? {
+                Some(c) => self.pending.extend_from_slice(&c),
+                None if self.pending.is_empty() => return Ok(None),
+                None => {
+                    let line = String::from_utf8_lossy(&self.pending).into_owned();
+                    self.pending.clear();
+                    return Ok(Some(line));
+                }
+            }
+        }
+    }
 }

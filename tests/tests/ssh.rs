@@ -907,3 +907,51 @@ fn a_recording_past_max_recording_size_ends_a_strict_session_and_stops_otherwise
         );
     }
 }
+
+#[test]
+fn a_large_recording_plays_back_whole_as_it_streams() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("lea", "access", "root");
+    let cfg = c.ssh_config(&home, "lea");
+    // A few MB of output: many chunks of the streamed body, lines cut across them.
+    let command = "seq 1 400000";
+    let r = c.ssh(&cfg, &["root@local1", command], "").ok();
+    let list: serde_json::Value = serde_json::from_str(
+        &c.sally(&home, &["recordings", "ls", "--format", "json"], "")
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    let id = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["command"] == command)
+        .unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let text = c
+        .sally(&home, &["play", &id, "--format", "text"], "")
+        .ok()
+        .stdout;
+    assert!(
+        text == r.stdout,
+        "{} bytes played, {} shown",
+        text.len(),
+        r.stdout.len()
+    );
+    let cast = c
+        .sally(&home, &["play", &id, "--format", "asciicast"], "")
+        .ok()
+        .stdout;
+    let file = std::fs::read_to_string(c.data_dir().join("recordings").join(format!("{id}.cast")))
+        .unwrap();
+    assert!(
+        cast == file,
+        "{} bytes fetched, {} on disk",
+        cast.len(),
+        file.len()
+    );
+}

@@ -979,13 +979,20 @@ async fn recordings(format: Format) -> Result<()> {
 async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
     let p = Profile::require()?;
     let api = sallyport_cli::http::user_api(&p)?;
-    let text = api
-        .get_text(&format!("/v1/sessions/{id}/recording"))
+    // Read as it arrives, never whole: a recording may be a GiB.
+    let mut body = api
+        .get_body(&format!(
+            "/v1/sessions/{}/recording",
+            sallyport_core::api::path_segment(id)
+        ))
         .await?;
     let mut out = std::io::stdout().lock();
     use std::io::Write;
     if format == Some("asciicast") {
-        out.write_all(text.as_bytes())?;
+        while let Some(chunk) = body.chunk().await? {
+            out.write_all(&chunk)?;
+        }
+        out.flush()?;
         return Ok(());
     }
     let speed = if speed > 0.0 { speed } else { 1.0 };
@@ -993,11 +1000,12 @@ async fn play(id: &str, speed: f64, format: Option<&str>) -> Result<()> {
     // One filter for the whole replay: a sequence split across two events is still caught.
     let mut filter = sallyport_core::terminal::Filter::new();
     let mut shown = String::new();
-    for (i, line) in text.lines().enumerate() {
-        if i == 0 {
+    let mut header = true;
+    while let Some(line) = body.line().await? {
+        if std::mem::take(&mut header) {
             continue;
         }
-        let Ok(ev) = serde_json::from_str::<(f64, String, String)>(line) else {
+        let Ok(ev) = serde_json::from_str::<(f64, String, String)>(&line) else {
             continue;
         };
         if ev.1 != "o" {
