@@ -94,7 +94,10 @@ async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
                         online: true,
                         labels: h.labels,
                     };
-                    let path = format!("/v1/nodes/{node_id}/presence");
+                    let path = format!(
+                        "/v1/nodes/{}/presence",
+                        sallyport_core::api::path_segment(node_id)
+                    );
                     match auth
                         .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&p))
                         .await
@@ -194,7 +197,10 @@ pub async fn serve(
                 let _ = auth
                     .json::<_, serde_json::Value>(
                         reqwest::Method::POST,
-                        &format!("/v1/nodes/{node_id}/presence"),
+                        &format!(
+                            "/v1/nodes/{}/presence",
+                            sallyport_core::api::path_segment(&node_id)
+                        ),
                         Some(&p),
                     )
                     .await;
