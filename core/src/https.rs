@@ -88,7 +88,7 @@ pub async fn serve(
             .await
             {
                 Ok(Ok(Handshake::Done(stream))) => {
-                    serve_connection(stream, addr, router, counted).await
+                    serve_connection(*stream, addr, router, counted).await
                 }
                 Ok(Ok(Handshake::Passthrough {
                     client,
@@ -105,7 +105,8 @@ pub async fn serve(
 type Stream = tokio_rustls::server::TlsStream<Recorder>;
 
 enum Handshake {
-    Done(Stream),
+    /// Boxed: a TLS stream is far larger than the other variant.
+    Done(Box<Stream>),
     /// A connection for the passthrough target, with the bytes already read from it.
     Passthrough {
         client: TcpStream,
@@ -150,7 +151,10 @@ async fn handshake(
     let mut start = start;
     start.io.recording = false;
     start.io.seen = Vec::new();
-    start.into_stream(tls).await.map(Handshake::Done)
+    start
+        .into_stream(tls)
+        .await
+        .map(|s| Handshake::Done(Box::new(s)))
 }
 
 /// Pipes a passthrough connection to its target. The mutual TLS it carries is checked there,
