@@ -8,6 +8,7 @@
 //! keys/<proxy>/<user>-cert.pub     SSH user certificate
 //! keys/<proxy>/<user>.key.pem      the same key, PKCS#8 PEM for TLS and kubectl (0600)
 //! keys/<proxy>/<user>-x509.pem     X.509 client certificate
+//! keys/<proxy>/ca-pin      the CA pin a sign-up verified, trusted until a login saves the CA
 //! ```
 
 use std::io::Write;
@@ -116,6 +117,27 @@ pub fn paths_for(home: &Path, proxy: &str, user: &str) -> Paths {
         tls_key: dir.join(format!("{user}.key.pem")),
         tls_cert: dir.join(format!("{user}-x509.pem")),
         dir,
+    }
+}
+
+/// Remembers the CA pin a sign-up verified `proxy` with, so that the `sally login` it prints
+/// works without `--ca-pin` (a login then saves the CA itself in the profile).
+pub fn save_pin(proxy: &str, pin: &str) -> Result<()> {
+    let h = home();
+    ensure_private_dir(&h)?;
+    let dir = h.join("keys").join(dir_name(proxy));
+    ensure_private_dir(&h.join("keys"))?;
+    ensure_private_dir(&dir)?;
+    write_file(&dir.join("ca-pin"), format!("{pin}\n").as_bytes(), 0o600)
+}
+
+/// The pin [`save_pin`] kept for `proxy`.
+pub fn saved_pin(proxy: &str) -> Result<Option<String>> {
+    let p = home().join("keys").join(dir_name(proxy)).join("ca-pin");
+    match std::fs::read_to_string(&p) {
+        Ok(text) => Ok(Some(text.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow!("cannot read {}: {e}", p.display())),
     }
 }
 

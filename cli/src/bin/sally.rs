@@ -6,6 +6,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use russh::keys::ssh_key::{Algorithm, LineEnding, PrivateKey};
 use sallyport_cli::http::Api;
+// Output that ends quietly on a closed pipe (`sally recordings ls | head`), not std's panic;
+// `print!` too, for the next call that needs it.
+#[allow(unused_imports)]
+use sallyport_cli::{print, println};
 use sallyport_cli::profile::{self, Profile};
 use sallyport_cli::prompt::Input;
 use sallyport_core::api::*;
@@ -182,6 +186,7 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if sallyport_cli::output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(sallyport_cli::EXIT_FAILURE)
@@ -290,13 +295,25 @@ fn trust_for(proxy: &str, t: &Trusting) -> Result<Trust> {
         let cas = sallyport_core::x509::pem_to_ders(&p.tls_host_ca_pem)?;
         return Ok(Trust::Roots(cas));
     }
+    // A sign-up checked this proxy against a pin: the login it printed trusts the same.
+    if let Some(pin) = sallyport_cli::profile::saved_pin(proxy)?.filter(|p| {
+        p.strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    }) {
+        return Ok(Trust::Pin(pin));
+    }
     bail!(
         "first contact with {proxy}: pass --ca-pin sha256:... (printed by `sallyport start` and `sallyctl status`), or --insecure for a test cluster"
     )
 }
 
 async fn signup(proxy: &str, token: &str, t: &Trusting) -> Result<()> {
-    let api = Api::new(proxy, "the proxy", trust_for(proxy, t)?, None, None)?;
+    let trust = trust_for(proxy, t)?;
+    let pinned = match &trust {
+        Trust::Pin(pin) => Some(pin.clone()),
+        _ => None,
+    };
+    let api = Api::new(proxy, "the proxy", trust, None, None)?;
     let ping: Ping = api.get("/v1/webapi/ping").await?;
     let mut input = Input::new();
     // Check the token before asking for anything.
@@ -348,6 +365,10 @@ async fn signup(proxy: &str, token: &str, t: &Trusting) -> Result<()> {
             },
         )
         .await?;
+    // The pin verified this proxy for the sign-up; the login below trusts it the same way.
+    if let Some(pin) = pinned {
+        sallyport_cli::profile::save_pin(proxy, &pin)?;
+    }
     eprintln!(
         "Signed up as {}. Log in with:\n  sally login --proxy {proxy} --user {}",
         started.user, started.user
