@@ -32,20 +32,85 @@ impl IntoResponse for AuthError {
             AuthError::NotFound(_) => StatusCode::NOT_FOUND,
             AuthError::Conflict(_) => StatusCode::CONFLICT,
             AuthError::Locked(_) => StatusCode::TOO_MANY_REQUESTS,
+            AuthError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             AuthError::Upstream(_) => StatusCode::BAD_GATEWAY,
             AuthError::Storage(_) | AuthError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(error = %self, "auth request failed");
         }
-        (
+        let message = self.to_string();
+        let mut resp = (
             status,
             Json(ErrorBody {
-                error: self.to_string(),
+                error: message.clone(),
             }),
         )
-            .into_response()
+            .into_response();
+        match self {
+            // For `audit_refusals`, which audits them at the door.
+            AuthError::Unauthenticated(_) => {
+                resp.extensions_mut().insert(Unauthenticated(message));
+            }
+            AuthError::Busy(_) => {
+                resp.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static("2"),
+                );
+            }
+            _ => {}
+        }
+        resp
     }
+}
+
+/// Why a request was answered 401 (a response extension, never sent).
+#[derive(Clone)]
+struct Unauthenticated(String);
+
+/// Audits every request this API refused as unauthenticated (`auth.failed`, door `api`, with
+/// the client certificate it presented), aggregated. The login endpoint audits its own
+/// refusals as unsuccessful `user.login` events, so it is left out here.
+async fn audit_refusals(
+    State(auth): Auth,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_string();
+    let remote = req
+        .extensions()
+        .get::<sallyport_core::https::RemoteAddr>()
+        .map(|a| a.0.to_string())
+        .unwrap_or_default();
+    let peer = req.extensions().get::<PeerCertificates>().cloned();
+    let resp = next.run(req).await;
+    if let Some(Unauthenticated(reason)) = resp.extensions().get::<Unauthenticated>()
+        && path != "/v1/login"
+    {
+        let mut presented = serde_json::Map::new();
+        if let Some(s) = peer
+            .as_ref()
+            .and_then(|p| p.0.first())
+            .and_then(|leaf| sallyport_core::x509::parse_subject(leaf).ok())
+        {
+            presented.insert("cert_subject_cn".into(), s.common_name.into());
+            presented.insert("cert_issuer_cn".into(), s.issuer_common_name.into());
+        }
+        auth.auth_failed(crate::failures::Failure {
+            event: "auth.failed",
+            door: "api".into(),
+            remote_addr: remote,
+            reason: reason.clone(),
+            user: None,
+            user_exists: false,
+            event_fields: vec![
+                ("presented".into(), presented.into()),
+                ("path".into(), path.into()),
+            ],
+        })
+        .await;
+    }
+    resp
 }
 
 /// Who is calling, as proven by the TLS handshake.
@@ -189,6 +254,11 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
         .route("/v1/sessions/{id}/update", post(session_update))
         .route("/v1/sessions/{id}/events", post(session_events))
         .route("/v1/sessions/{id}/recording", get(recording))
+        .route("/v1/auth-failures", post(auth_failures))
+        .layer(axum::middleware::from_fn_with_state(
+            auth.clone(),
+            audit_refusals,
+        ))
         .with_state(auth)
 }
 
@@ -309,6 +379,34 @@ async fn login(
     require_proxy(&auth, &peer).await?;
     let remote = req.remote_addr.clone().unwrap_or_default();
     Ok(Json(auth.login(&req, &remote).await?))
+}
+
+/// Failed authentications the proxy saw at its SSH and tunnel doors, in batches.
+async fn auth_failures(
+    State(auth): Auth,
+    Extension(peer): Extension<PeerCertificates>,
+    Json(batch): Json<Vec<AuthFailure>>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    require_proxy(&auth, &peer).await?;
+    if batch.len() > crate::failures::MAX_BATCH {
+        return Err(AuthError::BadRequest(format!(
+            "at most {} failures per report",
+            crate::failures::MAX_BATCH
+        )));
+    }
+    for f in &batch {
+        if !matches!(f.door.as_str(), "ssh" | "tunnel") {
+            return Err(AuthError::BadRequest(format!(
+                "unknown door {:?}: ssh or tunnel",
+                f.door
+            )));
+        }
+    }
+    for f in &batch {
+        auth.auth_failed(crate::failures::Failure::reported(f))
+            .await;
+    }
+    Ok(Json(serde_json::json!({})))
 }
 
 async fn status(

@@ -7,6 +7,7 @@ pub mod api;
 pub mod audit_log;
 pub mod authority;
 pub mod backend;
+pub mod failures;
 pub mod locks;
 pub mod login;
 pub mod nodes;
@@ -39,6 +40,9 @@ pub enum AuthError {
     Conflict(String),
     #[error("{0}")]
     Locked(String),
+    /// Too much work in progress (password checks): come back in a moment.
+    #[error("{0}")]
+    Busy(String),
     /// A system Sallyport depends on (an identity provider) failed.
     #[error("{0}")]
     Upstream(String),
@@ -113,6 +117,10 @@ pub struct AuthServer {
     pub(crate) audit_anchor: Option<audit_log::Anchor>,
     /// A precomputed argon2 hash so that logins for unknown users cost the same.
     pub(crate) dummy_hash: String,
+    /// Failed authentications being aggregated for the audit log.
+    pub(crate) failures: failures::Failures,
+    /// Password checks (argon2: ~19 MiB each) run at most this many at a time.
+    pub(crate) password_checks: login::PasswordChecks,
 }
 
 impl AuthServer {
@@ -140,7 +148,10 @@ impl AuthServer {
             audit_lock: tokio::sync::Mutex::new(()),
             audit_anchor,
             dummy_hash,
+            failures: failures::Failures::default(),
+            password_checks: login::PasswordChecks::new(),
         });
+        failures::spawn_flusher(Arc::downgrade(&auth));
         audit_log::spawn_anchorer(Arc::downgrade(&auth));
         Ok(auth)
     }

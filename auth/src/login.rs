@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use argon2::Argon2;
-use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use argon2::password_hash::PasswordHasher;
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 use russh::keys::ssh_key::PublicKey;
 use sallyport_core::api::{Certs, LoginRequest};
 use sallyport_core::audit::Event;
@@ -12,10 +12,148 @@ use sallyport_core::sshcert::{self, Permits, UserCertRequest};
 use sallyport_core::x509::{Subject, ed25519_spki};
 use sqlx::Row;
 
+use crate::failures::Failure;
 use crate::users::rfc3339;
 use crate::{AuthError, AuthServer};
 
+/// The one answer to every wrong credential: which part was wrong is never said, so a password
+/// cannot be confirmed without the second factor, nor a user name without the password.
 const BAD_CREDENTIALS: &str = "invalid user name or password";
+const BAD_CREDENTIALS_OTP: &str = "invalid user name, password or one-time code";
+/// The answer when every password check slot is taken and the queue did not move in time.
+pub const BUSY: &str = "too many logins in progress; try again in a few seconds";
+/// How long a login waits for a password check slot.
+const CHECK_QUEUE: Duration = Duration::from_secs(3);
+/// Logins waiting per slot before new ones are told to come back at once.
+const WAITING_PER_SLOT: usize = 32;
+
+/// Bounds concurrent password checks: argon2id works in ~19 MiB, so 200 unbounded parallel
+/// logins took the daemon to 2.3 GB. Checks run at most one per core; others wait briefly in
+/// line, and past that are answered 503 with [`BUSY`]. Each slot keeps its argon2 memory:
+/// allocating 19 MiB per check left that much behind in every malloc arena the blocking
+/// threads touched (measured: 537 MiB after 200 logins with only two checks at a time).
+pub struct PasswordChecks {
+    slots: tokio::sync::Semaphore,
+    max_waiting: usize,
+    waiting: std::sync::atomic::AtomicUsize,
+    memory: std::sync::Mutex<Vec<Vec<Block>>>,
+}
+
+/// A password check slot, with its working memory.
+struct CheckSlot<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    memory: Option<Vec<Block>>,
+    pool: &'a std::sync::Mutex<Vec<Vec<Block>>>,
+}
+
+impl Drop for CheckSlot<'_> {
+    fn drop(&mut self) {
+        if let (Some(m), Ok(mut pool)) = (self.memory.take(), self.pool.lock()) {
+            pool.push(m);
+        }
+    }
+}
+
+impl CheckSlot<'_> {
+    /// Checks `password` against a PHC argon2 hash in this slot's memory, on a blocking thread.
+    async fn verify(&mut self, password: String, hash: String) -> bool {
+        let mut memory = self.memory.take().unwrap_or_default();
+        let checked = tokio::task::spawn_blocking(move || {
+            let ok = verify_in(password.as_bytes(), &hash, &mut memory);
+            // What the check left in memory is derived from the password.
+            memory.iter_mut().for_each(|b| *b = Block::new());
+            (ok, memory)
+        })
+        .await;
+        match checked {
+            Ok((ok, memory)) => {
+                self.memory = Some(memory);
+                ok
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// argon2's own verification, in memory the caller keeps (same parameters, salt and
+/// constant-time comparison of the output as `PasswordVerifier`).
+fn verify_in(password: &[u8], phc: &str, memory: &mut Vec<Block>) -> bool {
+    use subtle::ConstantTimeEq;
+    let Ok(hash) = argon2::password_hash::phc::PasswordHash::new(phc) else {
+        return false;
+    };
+    let (Some(salt), Some(expected)) = (&hash.salt, &hash.hash) else {
+        return false;
+    };
+    let Ok(algorithm) = Algorithm::try_from(hash.algorithm.as_str()) else {
+        return false;
+    };
+    let version = match hash.version.map(Version::try_from) {
+        None => Version::default(),
+        Some(Ok(v)) => v,
+        Some(Err(_)) => return false,
+    };
+    let Ok(params) = Params::try_from(&hash) else {
+        return false;
+    };
+    let blocks = params.block_count();
+    if memory.len() < blocks {
+        memory.resize(blocks, Block::new());
+    }
+    let Some(work) = memory.get_mut(..blocks) else {
+        return false;
+    };
+    let mut out = vec![0u8; expected.len()];
+    Argon2::new(algorithm, version, params)
+        .hash_password_into_with_memory(password, salt, &mut out, work)
+        .is_ok()
+        && bool::from(out.as_slice().ct_eq(expected.as_bytes()))
+}
+
+impl PasswordChecks {
+    pub fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        PasswordChecks {
+            slots: tokio::sync::Semaphore::new(cores),
+            max_waiting: cores * WAITING_PER_SLOT,
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            memory: std::sync::Mutex::new(vec![]),
+        }
+    }
+
+    async fn slot(&self) -> Result<CheckSlot<'_>, AuthError> {
+        use std::sync::atomic::Ordering;
+        let busy = || AuthError::Busy(BUSY.into());
+        let permit = match self.slots.try_acquire() {
+            Ok(p) => p,
+            Err(_) => {
+                if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_waiting {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(busy());
+                }
+                let permit = tokio::time::timeout(CHECK_QUEUE, self.slots.acquire()).await;
+                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                match permit {
+                    Ok(Ok(p)) => p,
+                    _ => return Err(busy()),
+                }
+            }
+        };
+        // At most one memory per permit is ever taken out, so the pool never grows past them.
+        let memory = self.memory.lock().ok().and_then(|mut m| m.pop());
+        Ok(CheckSlot {
+            _permit: permit,
+            memory: Some(memory.unwrap_or_default()),
+            pool: &self.memory,
+        })
+    }
+}
+
+impl Default for PasswordChecks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 pub async fn hash_password(password: String) -> Result<String, AuthError> {
     tokio::task::spawn_blocking(move || {
@@ -26,21 +164,6 @@ pub async fn hash_password(password: String) -> Result<String, AuthError> {
     })
     .await
     .map_err(|e| AuthError::Internal(e.to_string()))?
-}
-
-/// Verifies in constant time (argon2 compares the outputs in constant time).
-pub async fn verify_password(password: String, hash: String) -> bool {
-    tokio::task::spawn_blocking(move || {
-        argon2::password_hash::phc::PasswordHash::new(&hash)
-            .map(|h| {
-                Argon2::default()
-                    .verify_password(password.as_bytes(), &h)
-                    .is_ok()
-            })
-            .unwrap_or(false)
-    })
-    .await
-    .unwrap_or(false)
 }
 
 /// RFC 6238 with the parameters every authenticator app supports: SHA-1, 6 digits, 30 s.
@@ -85,39 +208,110 @@ fn hhmm(unix: i64) -> String {
         .unwrap_or_default()
 }
 
+/// What the login endpoint audits about a refused login.
+struct Refusal<'a> {
+    user: &'a str,
+    user_exists: bool,
+    remote: &'a str,
+    /// Why, for the admin reading the audit log (never shown to the client).
+    reason: &'a str,
+}
+
+/// What reserving an attempt found.
+enum Attempt {
+    /// Go ahead; `Some(until)` when a failure of this attempt locks the account until then.
+    Reserved(Option<i64>),
+    /// The account is locked until then: no password check.
+    Locked(i64),
+}
+
 impl AuthServer {
     /// When `user` is locked out, until when (Unix seconds).
     pub async fn locked_until(&self, user: &str) -> Result<Option<i64>, AuthError> {
-        let now = sallyport_core::unix_now();
-        let window = self.config.lockout_window.as_secs() as i64;
-        let lock = self.config.lockout_duration.as_secs() as i64;
-        let max = i64::from(self.config.max_login_attempts.max(1));
-        // Failures newer than window + lock can still hold a lock in place.
-        let rows = sqlx::query(
-            "SELECT at FROM login_failures WHERE user_name = $1 AND at > $2 ORDER BY at",
-        )
-        .bind(user)
-        .bind(now - window - lock)
-        .fetch_all(&self.backend.pool)
-        .await?;
-        let times: Vec<i64> = rows
-            .iter()
-            .map(|r| r.try_get::<i64, _>(0))
-            .collect::<Result<_, _>>()?;
-        // A lock starts at the failure that made `max` within one window.
-        let mut until = None;
-        for i in (max as usize - 1)..times.len() {
-            if times[i] - times[i + 1 - max as usize] <= window {
-                until = Some(times[i] + lock);
-            }
-        }
-        Ok(until.filter(|&u| u > now))
+        let row = sqlx::query("SELECT locked_until FROM login_attempts WHERE user_name = $1")
+            .bind(user)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        let until: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
+        Ok(until.filter(|&u| u > sallyport_core::unix_now()))
     }
 
-    async fn record_failure(&self, user: &str) -> Result<(), AuthError> {
-        sqlx::query("INSERT INTO login_failures (user_name, at) VALUES ($1, $2)")
+    /// Counts this attempt as a failure before anything is checked, in one statement, so that
+    /// of any number of concurrent attempts at most `max_login_attempts` get a password check
+    /// in a window; the attempt that takes the last one sets the lock. A login that succeeds
+    /// clears the count ([`Self::clear_attempts`]). The window starts at the first failure, and
+    /// an expired lock starts a new one.
+    async fn reserve_attempt(&self, user: &str) -> Result<Attempt, AuthError> {
+        let now = sallyport_core::unix_now();
+        let window_start = now - self.config.lockout_window.as_secs() as i64;
+        let lock = self.config.lockout_duration.as_secs() as i64;
+        let max = i64::from(self.config.max_login_attempts.max(1));
+        sqlx::query(
+            "INSERT INTO login_attempts (user_name, failures, window_start, locked_until) VALUES ($1, 0, $2, 0) ON CONFLICT (user_name) DO NOTHING",
+        )
+        .bind(user)
+        .bind(now)
+        .execute(&self.backend.pool)
+        .await?;
+        // `(window_start <= $3 OR (locked_until <> 0 AND locked_until <= $2))`, repeated below:
+        // the window passed or the lock expired, so this attempt starts a new count. Every SET
+        // expression reads the row as it was; PostgreSQL re-checks the WHERE after waiting for
+        // a concurrent update's row lock, so each attempt sees the count before it.
+        let sql = "UPDATE login_attempts SET
+                failures = CASE WHEN (window_start <= $3 OR (locked_until <> 0 AND locked_until <= $2)) THEN 1 ELSE failures + 1 END,
+                window_start = CASE WHEN (window_start <= $3 OR (locked_until <> 0 AND locked_until <= $2)) THEN $2 ELSE window_start END,
+                locked_until = CASE WHEN (window_start <= $3 OR (locked_until <> 0 AND locked_until <= $2)) THEN (CASE WHEN 1 >= $4 THEN $2 + $5 ELSE 0 END)
+                                    WHEN failures + 1 >= $4 THEN $2 + $5 ELSE locked_until END
+             WHERE user_name = $1 AND ((window_start <= $3 OR (locked_until <> 0 AND locked_until <= $2)) OR (failures < $4 AND locked_until <= $2))
+             RETURNING locked_until";
+        let reserved = sqlx::query(sql)
             .bind(user)
-            .bind(sallyport_core::unix_now())
+            .bind(now)
+            .bind(window_start)
+            .bind(max)
+            .bind(lock)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        if let Some(row) = reserved {
+            let until: i64 = row.try_get(0)?;
+            return Ok(Attempt::Reserved((until > now).then_some(until)));
+        }
+        // Refused only while a lock is in force; a row removed meanwhile means no lock.
+        Ok(match self.locked_until(user).await? {
+            Some(until) => Attempt::Locked(until),
+            None => Attempt::Locked(now + lock),
+        })
+    }
+
+    /// Gives back an attempt that was never checked (the server was too busy to check it).
+    async fn release_attempt(&self, user: &str) -> Result<(), AuthError> {
+        let max = i64::from(self.config.max_login_attempts.max(1));
+        sqlx::query(
+            "UPDATE login_attempts SET failures = failures - 1,
+                locked_until = CASE WHEN failures - 1 < $2 THEN 0 ELSE locked_until END
+             WHERE user_name = $1 AND failures > 0",
+        )
+        .bind(user)
+        .bind(max)
+        .execute(&self.backend.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn clear_attempts(&self, user: &str) -> Result<(), AuthError> {
+        sqlx::query("DELETE FROM login_attempts WHERE user_name = $1")
+            .bind(user)
+            .execute(&self.backend.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets counts whose window and lock are both over (names anyone typed included).
+    pub async fn forget_stale_login_attempts(&self) -> Result<(), AuthError> {
+        let now = sallyport_core::unix_now();
+        sqlx::query("DELETE FROM login_attempts WHERE locked_until <= $1 AND window_start <= $2")
+            .bind(now)
+            .bind(now - self.config.lockout_window.as_secs() as i64)
             .execute(&self.backend.pool)
             .await?;
         Ok(())
@@ -134,77 +328,106 @@ impl AuthServer {
         )
     }
 
-    /// Refuses the login: counts the failure, audits it, and says whether it locked the account.
-    async fn fail_login(&self, user: &str, remote: &str, err: AuthError) -> AuthError {
-        let counted = self.record_failure(user).await;
-        let mut err = err;
-        if counted.is_ok()
-            && let Ok(Some(until)) = self.locked_until(user).await
-        {
-            err = AuthError::Locked(format!("{err}; {}", self.locked_message(user, until)));
-        }
-        self.emit_logged(
-            Event::new("user.login", Some(user))
-                .with("success", false)
-                .with("method", "local")
-                .with("error", err.to_string())
-                .with("remote_addr", remote),
+    fn bad_credentials(&self) -> AuthError {
+        AuthError::Unauthenticated(
+            if self.config.second_factor {
+                BAD_CREDENTIALS_OTP
+            } else {
+                BAD_CREDENTIALS
+            }
+            .into(),
         )
+    }
+
+    /// Audits a refused login (aggregated: see [`crate::failures`]) and returns `err`.
+    async fn refuse(&self, r: Refusal<'_>, err: AuthError) -> AuthError {
+        self.auth_failed(Failure {
+            event: "user.login",
+            door: "api".into(),
+            remote_addr: r.remote.into(),
+            reason: r.reason.into(),
+            user: Some(r.user.into()),
+            user_exists: r.user_exists,
+            event_fields: vec![
+                ("method".into(), "local".into()),
+                ("error".into(), err.to_string().into()),
+            ],
+        })
         .await;
         err
     }
 
     /// Password (+ TOTP) login; issues certificates bound to the caller's public key.
+    ///
+    /// Every wrong credential gets the same answer after the same work: unknown users are
+    /// checked against a dummy hash, and a wrong code reads like a wrong password.
     pub async fn login(&self, req: &LoginRequest, remote: &str) -> Result<Certs, AuthError> {
         let user = req.user.as_str();
         if sallyport_core::names::validate("user", user).is_err() {
-            return Err(AuthError::Unauthenticated(BAD_CREDENTIALS.into()));
+            return Err(self.bad_credentials());
         }
-        if let Some(until) = self.locked_until(user).await? {
-            let err = AuthError::Locked(self.locked_message(user, until));
-            self.emit_logged(
-                Event::new("user.login", Some(user))
-                    .with("success", false)
-                    .with("method", "local")
-                    .with("error", err.to_string())
-                    .with("remote_addr", remote),
-            )
-            .await;
-            return Err(err);
+        let code = req.otp_code.as_deref().unwrap_or("").trim();
+        // The shape of a code says nothing about the account: checked before anything else.
+        if self.config.second_factor
+            && (code.len() != 6 || !code.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(AuthError::BadRequest(
+                "invalid one-time code: enter the 6 digits your authenticator shows".into(),
+            ));
         }
         let record = self.get_user(user).await?;
-        let hash = record.as_ref().and_then(|r| r.password_hash.clone());
-        let ok = verify_password(
-            req.password.clone(),
-            hash.clone().unwrap_or_else(|| self.dummy_hash.clone()),
-        )
-        .await;
-        let record = match (record, hash, ok) {
-            (Some(r), Some(_), true) => r,
-            _ => {
-                return Err(self
-                    .fail_login(
-                        user,
-                        remote,
-                        AuthError::Unauthenticated(BAD_CREDENTIALS.into()),
-                    )
-                    .await);
+        let refusal = |reason| Refusal {
+            user,
+            user_exists: record.is_some(),
+            remote,
+            reason,
+        };
+        let lock_on_failure = match self.reserve_attempt(user).await? {
+            Attempt::Reserved(until) => until,
+            Attempt::Locked(until) => {
+                let err = AuthError::Locked(self.locked_message(user, until));
+                return Err(self.refuse(refusal("account locked"), err).await);
             }
+        };
+        // A wrong credential: the same answer, plus the lock when this failure made it.
+        let wrong = |reason| {
+            let err = match lock_on_failure {
+                Some(until) => AuthError::Locked(format!(
+                    "{}; {}",
+                    self.bad_credentials(),
+                    self.locked_message(user, until)
+                )),
+                None => self.bad_credentials(),
+            };
+            self.refuse(refusal(reason), err)
+        };
+        let hash = record.as_ref().and_then(|r| r.password_hash.clone());
+        let ok = {
+            let mut slot = match self.password_checks.slot().await {
+                Ok(s) => s,
+                Err(busy) => {
+                    self.release_attempt(user).await?;
+                    return Err(busy);
+                }
+            };
+            slot.verify(
+                req.password.clone(),
+                hash.clone().unwrap_or_else(|| self.dummy_hash.clone()),
+            )
+            .await
+        };
+        let record = match (record.clone(), hash, ok) {
+            (Some(r), Some(_), true) => r,
+            (None, _, _) => return Err(wrong("unknown user").await),
+            (Some(_), None, _) => return Err(wrong("no password set (sign-up not finished)").await),
+            (Some(_), Some(_), false) => return Err(wrong("wrong password").await),
         };
         if self.config.second_factor {
             let Some(secret) = record.totp_secret.as_deref() else {
-                return Err(self
-                    .fail_login(
-                        user,
-                        remote,
-                        AuthError::Unauthenticated(
-                            "no authenticator is enrolled; ask an admin to reset your account"
-                                .into(),
-                        ),
-                    )
-                    .await);
+                return Err(
+                    wrong("no authenticator enrolled; an admin must reset the account").await,
+                );
             };
-            let code = req.otp_code.as_deref().unwrap_or("");
             let step = match check_totp_code(
                 secret,
                 user,
@@ -213,7 +436,13 @@ impl AuthServer {
                 record.totp_last_step,
             ) {
                 Ok(s) => s,
-                Err(e) => return Err(self.fail_login(user, remote, e).await),
+                Err(AuthError::Unauthenticated(m)) if m.contains("already used") => {
+                    return Err(wrong("one-time code already used").await);
+                }
+                Err(AuthError::Unauthenticated(_)) => {
+                    return Err(wrong("wrong one-time code").await);
+                }
+                Err(e) => return Err(e),
             };
             // Atomic: of two logins racing with one code, only one advances the step.
             let claimed = sqlx::query(
@@ -224,27 +453,14 @@ impl AuthServer {
             .execute(&self.backend.pool)
             .await?;
             if claimed.rows_affected() != 1 {
-                let e = AuthError::Unauthenticated(
-                    "this one-time code was already used; wait for the next code (30 s)".into(),
-                );
-                return Err(self.fail_login(user, remote, e).await);
+                return Err(wrong("one-time code already used").await);
             }
         }
+        // The credentials were right: whatever follows is not a failed guess.
+        self.clear_attempts(user).await?;
         if let Err(e) = self.check_lock(user).await {
-            self.emit_logged(
-                Event::new("user.login", Some(user))
-                    .with("success", false)
-                    .with("method", "local")
-                    .with("error", e.to_string())
-                    .with("remote_addr", remote),
-            )
-            .await;
-            return Err(e);
+            return Err(self.refuse(refusal("user locked by an admin"), e).await);
         }
-        sqlx::query("DELETE FROM login_failures WHERE user_name = $1")
-            .bind(user)
-            .execute(&self.backend.pool)
-            .await?;
         let certs = self.issue_user_certs(&record, req).await?;
         self.emit(
             Event::new("user.login", Some(user))
@@ -364,5 +580,37 @@ impl AuthServer {
         };
         ca.sign(spki_der, &subject)
             .map_err(|e| AuthError::Internal(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn checks_in_kept_memory_agree_with_argon2() {
+        let hash = hash_password("correct horse".into())
+            .await
+            .unwrap_or_default();
+        let mut memory = vec![];
+        for (password, phc, ok) in [
+            ("correct horse", hash.as_str(), true),
+            ("correct horsf", hash.as_str(), false),
+            ("", hash.as_str(), false),
+            (
+                "correct horse",
+                "$argon2id$v=19$m=19456,t=2,p=1$bm90IGEgaGFzaA",
+                false,
+            ),
+            ("correct horse", "not a hash", false),
+        ] {
+            assert_eq!(
+                verify_in(password.as_bytes(), phc, &mut memory),
+                ok,
+                "{password} {phc}"
+            );
+        }
+        // The memory is kept for the next check, not allocated again.
+        assert_eq!(memory.len(), Params::default().block_count());
     }
 }

@@ -500,13 +500,19 @@ impl AuthServer {
         .execute(&self.backend.pool)
         .await?;
         if claimed.rows_affected() != 1 {
-            self.emit_logged(
-                Event::new("user.login", None)
-                    .with("success", false)
-                    .with("method", "oidc")
-                    .with("error", "unknown, expired or reused login state")
-                    .with("remote_addr", cb.remote_addr.clone().unwrap_or_default()),
-            )
+            // No identity is claimed here, so anyone can send these: aggregated, not one each.
+            self.auth_failed(crate::failures::Failure {
+                event: "user.login",
+                door: "api".into(),
+                remote_addr: cb.remote_addr.clone().unwrap_or_default(),
+                reason: "unknown, expired or reused login state".into(),
+                user: None,
+                user_exists: false,
+                event_fields: vec![
+                    ("method".into(), "oidc".into()),
+                    ("error".into(), "unknown, expired or reused login state".into()),
+                ],
+            })
             .await;
             return Err(AuthError::BadRequest(
                 "this login link is unknown, expired or was already used; run `sally login` again"

@@ -299,7 +299,7 @@ impl AuthServer {
             .bind(name)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("DELETE FROM login_failures WHERE user_name = $1")
+        sqlx::query("DELETE FROM login_attempts WHERE user_name = $1")
             .bind(name)
             .execute(&mut *tx)
             .await?;

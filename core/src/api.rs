@@ -454,6 +454,23 @@ pub struct SessionInfo {
     pub command: Option<String>,
 }
 
+/// A failed authentication a proxy saw at one of its doors (`POST /v1/auth-failures`, in
+/// batches). Auth audits these as `auth.failed`, aggregated per (door, address, reason).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AuthFailure {
+    /// `ssh` or `tunnel` (auth's own door is `api`).
+    pub door: String,
+    pub remote_addr: String,
+    /// Why it failed, in words an admin can act on.
+    pub reason: String,
+    /// The user name the client asked for, if any (not a verified identity).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// What the client presented: `key_fingerprint`, `cert_key_id`, `ca_fingerprint`, ...
+    #[serde(default)]
+    pub presented: BTreeMap<String, String>,
+}
+
 #[cfg(test)]
 mod path_segment_tests {
     use super::path_segment;

@@ -1,9 +1,12 @@
 //! The proxy's client for the auth API: HTTPS with mutual TLS, trusting only the cluster's host
-//! CA, redirects off.
+//! CA, redirects off. Failed authentications at the proxy's doors go to auth through a bounded
+//! queue ([`AuthClient::report_failure`]), so a door never waits on the audit of a refusal.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sallyport_core::api::ErrorBody;
+use sallyport_core::api::{AuthFailure, ErrorBody};
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 use sallyport_core::x509::pem_to_ders;
 use serde::Serialize;
@@ -15,7 +18,20 @@ use crate::ServiceIdentity;
 pub struct AuthClient {
     http: reqwest::Client,
     base: String,
+    failures: Arc<FailureQueue>,
 }
+
+/// Failures waiting to be reported; when full, new ones are dropped and counted (a flood
+/// must not stall a handshake, and auth aggregates floods anyway).
+#[derive(Default)]
+struct FailureQueue {
+    tx: OnceLock<tokio::sync::mpsc::Sender<AuthFailure>>,
+    dropped: AtomicU64,
+}
+
+/// Failures queued before new ones are dropped, and sent in one report.
+const FAILURE_QUEUE: usize = 1024;
+const FAILURE_BATCH: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -48,7 +64,53 @@ impl AuthClient {
         Ok(AuthClient {
             http,
             base: format!("https://{auth_addr}"),
+            failures: Arc::default(),
         })
+    }
+
+    /// Queues a failed authentication for auth to audit (`auth.failed`); never waits.
+    pub fn report_failure(&self, failure: AuthFailure) {
+        let tx = self.failures.tx.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(FAILURE_QUEUE);
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(self.clone().send_failures(rx));
+                }
+                Err(_) => tracing::warn!("no runtime: failed authentications are not reported"),
+            }
+            tx
+        });
+        if tx.try_send(failure).is_err() {
+            self.failures.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends what is queued in batches, for as long as the process runs.
+    async fn send_failures(self, mut rx: tokio::sync::mpsc::Receiver<AuthFailure>) {
+        let mut batch = Vec::with_capacity(FAILURE_BATCH);
+        while rx.recv_many(&mut batch, FAILURE_BATCH).await > 0 {
+            let dropped = self.failures.dropped.swap(0, Ordering::Relaxed);
+            if dropped > 0 {
+                tracing::warn!(
+                    dropped,
+                    "failed authentications came faster than auth took them; some were not reported"
+                );
+            }
+            let body = serde_json::to_value(&batch).unwrap_or_default();
+            match self
+                .call(reqwest::Method::POST, "/v1/auth-failures", Some(body))
+                .await
+            {
+                Ok((200, _)) => {}
+                Ok((status, text)) => tracing::warn!(
+                    status,
+                    answer = %String::from_utf8_lossy(&text),
+                    "auth refused a failure report"
+                ),
+                Err(e) => tracing::warn!(error = %e, "failed authentications not reported"),
+            }
+            batch.clear();
+        }
     }
 
     /// Sends a JSON request and returns the status and body as they came.

@@ -7,6 +7,7 @@
 //! Architecture invariant: the proxy never reads the backend; it asks auth.
 
 pub mod auth_client;
+pub mod failed_auth;
 pub mod record;
 pub mod ssh;
 pub mod tunnels;

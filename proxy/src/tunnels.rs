@@ -158,8 +158,22 @@ pub async fn serve(
             let tls =
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                     Ok(Ok(s)) => s,
-                    _ => {
-                        tracing::debug!(peer = %addr, "tunnel handshake failed");
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %addr, error = %e, "tunnel handshake failed");
+                        // TLS refused it (no certificate, a wrong CA, ...); a bare TCP probe
+                        // that hung up is not an authentication attempt.
+                        if e.kind() == std::io::ErrorKind::InvalidData {
+                            crate::failed_auth::tunnel_refused(
+                                &auth,
+                                addr,
+                                format!("TLS handshake refused: {e}"),
+                                Default::default(),
+                            );
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(peer = %addr, "tunnel handshake timed out");
                         return;
                     }
                 };
@@ -178,6 +192,17 @@ pub async fn serve(
                 || subject.organizations != ["node"]
             {
                 tracing::warn!(peer = %addr, cn = %subject.common_name, "refused a tunnel from a certificate that is not a node's");
+                crate::failed_auth::tunnel_refused(
+                    &auth,
+                    addr,
+                    "not a node certificate from this cluster's host CA".into(),
+                    [
+                        ("cert_subject_cn".to_string(), subject.common_name.clone()),
+                        ("cert_issuer_cn".to_string(), subject.issuer_common_name.clone()),
+                        ("cert_organizations".to_string(), subject.organizations.join(",")),
+                    ]
+                    .into(),
+                );
                 return;
             }
             counted.authenticated();

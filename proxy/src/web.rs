@@ -52,12 +52,18 @@ async fn forward(
     body: Option<serde_json::Value>,
 ) -> Response {
     match auth.call(method, path, body).await {
-        Ok((status, body)) => (
-            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
+        Ok((status, body)) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let mut resp =
+                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+            // Auth's "too many logins in progress" passes through as it was said, with a hint
+            // of when to come back.
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("2"));
+            }
+            resp
+        }
         Err(e) => {
             tracing::error!(error = %e, "auth unreachable");
             (

@@ -79,6 +79,7 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admis
                 user: None,
                 refusal: None,
                 pending,
+                attempts: crate::failed_auth::SshAttempts::new(addr),
             };
             if let Err(e) = door::serve_ssh(config, tcp, conn, login, admission.login_grace).await {
                 tracing::debug!(peer = %addr, error = %e, "ssh connection ended");
@@ -99,11 +100,14 @@ struct Outer {
     refusal: Option<String>,
     /// Counted against the door's caps, and held to the login grace, until authenticated.
     pending: door::Pending,
+    /// Reported to auth's audit if the connection ends without authenticating.
+    attempts: crate::failed_auth::SshAttempts,
 }
 
 impl Drop for Outer {
     fn drop(&mut self) {
         self.state.untrack(self.id);
+        self.attempts.finish(&self.state.auth);
     }
 }
 
@@ -112,7 +116,23 @@ impl russh::server::Handler for Outer {
 
     async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
         self.pending.authenticated();
+        self.attempts.authenticated();
         Ok(())
+    }
+
+    async fn auth_none(&mut self, _login: &str) -> Result<Auth, Self::Error> {
+        self.attempts.attempted();
+        Ok(Auth::reject())
+    }
+
+    /// Only certificates open this door; the key's signature verified, so it is audited.
+    async fn auth_publickey(
+        &mut self,
+        login: &str,
+        key: russh::server::VerifiedPublicKey<'_>,
+    ) -> Result<Auth, Self::Error> {
+        self.attempts.plain_key(login, key.public_key);
+        Ok(Auth::reject())
     }
 
     async fn auth_openssh_certificate(
@@ -133,6 +153,8 @@ impl russh::server::Handler for Outer {
             }
             Err(e) => {
                 tracing::info!(login, peer = %self.addr, error = %e, "certificate refused at the proxy");
+                self.attempts
+                    .certificate_refused(login, cert, &e.to_string());
                 Ok(Auth::reject())
             }
         }
