@@ -257,6 +257,19 @@ impl AuthServer {
             .find_node(node)
             .await?
             .ok_or_else(|| AuthError::NotFound(format!("node {node} is not registered")))?;
+        // A node registered before names were checked may carry one the proxy answers to: no
+        // host certificate for it, or the proxy would serve sessions under its own name.
+        sallyport_core::names::validate_node(
+            &n.hostname,
+            &self.config.cluster_name,
+            &self.config.public_names,
+        )
+        .map_err(|e| {
+            AuthError::AccessDenied(format!(
+                "{e}; an administrator must remove node {} (`sallyctl nodes rm {}`) and join it under another name",
+                n.hostname, n.id
+            ))
+        })?;
         let key = PublicKey::from_openssh(public_key.trim())
             .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let names = vec![

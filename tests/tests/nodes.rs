@@ -273,3 +273,16 @@ fn an_all_in_one_start_refuses_a_local_node_named_like_the_proxy() {
     );
     r.fails_with("node name \"localhost\" is reserved: it names the local machine everywhere; use the node's own host name; pick one with --nodename");
 }
+
+#[test]
+fn a_node_registered_under_a_reserved_name_before_is_not_served() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("vera", "access", "root");
+    let cfg = c.ssh_config(&home, "vera");
+    c.ssh(&cfg, &["root@local1", "true"], "").ok();
+    // As a database from before names were checked could hold it.
+    c.sqlite("UPDATE nodes SET hostname = 'localhost' WHERE hostname = 'local1';");
+    c.ssh(&cfg, &["root@localhost", "true"], "")
+        .fails_with("node name \"localhost\" is reserved");
+}
