@@ -3,6 +3,7 @@
 
 pub mod forward;
 pub mod http;
+pub mod output;
 pub mod profile;
 pub mod prompt;
 pub mod ssh;

@@ -62,8 +62,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Configure => {
-            print!("{}", config::DEFAULT_CONFIG);
-            ExitCode::SUCCESS
+            use std::io::Write;
+            // A closed pipe (`sallyport configure | head`) is the reader's choice, not an error.
+            match std::io::stdout().write_all(config::DEFAULT_CONFIG.as_bytes()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("error: cannot write the configuration: {e}");
+                    ExitCode::from(1)
+                }
+                _ => ExitCode::SUCCESS,
+            }
         }
         Command::Start {
             config,

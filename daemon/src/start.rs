@@ -316,8 +316,13 @@ fn init_logging(cfg: &Config) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SALLYPORT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},sqlx=warn")));
+    // Colour is for a person at a terminal: a log file or a pipe gets plain text, and NO_COLOR
+    // (set and not empty, https://no-color.org) turns it off on a terminal too.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match cfg.sallyport.log.format {
         LogFormat::Json => b.json().try_init(),

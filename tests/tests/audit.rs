@@ -432,3 +432,53 @@ fn search_answers_from_the_records_not_the_side_columns() {
         "audit record {seq} fails its hash check: it was changed in the database; run `sallyctl audit verify`"
     ));
 }
+
+/// Runs `cmd` with its standard output closed before it writes, as `| head -1` leaves it once
+/// it has its line.
+fn with_stdout_closed(cmd: &mut std::process::Command) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn clients_end_quietly_on_a_closed_pipe() {
+    let c = Cluster::start();
+    let home = c.user("alice", "access", "alice");
+    let sally = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin("sally"));
+        cmd.env("SALLY_HOME", &home).env("HOME", &home).args(args);
+        cmd
+    };
+    let mut sallyctl = std::process::Command::new(bin("sallyctl"));
+    sallyctl
+        .arg("--data-dir")
+        .arg(c.data_dir())
+        .args(["audit", "search"]);
+    let mut configure = std::process::Command::new(bin("sallyport"));
+    configure.arg("configure");
+    for (name, mut cmd) in [
+        ("sally recordings ls", sally(&["recordings", "ls"])),
+        (
+            "sally recordings ls --format json",
+            sally(&["recordings", "ls", "--format", "json"]),
+        ),
+        ("sally status", sally(&["status"])),
+        ("sallyctl audit search", sallyctl),
+        ("sallyport configure", configure),
+    ] {
+        let out = with_stdout_closed(&mut cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(0) && stderr.is_empty(),
+            "{name}: {:?} {stderr}",
+            out.status
+        );
+    }
+}

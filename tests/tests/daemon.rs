@@ -163,12 +163,23 @@ fn postgres_storage_end_to_end() {
     );
     let home = c.user("pat", "access,auditor", "pat");
     let pin = c.pin.clone();
-    c.stop();
+    // A clean stop signs a checkpoint of the audit chain, in PostgreSQL like in SQLite.
+    c.terminate();
     c.boot();
     assert_eq!(c.pin, pin);
     c.login(&home, "pat", "correct horse battery").ok();
     let v = c.sallyctl(&["audit", "verify"]).ok();
-    assert!(v.stdout.contains("intact"));
+    assert!(
+        v.stdout.contains("intact") && v.stdout.contains("anchored by 1 signed checkpoints"),
+        "{}",
+        v.stdout
+    );
+    // Searches read the records' own fields (jsonb on PostgreSQL).
+    let logins = c
+        .sallyctl(&["audit", "search", "--type", "user.login", "--since", "1h"])
+        .ok()
+        .stdout;
+    assert!(logins.lines().count() >= 2, "{logins}");
     let events = c
         .sallyctl_as(&home, &["audit", "search", "--user", "pat"])
         .ok()
@@ -183,4 +194,66 @@ fn postgres_storage_end_to_end() {
     );
     c.stop();
     psql(&format!("DROP DATABASE IF EXISTS {db}"));
+}
+
+/// Logs are plain text in a file or a pipe (no ANSI colour codes); colour is for a terminal,
+/// and NO_COLOR turns it off there too.
+#[test]
+fn logs_are_coloured_only_on_a_terminal() {
+    use std::io::{BufRead, BufReader};
+    let mut c = Cluster::start();
+    c.stop();
+    let dir = c.dir.path();
+
+    // Stderr to a file, as `2>daemon.log` or a service manager does.
+    let log = dir.join("daemon.log");
+    let mut child = Command::new(bin("sallyport"))
+        .args(["start", "--config"])
+        .arg(&c.config)
+        .arg("--data-dir")
+        .arg(dir.join("data-file"))
+        .env("SALLYPORT_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let banner: Vec<String> = stdout
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|l| !l.starts_with("CA pin"))
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("INFO"), "{banner:?} {text}");
+    assert!(
+        !text.contains("\x1b["),
+        "colour codes in a log file: {text:?}"
+    );
+
+    // On a terminal (a pty from `script`), colour; with NO_COLOR, none.
+    let on_terminal = |name: &str, no_color: Option<&str>| {
+        let mut cmd = Command::new("script");
+        cmd.args(["-q", "-e", "-c"])
+            .arg(format!(
+                "timeout -s TERM 6 {} start --config {} --data-dir {}",
+                bin("sallyport").display(),
+                c.config.display(),
+                dir.join(name).display()
+            ))
+            .arg("/dev/null")
+            .env("SALLYPORT_LOG", "info");
+        match no_color {
+            Some(v) => cmd.env("NO_COLOR", v),
+            None => cmd.env_remove("NO_COLOR"),
+        };
+        let out = run(&mut cmd, "").stdout;
+        assert!(out.contains("INFO"), "{out}");
+        out
+    };
+    assert!(on_terminal("data-tty", None).contains("\x1b["));
+    assert!(!on_terminal("data-no-color", Some("1")).contains("\x1b["));
 }

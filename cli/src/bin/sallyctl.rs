@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use sallyport_cli::http::Api;
+// Output that ends quietly on a closed pipe (`sallyctl audit search | head`), not std's panic.
+use sallyport_cli::{print, println};
 use sallyport_cli::profile::Profile;
 use sallyport_core::api::*;
 use sallyport_core::tls::{Trust, private_key_from_pem};
@@ -264,6 +266,7 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli)) {
         Ok(code) => code,
+        Err(e) if sallyport_cli::output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(sallyport_cli::EXIT_FAILURE)
