@@ -294,6 +294,8 @@ pub async fn run(
 
     shutdown_signal().await;
     tracing::info!("shutting down");
+    // Failures counted in windows still open are audited now, not lost with the process.
+    auth.flush_all_failures().await;
     // Anchor what was written since the last checkpoint rather than leave it to the next start.
     if let Err(e) = auth.anchor_audit().await {
         tracing::error!(error = %e, "no audit checkpoint signed at shutdown");

@@ -302,3 +302,46 @@ fn forged_sso_callbacks_do_not_flood_the_audit_log() {
         "unknown, expired or reused login state"
     );
 }
+
+#[test]
+fn failures_still_being_counted_are_audited_at_shutdown() {
+    let mut c = Cluster::start();
+    flood(5, 1, |_| {
+        run(
+            Command::new("curl").args([
+                "-sk",
+                &format!(
+                    "https://{}/v1/webapi/oidc/callback?state=forged&code=x",
+                    c.proxy
+                ),
+            ]),
+            "",
+        );
+    });
+    let pid = c.pid().unwrap().to_string();
+    run(Command::new("kill").args(["-TERM", &pid]), "").ok();
+    assert!(
+        eventually(Duration::from_secs(20), || !Path::new(&format!(
+            "/proc/{pid}/exe"
+        ))
+        .exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|s| s.contains("State:\tZ"))),
+        "the daemon did not stop on SIGTERM"
+    );
+    c.stop();
+    c.boot();
+    let forged: Vec<serde_json::Value> = c
+        .events("user.login")
+        .into_iter()
+        .filter(|e| e["method"] == "oidc")
+        .collect();
+    assert_eq!(
+        forged
+            .iter()
+            .map(|e| e["count"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![1, 4],
+        "{forged:?}"
+    );
+}

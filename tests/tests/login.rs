@@ -480,20 +480,6 @@ fn lockout_holds_under_sixty_concurrent_guesses() {
         .fails_with("account dora is locked after 5 failed logins");
 }
 
-/// The daemon's pid, found by the config file on its command line.
-fn daemon_pid(c: &Cluster) -> u32 {
-    let config = c.config.display().to_string();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&config))
-                .unwrap_or(false)
-        })
-        .expect("the daemon's process")
-}
-
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -511,7 +497,7 @@ fn password_checks_are_bounded_under_two_hundred_parallel_logins() {
     });
     c.wait_online("local1");
     let home = c.user("erin", "access", "root");
-    let pid = daemon_pid(&c);
+    let pid = c.pid().unwrap();
     let done = std::sync::atomic::AtomicBool::new(false);
     let (answers, peak, served) = std::thread::scope(|s| {
         let sampler = s.spawn(|| {
