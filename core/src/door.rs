@@ -470,10 +470,16 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cut<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if self.cancelled.as_mut().poll(cx).is_ready() {
+        if self.token.is_cancelled() {
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => Poll::Ready(r),
+            // Only a reader about to wait needs waking on the cut: a busy transfer pays one
+            // atomic load a read, not a waker registration.
+            Poll::Pending if self.cancelled.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
