@@ -98,14 +98,7 @@ impl AuthServer {
             return Err(self.join_refused(req, remote).await);
         }
         let refused = |why: String| async move {
-            self.emit_logged(
-                Event::new("node.join", None)
-                    .with("success", false)
-                    .with("nodename", req.nodename.clone())
-                    .with("error", why.clone())
-                    .with("remote_addr", remote),
-            )
-            .await;
+            self.join_failed(req, remote, &why).await;
             why
         };
         if let Err(e) = sallyport_core::names::validate_node(
@@ -190,15 +183,33 @@ impl AuthServer {
     /// The one answer to a join without a valid token, whatever else the request says.
     async fn join_refused(&self, req: &JoinRequest, remote: &str) -> AuthError {
         let why = "invalid join token: it is unknown, expired or already used; create a new one with `sallyctl tokens add --type=node`";
-        self.emit_logged(
-            Event::new("node.join", None)
-                .with("success", false)
-                .with("nodename", req.nodename.clone())
-                .with("error", why)
-                .with("remote_addr", remote),
-        )
-        .await;
+        self.join_failed(req, remote, why).await;
         AuthError::Unauthenticated(why.into())
+    }
+
+    /// Audits a refused join (`node.join`, `success: false`), aggregated per address and
+    /// reason like every failed authentication: anyone can send joins, so a flood of them must
+    /// not flood the log. The name is the caller's, unchecked: clipped.
+    async fn join_failed(&self, req: &JoinRequest, remote: &str, why: &str) {
+        let nodename: String = req
+            .nodename
+            .chars()
+            .take(sallyport_core::names::MAX_NAME + 1)
+            .collect();
+        self.auth_failed(crate::failures::Failure {
+            event: "node.join",
+            door: "join".into(),
+            remote_addr: remote.into(),
+            reason: why.into(),
+            user: None,
+            user_exists: false,
+            event_fields: vec![
+                ("success".into(), false.into()),
+                ("nodename".into(), nodename.into()),
+                ("error".into(), why.into()),
+            ],
+        })
+        .await;
     }
 
     pub fn user_ca_openssh(&self) -> Result<Vec<String>, AuthError> {

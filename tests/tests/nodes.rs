@@ -118,6 +118,33 @@ fn a_bogus_token_learns_nothing_about_names() {
             "{r:?}"
         );
     }
+    // A flood of bogus joins is one audit record per address and reason a minute.
+    for i in 0..30 {
+        let body = format!(
+            r#"{{"token":"bogus{i}","nodename":"flood{i}","tls_spki":"","ssh_host_key":""}}"#
+        );
+        let r = run(
+            Command::new("curl")
+                .args([
+                    "-sk",
+                    "-H",
+                    "content-type: application/json",
+                    "--data",
+                    &body,
+                ])
+                .arg(format!("https://{}/v1/webapi/join", c.proxy)),
+            "",
+        );
+        assert!(r.stdout.contains("invalid join token"), "{r:?}");
+    }
+    let refused: Vec<_> = c
+        .events("node.join")
+        .into_iter()
+        .filter(|e| e["success"] == false)
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0]["door"], "join");
+    assert_eq!(refused[0]["count"], 1);
     // With a valid token the name is what is wrong, and the answer says so.
     join(&c, "local1", "", &c.join_token()).fails_with("node name local1 is already taken");
 }
