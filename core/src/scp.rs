@@ -284,6 +284,39 @@ enum State {
     Lost,
 }
 
+/// A legacy scp stream that is not one (a shell's output, a wrong header, an endless line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the stream is not the legacy scp protocol")]
+pub struct NotScp;
+
+/// The receiving side of a legacy scp stream: nothing but answers, a NUL for yes, or 1 or 2
+/// followed by a message line for a warning or an error.
+#[derive(Debug, Default)]
+pub struct ScpAnswers {
+    /// Inside a message: its length so far.
+    message: Option<usize>,
+}
+
+impl ScpAnswers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn feed(&mut self, data: &[u8]) -> Result<(), NotScp> {
+        for &b in data {
+            match (self.message, b) {
+                (Some(_), b'\n') => self.message = None,
+                (Some(n), _) if n >= 64 * 1024 => return Err(NotScp),
+                (Some(n), _) => self.message = Some(n + 1),
+                (None, 0) => {}
+                (None, 1 | 2) => self.message = Some(0),
+                (None, _) => return Err(NotScp),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The sending side of a legacy scp stream: `T`, `C`, `D` and `E` lines, file contents, and
 /// the NUL after each file.
 #[derive(Debug)]
@@ -312,10 +345,12 @@ impl ScpStream {
         Self::default()
     }
 
-    pub fn feed(&mut self, mut data: &[u8]) {
+    /// Reads the next bytes of the stream; an error once they stop being scp (the channel is
+    /// then ended: what passes unaudited as a copy must at least be a copy).
+    pub fn feed(&mut self, mut data: &[u8]) -> Result<(), NotScp> {
         while !data.is_empty() {
             match &mut self.state {
-                State::Lost => return,
+                State::Lost => return Err(NotScp),
                 State::Content { left } => {
                     let n = (*left).min(data.len() as u64) as usize;
                     *left -= n as u64;
@@ -337,9 +372,13 @@ impl ScpStream {
                         None => (data, &data[data.len()..], false),
                     };
                     data = rest;
-                    if self.line.len() + chunk.len() > 64 * 1024 {
+                    // Known at a line's first byte, not its last: a shell's prompt has no end.
+                    let first = self.line.first().or(chunk.first());
+                    if self.line.len() + chunk.len() > 64 * 1024
+                        || first.is_some_and(|b| !matches!(b, b'C' | b'D' | b'E' | b'T' | 1 | 2))
+                    {
                         self.state = State::Lost;
-                        return;
+                        return Err(NotScp);
                     }
                     self.line.extend_from_slice(chunk);
                     if complete {
@@ -349,6 +388,10 @@ impl ScpStream {
                     }
                 }
             }
+        }
+        match self.state {
+            State::Lost => Err(NotScp),
+            _ => Ok(()),
         }
     }
 
@@ -538,11 +581,11 @@ mod tests {
             },
         ];
         let mut whole = ScpStream::new();
-        whole.feed(stream);
+        assert_eq!(whole.feed(stream), Ok(()));
         assert_eq!(whole.take(), expect);
         let mut bytewise = ScpStream::new();
         for b in stream {
-            bytewise.feed(std::slice::from_ref(b));
+            assert_eq!(bytewise.feed(std::slice::from_ref(b)), Ok(()));
         }
         assert_eq!(bytewise.take(), expect);
     }
@@ -550,15 +593,41 @@ mod tests {
     #[test]
     fn a_file_cut_short_is_not_reported_and_nonsense_stops_reading() {
         let mut s = ScpStream::new();
-        s.feed(b"C0644 10 big\nonly5");
+        assert_eq!(s.feed(b"C0644 10 big\nonly5"), Ok(()));
         assert!(s.take().is_empty());
         let mut s = ScpStream::new();
-        s.feed(b"Xgarbage\nC0644 1 a\nz\0");
+        assert_eq!(s.feed(b"Xgarbage\nC0644 1 a\nz\0"), Err(NotScp));
+        assert_eq!(s.feed(b"C0644 1 a\nz\0"), Err(NotScp));
         assert!(s.take().is_empty());
         // A line that starts with a multi-byte character is nonsense, not a panic.
         let mut s = ScpStream::new();
-        s.feed("éC0644 1 a\n".as_bytes());
-        s.feed("\u{1F600}\n".as_bytes());
+        assert_eq!(s.feed("éC0644 1 a\n".as_bytes()), Err(NotScp));
+        assert_eq!(s.feed("\u{1F600}\n".as_bytes()), Err(NotScp));
         assert!(s.take().is_empty());
+        // A shell's prompt is refused at its first byte, though it never ends its line.
+        let mut s = ScpStream::new();
+        assert_eq!(s.feed(b"T1 0 1 0\n"), Ok(()));
+        assert_eq!(s.feed(b"$"), Err(NotScp));
+        // A header line with no end is refused at 64 KiB.
+        let mut s = ScpStream::new();
+        assert_eq!(s.feed(b"C0644 1 "), Ok(()));
+        assert_eq!(s.feed(&[b'a'; 70 * 1024]), Err(NotScp));
+    }
+
+    #[test]
+    fn the_receiving_side_sends_only_answers() {
+        let mut a = ScpAnswers::new();
+        assert_eq!(
+            a.feed(b"\0\0\x01scp: warning\n\0\x02scp: /x: No space left\n"),
+            Ok(())
+        );
+        for b in b"\0\x01split\n\0" {
+            assert_eq!(a.feed(std::slice::from_ref(b)), Ok(()));
+        }
+        let mut a = ScpAnswers::new();
+        assert_eq!(a.feed(b"\0root@node:~# "), Err(NotScp));
+        let mut a = ScpAnswers::new();
+        assert_eq!(a.feed(b"\x01"), Ok(()));
+        assert_eq!(a.feed(&[b'm'; 70 * 1024]), Err(NotScp));
     }
 }

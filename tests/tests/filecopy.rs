@@ -462,3 +462,59 @@ fn ssh_file_copy_false_refuses_copies_wrapped_in_a_shell() {
         .ok();
     assert_eq!(r.stdout, "absent\n");
 }
+
+#[test]
+fn a_copy_that_stops_speaking_scp_is_cut_off_and_audited() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let remote = format!("/tmp/sallyport-notscp-{}", std::process::id());
+    // An exact `scp -t` runs unrecorded, so what it carries must be scp: shell text is not.
+    let r = c.ssh(
+        &cfg,
+        &["root@local1", &format!("scp -t {remote}")],
+        "id; cat /etc/shadow\n",
+    );
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("sallyport: the stream is not the legacy scp protocol; closing"),
+        "{r:?}"
+    );
+    // The same for the answers to a download.
+    let r = c.ssh(&cfg, &["root@local1", "scp -f /etc/hostname"], "whoami\n");
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(eventually(Duration::from_secs(10), || {
+        events(&c, "scp")
+            .iter()
+            .filter(|e| {
+                e["result"] == "the stream is not the legacy scp protocol" && e["user"] == "alice"
+            })
+            .count()
+            >= 2
+    }));
+    // Real legacy scp still works both ways.
+    let file = c.dir.path().join("legit.txt");
+    std::fs::write(&file, "legit\n").unwrap();
+    run(
+        tool("scp", &cfg)
+            .args(["-O", "-q"])
+            .arg(&file)
+            .arg(format!("root@local1:{remote}")),
+        "",
+    )
+    .ok();
+    let back = c.dir.path().join("back.txt");
+    run(
+        tool("scp", &cfg)
+            .args(["-O", "-q"])
+            .arg(format!("root@local1:{remote}"))
+            .arg(&back),
+        "",
+    )
+    .ok();
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "legit\n");
+    c.ssh(&cfg, &["root@local1", &format!("rm -f {remote}")], "")
+        .ok();
+}

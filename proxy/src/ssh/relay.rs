@@ -23,7 +23,7 @@ use russh::{
 };
 use sallyport_core::api::{NodeInfo, SessionEnd, SessionGrant, SessionRequest};
 use sallyport_core::flow::{self, Input};
-use sallyport_core::scp::{Direction, FileCopy, ScpStream};
+use sallyport_core::scp::{Direction, FileCopy, ScpAnswers, ScpStream};
 use sallyport_core::sftp::SftpAudit;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -39,6 +39,8 @@ enum CopyAudit {
     Sftp(SftpAudit),
     Scp {
         stream: ScpStream,
+        /// The other way: nothing but the receiver's answers.
+        answers: ScpAnswers,
         direction: Direction,
         path: String,
     },
@@ -54,6 +56,7 @@ impl CopyAudit {
         match copy {
             FileCopy::Scp { direction, path } => CopyAudit::Scp {
                 stream: ScpStream::new(),
+                answers: ScpAnswers::new(),
                 direction,
                 path,
             },
@@ -86,8 +89,9 @@ impl CopyAudit {
                 stream,
                 direction,
                 path,
+                ..
             } if *direction == dir => {
-                stream.feed(data);
+                stream.feed(data).map_err(|e| e.to_string())?;
                 Ok(stream
                     .take()
                     .into_iter()
@@ -98,13 +102,39 @@ impl CopyAudit {
                     })
                     .collect())
             }
+            // A command taken for a copy runs unrecorded, so both ways must be the protocol:
+            // a shell answering in its place is cut off at its first byte.
+            CopyAudit::Scp { answers, .. } => {
+                answers.feed(data).map_err(|e| e.to_string())?;
+                Ok(vec![])
+            }
             CopyAudit::Rsync {
                 direction, bytes, ..
             } if *direction == dir => {
                 *bytes += data.len() as u64;
                 Ok(vec![])
             }
-            _ => Ok(vec![]),
+            CopyAudit::Rsync { .. } => Ok(vec![]),
+        }
+    }
+
+    /// The event that says why this copy's channel was ended: its stream could no longer be
+    /// audited (a protocol violation, a flood), so nothing more of it may pass unaudited.
+    fn aborted(&self, why: &str) -> (&'static str, serde_json::Value) {
+        match self {
+            CopyAudit::Sftp(_) => copy_aborted(why),
+            CopyAudit::Scp {
+                direction, path, ..
+            } => (
+                "scp",
+                json!({"tool": "scp", "path": path, "direction": direction.as_str(), "result": why}),
+            ),
+            CopyAudit::Rsync {
+                direction, path, ..
+            } => (
+                "scp",
+                json!({"tool": "rsync", "path": path, "direction": direction.as_str(), "result": why}),
+            ),
         }
     }
 
@@ -140,8 +170,7 @@ fn sftp_event(op: sallyport_core::sftp::Op) -> (&'static str, serde_json::Value)
     ("sftp", e)
 }
 
-/// The event that says why a file copy's channel was ended: its stream could no longer be
-/// audited (a protocol violation, a flood), so nothing more of it may pass unaudited.
+/// The event that says why an SFTP channel was ended: see [`CopyAudit::aborted`].
 fn copy_aborted(why: &str) -> (&'static str, serde_json::Value) {
     (
         "sftp",
@@ -325,6 +354,13 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // The person's connection is gone without closing its sessions: close them on the
+        // node, which hangs up everything they started there, as sshd's hang-up would.
+        for (_, r) in self.chans.drain() {
+            tokio::spawn(async move {
+                let _ = r.node.close().await;
+            });
+        }
         if let Some(f) = self.forwarder.take() {
             let state = self.state.clone();
             tokio::spawn(async move {
@@ -1167,7 +1203,12 @@ async fn node_to_user(
                     Ok(list) => send_all(&events, list).await,
                     Err(e) => {
                         tracing::warn!(session = %grant.session_id, error = %e, "closing a file copy that cannot be audited");
-                        send_all(&events, vec![copy_aborted(&e)]).await;
+                        let ev = copy
+                            .lock()
+                            .ok()
+                            .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                            .unwrap_or_else(|| copy_aborted(&e));
+                        send_all(&events, vec![ev]).await;
                         let _ = user
                             .extended_data(
                                 ch,
@@ -1754,7 +1795,13 @@ impl russh::server::Handler for Inner {
                 Ok(list) => send_all(&r.events, list).await,
                 Err(e) => {
                     tracing::warn!(user = %self.user, error = %e, "closing a file copy that cannot be audited");
-                    send_all(&r.events, vec![copy_aborted(&e)]).await;
+                    let ev = r
+                        .copy
+                        .lock()
+                        .ok()
+                        .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                        .unwrap_or_else(|| copy_aborted(&e));
+                    send_all(&r.events, vec![ev]).await;
                     _session.extended_data(
                         ch,
                         1,
