@@ -106,7 +106,12 @@ pub struct Door {
     name: &'static str,
     limits: Limits,
     state: Mutex<State>,
+    /// Refusals since the last log line: a flood is logged as a count, never line by line.
+    refused: Mutex<(Instant, u64)>,
 }
+
+/// At most one log line per door this often about refused connections.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 struct State {
     total: usize,
@@ -166,6 +171,7 @@ impl Door {
                 sources: HashMap::new(),
                 swept: Instant::now(),
             }),
+            refused: Mutex::new((Instant::now() - REFUSAL_LOG_EVERY, 0)),
         })
     }
 
@@ -173,8 +179,34 @@ impl Door {
         self.name
     }
 
-    /// Counts a new connection from `peer` as unauthenticated, or says why it is refused.
+    /// Counts a new connection from `peer` as unauthenticated, or says why it is refused (and
+    /// logs refusals, at most one line per door every ten seconds).
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Unauthenticated, Refusal> {
+        let admitted = self.count(peer);
+        if let Err(refusal) = &admitted {
+            self.log_refusal(peer, refusal);
+        }
+        admitted
+    }
+
+    fn log_refusal(&self, peer: IpAddr, refusal: &Refusal) {
+        let Ok(mut refused) = self.refused.lock() else {
+            return;
+        };
+        refused.1 += 1;
+        if refused.0.elapsed() >= REFUSAL_LOG_EVERY {
+            tracing::warn!(
+                door = self.name,
+                refused = refused.1,
+                last_peer = %peer,
+                last_reason = %refusal,
+                "connections refused before authentication"
+            );
+            *refused = (Instant::now(), 0);
+        }
+    }
+
+    fn count(self: &Arc<Self>, peer: IpAddr) -> Result<Unauthenticated, Refusal> {
         let source = source_of(peer);
         let now = Instant::now();
         let Ok(mut state) = self.state.lock() else {
@@ -280,7 +312,8 @@ impl Drop for Unauthenticated {
 
 static TELLING: Semaphore = Semaphore::const_new(MAX_TELLING);
 
-/// Leave to spend a little work telling a refused peer why, if not too many are being told.
+/// Leave to spend a little work telling a refused peer why, if not too many are being told;
+/// without it, a refused connection is just closed (a flood then costs an accept and a close).
 pub fn telling_permit() -> Option<tokio::sync::SemaphorePermit<'static>> {
     TELLING.try_acquire().ok()
 }
@@ -326,15 +359,12 @@ pub fn ssh_refusal(server_id: &russh::SshId, reason: &str) -> Vec<u8> {
     out
 }
 
-/// Tells a refused SSH peer why (if few are being told), then closes.
+/// Tells a refused SSH peer why, then closes; the caller holds a [`telling_permit`].
 pub async fn refuse_ssh<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     server_id: &russh::SshId,
     reason: &str,
 ) {
-    let Some(_permit) = telling_permit() else {
-        return;
-    };
     let bytes = ssh_refusal(server_id, reason);
     let _ = tokio::time::timeout(TELLING_TIME, async {
         if stream.write_all(&bytes).await.is_ok() {

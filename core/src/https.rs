@@ -75,8 +75,12 @@ pub async fn serve(
         let counted = match door.admit(addr.ip()) {
             Ok(c) => c,
             Err(refusal) => {
-                tracing::info!(peer = %addr, reason = %refusal, "https connection refused");
-                tokio::spawn(refuse(tcp, tls, passthrough, refusal.to_string()));
+                if let Some(permit) = door::telling_permit() {
+                    tokio::spawn(async move {
+                        refuse(tcp, tls, passthrough, refusal.to_string()).await;
+                        drop(permit);
+                    });
+                }
                 continue;
             }
         };
@@ -184,18 +188,15 @@ async fn pipe(
     let _ = copy.await;
 }
 
-/// Answers a connection beyond the door's caps with 429 and the reason, when few are being
-/// answered at once; otherwise (and for passthrough clients, which expect the target's TLS, not
-/// ours) it is closed.
+/// Answers a connection beyond the door's caps with 429 and the reason (the caller holds a
+/// `door::telling_permit`; without one the connection is just closed). A passthrough client
+/// expects the target's TLS, not ours: it is closed too.
 async fn refuse(
     tcp: TcpStream,
     tls: Arc<rustls::ServerConfig>,
     passthrough: Option<Arc<Passthrough>>,
     reason: String,
 ) {
-    let Some(_permit) = door::telling_permit() else {
-        return;
-    };
     let _ = tokio::time::timeout(door::telling_time(), async move {
         let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await?;
         if let Some(p) = passthrough.as_deref()

@@ -148,10 +148,8 @@ pub async fn serve(
         // beyond them it is closed before the handshake (agents retry with backoff).
         let counted = match door.admit(addr.ip()) {
             Ok(c) => c,
-            Err(refusal) => {
-                tracing::info!(peer = %addr, reason = %refusal, "tunnel connection refused");
-                continue;
-            }
+            // Logged by the door, as a count.
+            Err(_) => continue,
         };
         let (acceptor, tunnels, auth) = (acceptor.clone(), tunnels.clone(), auth.clone());
         tokio::spawn(async move {

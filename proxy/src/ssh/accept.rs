@@ -61,11 +61,13 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admis
         let counted = match door.admit(addr.ip()) {
             Ok(c) => c,
             Err(refusal) => {
-                tracing::info!(peer = %addr, reason = %refusal, "ssh connection refused");
-                let config = config.clone();
-                tokio::spawn(async move {
-                    door::refuse_ssh(tcp, &config.server_id, &refusal.to_string()).await;
-                });
+                if let Some(permit) = door::telling_permit() {
+                    let config = config.clone();
+                    tokio::spawn(async move {
+                        door::refuse_ssh(tcp, &config.server_id, &refusal.to_string()).await;
+                        drop(permit);
+                    });
+                }
                 continue;
             }
         };
