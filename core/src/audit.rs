@@ -322,9 +322,10 @@ pub fn verify_anchored(
     v.anchored = anchored;
     v.checkpoints = checkpoints.len() as u64;
     v.message = format!(
-        "{} records, chain intact; {anchored} anchored by {} signed checkpoints (key {fingerprint}), {pending} not yet anchored",
+        "{} records, chain intact; {anchored} anchored by {} signed checkpoint{} (key {fingerprint}), {pending} not yet anchored",
         v.checked,
-        checkpoints.len()
+        checkpoints.len(),
+        if checkpoints.len() == 1 { "" } else { "s" }
     );
     v
 }

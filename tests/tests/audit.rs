@@ -243,7 +243,7 @@ fn checkpoints_are_signed_with_a_key_outside_the_database() {
     c.boot();
     c.wait_online("local1");
     let out = c.sallyctl(&["audit", "verify", "--key", &fp]).ok().stdout;
-    assert!(out.contains("anchored by 1 signed checkpoints"), "{out}");
+    assert!(out.contains("anchored by 1 signed checkpoint ("), "{out}");
 
     // An auditor checks a checkpoint with OpenSSH alone, from the message's documented form.
     let dir = c.dir.path();

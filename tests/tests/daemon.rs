@@ -170,7 +170,7 @@ fn postgres_storage_end_to_end() {
     c.login(&home, "pat", "correct horse battery").ok();
     let v = c.sallyctl(&["audit", "verify"]).ok();
     assert!(
-        v.stdout.contains("intact") && v.stdout.contains("anchored by 1 signed checkpoints"),
+        v.stdout.contains("intact") && v.stdout.contains("anchored by 1 signed checkpoint ("),
         "{}",
         v.stdout
     );
