@@ -242,7 +242,9 @@ enum AuditCommand {
         format: Format,
     },
     /// Check the hash chain and its signed checkpoints; names the first record that was edited
-    /// or removed, and how many records are anchored.
+    /// or removed, and how many records are anchored. Anchored records cannot be rewritten by a
+    /// database writer unseen; the ones after the last checkpoint (at most a minute's) can, and
+    /// whoever holds the data dir's audit-checkpoint.key could sign a rewritten chain.
     Verify {
         /// The checkpoint key's fingerprint (SHA256:...) to insist on, e.g. from
         /// `ssh-keygen -lf <data>/audit-checkpoint.key` when the cluster was set up.
