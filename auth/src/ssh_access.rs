@@ -402,6 +402,10 @@ impl AuthServer {
             idle_timeout_secs: set.client_idle_timeout().map(|d| d.as_secs().max(1)),
             disconnect_expired_cert: set.disconnect_expired_cert(),
             record_input: set.record_input(),
+            max_sessions: Some(
+                set.max_sessions()
+                    .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS),
+            ),
             explanation: decision.explanation,
             node,
         })
@@ -613,8 +617,9 @@ fn over_limits(set: &sallyport_core::role::RoleSet, req: &SessionRequest) -> Opt
     if let Some(open) = req.open_sessions
         && open >= max_sessions
     {
-        return Some(format!(
-            "{open} sessions are already open on this connection, the most your roles allow (max_sessions: {max_sessions})"
+        return Some(sallyport_core::api::max_sessions_refusal(
+            open,
+            max_sessions,
         ));
     }
     if let Some(max) = set.max_connections()

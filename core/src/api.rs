@@ -370,6 +370,14 @@ pub struct SessionRequest {
 /// `MaxSessions` default).
 pub const DEFAULT_MAX_SESSIONS: u32 = 10;
 
+/// What a person reads when a session channel would go past `max_sessions`; auth says it, and
+/// the proxy says the same when it refuses further channels on its own.
+pub fn max_sessions_refusal(open: u32, max_sessions: u32) -> String {
+    format!(
+        "{open} sessions are already open on this connection, the most your roles allow (max_sessions: {max_sessions})"
+    )
+}
+
 /// Auth's answer when the proxy checks a running session's grant again (a forward's new
 /// connection): what the user's current roles still allow. A removed or locked user, or a
 /// node the roles no longer reach, is an error instead.
@@ -403,6 +411,9 @@ pub struct SessionGrant {
     /// `record_input`: recordings hold what the person typed too (off unless a role asks).
     #[serde(default)]
     pub record_input: bool,
+    /// `max_sessions`: session channels one SSH connection may have open.
+    #[serde(default)]
+    pub max_sessions: Option<u32>,
     pub explanation: String,
 }
 

@@ -222,6 +222,8 @@ pub async fn serve_inner<S>(
         activity: Arc::new(AtomicU64::new(now_ms())),
         remote_forwards: Arc::new(Mutex::new(HashSet::new())),
         counted: None,
+        session_cap: None,
+        refused_past_cap: false,
     };
     match russh::server::run_stream(Arc::new(config), stream, inner).await {
         Ok(s) => {
@@ -350,6 +352,11 @@ struct Inner {
     /// This connection counted among its user's open ones (`max_connections`), once
     /// authenticated.
     counted: Option<super::InnerConnection>,
+    /// `max_sessions` as the last grant said it, and whether auth has refused a channel past
+    /// it: from then on, channels past it are refused here without asking again, so a client
+    /// opening channels in a loop costs auth nothing and adds nothing to the audit log.
+    session_cap: Option<u32>,
+    refused_past_cap: bool,
 }
 
 impl Drop for Inner {
@@ -1388,8 +1395,19 @@ impl russh::server::Handler for Inner {
     ) -> Result<(), Self::Error> {
         let id = channel.id();
         drop(channel);
+        let open = u32::try_from(self.chans.len()).unwrap_or(u32::MAX);
+        let past_cap = self.session_cap.is_some_and(|cap| open >= cap);
+        if past_cap
+            && self.refused_past_cap
+            && let Some(cap) = self.session_cap
+        {
+            let reason = sallyport_core::api::max_sessions_refusal(open, cap);
+            reply.reject(refuse(reason)).await;
+            return Ok(());
+        }
         match self.open_node_session(session.handle()).await {
             Ok((grant, conn, node_channel, asked)) => {
+                self.session_cap = grant.max_sessions;
                 let (read, write) = node_channel.split();
                 let write = Arc::new(write);
                 let (tx, rx) = flow::inbox();
@@ -1430,6 +1448,7 @@ impl russh::server::Handler for Inner {
             }
             Err(reason) => {
                 tracing::info!(user = %self.user, node = %self.node.hostname, %reason, "session refused");
+                self.refused_past_cap |= past_cap;
                 reply.reject(refuse(reason)).await;
             }
         }
