@@ -3,6 +3,8 @@
 //! or exec, env (allow-listed), window changes, signals, exit status and exit signal, as sshd.
 
 use std::collections::HashMap;
+use std::ffi::CString;
+use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -68,10 +70,12 @@ impl NodeServer {
         })
     }
 
-    /// Serves one SSH connection on `stream` until it ends.
+    /// Serves one SSH connection on `stream` until it ends; `local` is the node's end of the
+    /// tunnel it came through (the server half of `SSH_CONNECTION`).
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         self: Arc<Self>,
         stream: S,
+        local: Option<SocketAddr>,
     ) {
         // Only the proxy reaches this server, so there is no one to cap here; a connection
         // that does not authenticate in time is still ended.
@@ -85,6 +89,8 @@ impl NodeServer {
             stop: CancellationToken::new(),
             remote: HashMap::new(),
             pending,
+            client: None,
+            local,
         };
         if let Err(e) = sallyport_core::door::serve_ssh(
             self.config.clone(),
@@ -124,6 +130,10 @@ struct Conn {
     remote: HashMap<(String, u32), CancellationToken>,
     /// Held to the login grace until authenticated.
     pending: sallyport_core::door::Pending,
+    /// The user's own address, from the per-session certificate auth signed.
+    client: Option<SocketAddr>,
+    /// The node's end of the tunnel this connection came through.
+    local: Option<SocketAddr>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -136,6 +146,13 @@ struct Permits {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.stop.cancel();
+        // The connection dropped: hang up every session still running, as a terminal's hang-up
+        // would (each session leads its own process group).
+        for c in self.channels.values() {
+            if let Some(pid) = c.pid {
+                kill(pid, nix::sys::signal::Signal::SIGHUP);
+            }
+        }
     }
 }
 
@@ -197,19 +214,33 @@ fn kill(pid: u32, sig: nix::sys::signal::Signal) {
 }
 
 impl Conn {
-    fn environment(&self, login: &Login, chan: &Chan) -> Vec<(String, String)> {
-        let path = if login.uid == 0 {
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        } else {
-            "/usr/local/bin:/usr/bin:/bin"
-        };
+    /// The whole environment of a session, as sshd builds it (nothing of the agent's own):
+    /// the login's, where the user came from, the terminal, then the client's allow-listed
+    /// variables and the forwarding sockets.
+    fn environment(&self, login: &Login, chan: &Chan, tty: Option<&str>) -> Vec<(String, String)> {
         let mut env = vec![
-            ("HOME".to_string(), login.home.display().to_string()),
             ("USER".to_string(), login.name.clone()),
             ("LOGNAME".to_string(), login.name.clone()),
+            ("HOME".to_string(), login.home.display().to_string()),
+            ("PATH".to_string(), passwd::path_for(login)),
+            ("MAIL".to_string(), format!("/var/mail/{}", login.name)),
             ("SHELL".to_string(), login.shell.clone()),
-            ("PATH".to_string(), path.to_string()),
         ];
+        if let Some(client) = self.client {
+            // As sshd writes them: bare addresses (an IPv4 client seen over IPv6 as IPv4).
+            let (cip, cport) = (client.ip().to_canonical(), client.port());
+            let (sip, sport) = self.local.map_or(("0.0.0.0".to_string(), 0), |a| {
+                (a.ip().to_canonical().to_string(), a.port())
+            });
+            env.push(("SSH_CLIENT".into(), format!("{cip} {cport} {sport}")));
+            env.push((
+                "SSH_CONNECTION".into(),
+                format!("{cip} {cport} {sip} {sport}"),
+            ));
+        }
+        if let Some(tty) = tty {
+            env.push(("SSH_TTY".into(), tty.to_string()));
+        }
         if let Some((term, _, _)) = &chan.pty {
             env.push(("TERM".into(), term.clone()));
         }
@@ -232,12 +263,6 @@ impl Conn {
         if let Some(e) = &chan.env_refused {
             return Err(e.clone());
         }
-        let env = self.environment(&login, chan);
-        let cwd = if login.home.is_dir() {
-            login.home.clone()
-        } else {
-            "/".into()
-        };
         let shell_name = std::path::Path::new(&login.shell)
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
@@ -247,6 +272,14 @@ impl Conn {
         let pid = if let Some((_, cols, rows)) = chan.pty.clone() {
             let (pty, pts) =
                 pty_process::open().map_err(|e| format!("cannot allocate a pty: {e}"))?;
+            let tty = nix::unistd::ttyname(&pts)
+                .map_err(|e| format!("cannot name the pty: {e}"))?
+                .display()
+                .to_string();
+            let env = self.environment(&login, chan, Some(&tty));
+            // pty_process makes the shell a session leader with the pty as its controlling
+            // terminal (setsid, TIOCSCTTY) before this runs.
+            let becomes = Becomes::new(&login, false)?;
             let _ = pty.resize(pty_process::Size::new(
                 rows.clamp(1, 1000) as u16,
                 cols.clamp(1, 1000) as u16,
@@ -256,12 +289,13 @@ impl Conn {
                 Some(c) => cmd.arg("-c").arg(c),
                 None => cmd.arg0(format!("-{shell_name}")),
             };
+            // SAFETY: `Becomes::apply` makes only async-signal-safe calls on data prepared
+            // before the fork (see there).
+            #[allow(unsafe_code)]
+            let cmd = unsafe { cmd.pre_exec(move || becomes.apply()) };
             let child = cmd
                 .env_clear()
                 .envs(env)
-                .current_dir(&cwd)
-                .uid(login.uid)
-                .gid(login.gid)
                 .spawn(pts)
                 .map_err(|e| format!("cannot start {}: {e}", login.shell))?;
             let pid = child.id();
@@ -270,15 +304,21 @@ impl Conn {
             tokio::spawn(relay_pty(handle, ch, reader, child));
             pid
         } else {
+            let env = self.environment(&login, chan, None);
+            // sshd makes a command without a terminal a session (and process group) leader
+            // too, so a signal or hang-up reaches everything it started.
+            let becomes = Becomes::new(&login, true)?;
             let mut cmd = tokio::process::Command::new(&login.shell);
             if let Some(c) = &command {
                 cmd.arg("-c").arg(c);
             }
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || becomes.apply());
+            }
             cmd.env_clear()
                 .envs(env)
-                .current_dir(&cwd)
-                .uid(login.uid)
-                .gid(login.gid)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -299,6 +339,96 @@ impl Conn {
             c.pid = pid;
         }
         Ok(())
+    }
+}
+
+/// Who a session's process becomes, prepared before the fork: between fork and exec, the
+/// child of a threaded process may only make async-signal-safe calls, so nothing there reads
+/// `/etc/group` (which `initgroups` would) or allocates.
+struct Becomes {
+    new_session: bool,
+    /// False only for an agent that is not root running a session as its own user (a
+    /// developer's agent): it keeps its groups, as it could not set them.
+    switch: bool,
+    groups: Vec<nix::unistd::Gid>,
+    gid: nix::unistd::Gid,
+    uid: nix::unistd::Uid,
+    home: CString,
+    no_home: Vec<u8>,
+}
+
+impl Becomes {
+    fn new(login: &Login, new_session: bool) -> Result<Self, String> {
+        let home = CString::new(login.home.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("login {} has a NUL in its home directory", login.name))?;
+        let me = nix::unistd::geteuid();
+        Ok(Becomes {
+            new_session,
+            switch: me.is_root() || me.as_raw() != login.uid,
+            groups: passwd::groups(login)?,
+            gid: nix::unistd::Gid::from_raw(login.gid),
+            uid: nix::unistd::Uid::from_raw(login.uid),
+            home,
+            no_home: format!(
+                "Could not chdir to home directory {}\n",
+                login.home.display()
+            )
+            .into_bytes(),
+        })
+    }
+
+    /// In the child, in sshd's order: a new session, all the login's groups (what
+    /// `initgroups` sets), its gid, its uid; then the home directory entered as the login (so
+    /// a home only it may enter works, as with sshd), and every descriptor above stderr closed
+    /// at exec. Any failure stops the exec: the session never runs as anyone else.
+    fn apply(&self) -> std::io::Result<()> {
+        if self.new_session {
+            nix::unistd::setsid()?;
+        }
+        if self.switch {
+            nix::unistd::setgroups(&self.groups)?;
+            nix::unistd::setgid(self.gid)?;
+            nix::unistd::setuid(self.uid)?;
+        }
+        if nix::unistd::chdir(self.home.as_c_str()).is_err() {
+            let _ = nix::unistd::write(std::io::stderr(), &self.no_home);
+            nix::unistd::chdir(c"/")?;
+        }
+        cloexec_above_stderr();
+        Ok(())
+    }
+}
+
+/// Marks every descriptor above 2 close-on-exec, so none of the agent's (another session's pty
+/// opened while this one forked, a tunnel socket) reaches the login's shell. Marked rather
+/// than closed: std reports a failed exec through a descriptor of its own.
+#[allow(unsafe_code)]
+fn cloexec_above_stderr() {
+    use nix::libc;
+    // SAFETY: close_range(2) and fcntl(2) only change this process's descriptor flags; no
+    // memory is passed. Both are async-signal-safe.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        ) != 0
+        {
+            // Kernels before 5.11 have no close_range.
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+                lim.rlim_cur.min(65_536) as libc::c_int
+            } else {
+                1024
+            };
+            for fd in 3..max {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
     }
 }
 
@@ -439,6 +569,7 @@ impl russh::server::Handler for Conn {
         ) {
             Ok(user) => {
                 self.user = Some(user);
+                self.client = sallyport_core::sshcert::client_addr(cert);
                 let ext = cert.extensions();
                 self.permits = Permits {
                     port_forwarding: ext.contains_key("permit-port-forwarding"),
@@ -479,6 +610,16 @@ impl russh::server::Handler for Conn {
                 "login {} does not exist on node {}",
                 login.name, self.srv.nodename
             );
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
+        // An expired account or a shell that says no: refused as sshd refuses them, never run
+        // as someone else.
+        if let Some(why) = passwd::unavailable(login) {
+            let reason = format!("login {} on node {} {why}", login.name, self.srv.nodename);
+            tracing::info!(login = %login.name, %reason, "session refused");
             reply
                 .reject(ChannelOpenFailure::Other { code: 1, reason })
                 .await;

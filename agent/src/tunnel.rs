@@ -67,6 +67,8 @@ async fn connect_once(
     .await
     .map_err(|_| err("connect timed out"))??;
     tcp.set_nodelay(true)?;
+    // The node's end of the connection sessions arrive on: the server half of SSH_CONNECTION.
+    let local = tcp.local_addr().ok();
     let tls = tokio::time::timeout(
         Duration::from_secs(10),
         TlsConnector::from(Arc::new(cfg)).connect(name, tcp),
@@ -84,7 +86,7 @@ async fn connect_once(
             stream = inbound.recv() => {
                 let Some(stream) = stream else { return Ok(()) };
                 let server = server.clone();
-                tokio::spawn(async move { server.serve(stream).await });
+                tokio::spawn(async move { server.serve(stream, local).await });
             }
             _ = tick.tick() => {
                 let current = labels.lock().map(|l| l.clone()).unwrap_or_default();

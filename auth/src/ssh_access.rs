@@ -347,7 +347,9 @@ impl AuthServer {
         } else {
             self.authorities.user_signer()
         };
-        let cert = sshcert::issue_user(
+        // The user's address rides in the certificate, so the node's SSH_CONNECTION is the
+        // user's and no one but auth can set it.
+        let cert = sshcert::issue_session(
             &signer.key,
             &UserCertRequest {
                 public_key: &key,
@@ -363,6 +365,7 @@ impl AuthServer {
                     x11_forwarding: set.permit_x11_forwarding(),
                 },
             },
+            &req.remote_addr,
         )
         .map_err(|e| AuthError::Internal(e.to_string()))?;
         let id = uuid::Uuid::new_v4().to_string();

@@ -7,6 +7,10 @@ use russh::keys::ssh_key::{self, Certificate, HashAlg, PrivateKey, PublicKey, ce
 
 pub const EXT_USER: &str = "sallyport-user@sallyport";
 pub const EXT_ROLES: &str = "sallyport-roles@sallyport";
+/// In a per-session certificate: the address and port the user's connection came from, as the
+/// proxy saw it (`203.0.113.7:51234`), for the node's `SSH_CONNECTION`. An extension, not a
+/// critical option, so an agentless sshd ignores it; an agent trusts it because auth signed it.
+pub const EXT_CLIENT_ADDR: &str = "sallyport-client-addr@sallyport";
 /// A principal no login can ever equal (names cannot start with `-`): an SSH certificate with no
 /// principals means "any principal" to OpenSSH, so a user without logins gets this one instead.
 pub const NO_LOGIN_PREFIX: &str = "-sallyport-nologin-";
@@ -41,6 +45,29 @@ pub struct UserCertRequest<'a> {
 
 /// Issues a user certificate signed by `ca`.
 pub fn issue_user(ca: &PrivateKey, req: &UserCertRequest<'_>) -> Result<Certificate, SshCertError> {
+    issue(ca, req, None)
+}
+
+/// Issues a per-session certificate (auth, for the proxy's connection to a node): a user
+/// certificate that also carries the user's own address (`EXT_CLIENT_ADDR`).
+pub fn issue_session(
+    ca: &PrivateKey,
+    req: &UserCertRequest<'_>,
+    client_addr: &str,
+) -> Result<Certificate, SshCertError> {
+    issue(ca, req, Some(client_addr))
+}
+
+/// The user's address a per-session certificate carries, if it carries a valid one.
+pub fn client_addr(cert: &Certificate) -> Option<std::net::SocketAddr> {
+    cert.extensions().get(EXT_CLIENT_ADDR)?.parse().ok()
+}
+
+fn issue(
+    ca: &PrivateKey,
+    req: &UserCertRequest<'_>,
+    client_addr: Option<&str>,
+) -> Result<Certificate, SshCertError> {
     let mut b = certificate::Builder::new_with_random_nonce(
         &mut rand::rng(),
         req.public_key.key_data().clone(),
@@ -69,6 +96,9 @@ pub fn issue_user(ca: &PrivateKey, req: &UserCertRequest<'_>) -> Result<Certific
     }
     b.extension(EXT_USER, req.user)?;
     b.extension(EXT_ROLES, req.roles.join(","))?;
+    if let Some(addr) = client_addr {
+        b.extension(EXT_CLIENT_ADDR, addr)?;
+    }
     b.comment(req.user)?;
     Ok(b.sign(ca)?)
 }
@@ -438,6 +468,33 @@ mod tests {
                 .collect();
             assert_eq!(real.first(), Some(&"aes256-gcm@openssh.com"));
         }
+    }
+
+    #[test]
+    fn a_session_certificate_carries_the_users_address() {
+        let ca = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let user = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let now = unix_after(Duration::ZERO);
+        let req = UserCertRequest {
+            public_key: user.public_key(),
+            user: "alice",
+            roles: &[],
+            logins: &["root".to_string()],
+            valid_after: now - 60,
+            valid_before: now + 60,
+            permits: Permits::default(),
+        };
+        let cert =
+            issue_session(&ca, &req, "[2001:db8::7]:51234").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            client_addr(&cert).map(|a| a.to_string()).as_deref(),
+            Some("[2001:db8::7]:51234")
+        );
+        // Not a critical option: an agentless sshd would refuse a certificate with one it does
+        // not know.
+        assert!(cert.critical_options().is_empty());
+        let login_cert = issue_user(&ca, &req).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(client_addr(&login_cert), None);
     }
 
     #[test]
