@@ -36,17 +36,20 @@ impl SshAttempts {
         }
     }
 
+    /// The SSH user name is the login asked for on the node, not a Sallyport user: it goes with
+    /// what was presented, so `audit search --user` never confuses the two.
     fn failure(
         &self,
         login: &str,
         reason: String,
-        presented: BTreeMap<String, String>,
+        mut presented: BTreeMap<String, String>,
     ) -> AuthFailure {
+        presented.insert("login".into(), login.to_string());
         AuthFailure {
             door: "ssh".into(),
             remote_addr: self.addr.to_string(),
             reason,
-            user: Some(login.to_string()),
+            user: None,
             presented,
         }
     }

@@ -133,7 +133,8 @@ fn a_certificate_from_another_ca_is_audited_at_the_ssh_door_and_a_flood_is_count
         e["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:"),
         "{e}"
     );
-    assert_eq!(e["user"], "root", "{e}");
+    assert_eq!(e["presented"]["login"], "root", "{e}");
+    assert!(e["user"].is_null(), "a login is not a Sallyport user: {e}");
     assert_eq!(e["count"], 1, "{e}");
 
     // 49 more: no more records until the minute closes, then one carrying their count.
