@@ -60,10 +60,7 @@ pub fn groups(login: &Login) -> Result<Vec<Gid>, String> {
 /// `usermod(8)` says ("to lock the account, not only access with a password, also set
 /// EXPIRE_DATE to 1"). An expired account is refused, as sshd and pam_unix refuse it.
 pub fn unavailable(login: &Login) -> Option<String> {
-    if let Ok(shadow) = std::fs::read_to_string("/etc/shadow")
-        && let Some(day) = account_expiry(&shadow, &login.name)
-        && days_since_epoch() >= day
-    {
+    if expired(&login.name) {
         return Some(
             "has expired (its account expiry date in /etc/shadow has passed); ask the node's \
              administrator"
@@ -71,6 +68,15 @@ pub fn unavailable(login: &Login) -> Option<String> {
         );
     }
     shell_refusal(&login.shell, std::fs::metadata(&login.shell).ok().as_ref())
+}
+
+/// Whether the account `name` has expired (`usermod -e`, `chage -E`): sshd refuses it
+/// everything, forwarding included.
+pub fn expired(name: &str) -> bool {
+    std::fs::read_to_string("/etc/shadow")
+        .ok()
+        .and_then(|shadow| account_expiry(&shadow, name))
+        .is_some_and(|day| days_since_epoch() >= day)
 }
 
 /// sshd refuses a login whose shell does not exist or is not an executable file; a shell that

@@ -584,6 +584,11 @@ impl russh::server::Handler for Conn {
                     home: "/".into(),
                     shell: String::new(),
                 }));
+                // An expired account gets nothing from sshd, forwarding included; its session
+                // channels are refused with the reason.
+                if passwd::expired(login) {
+                    self.permits = Permits::default();
+                }
                 Ok(Auth::Accept)
             }
             Err(e) => {

@@ -306,6 +306,29 @@ fn logins_that_may_not_log_in_are_refused_with_the_reason() {
         "login {} on node local1 has expired",
         expired.name
     ));
+    // An expired account forwards nothing either (the role allows it; sshd would not).
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-J", "proxy", "-o", "ExitOnForwardFailure=yes", "-N", "-R"])
+            .arg(format!("{}:127.0.0.1:9", free_port()))
+            .arg(at(&expired)),
+        "",
+    );
+    assert!(r.stderr.contains("remote port forwarding failed"), "{r:?}");
     let r = c.ssh(&cfg, &[&at(&locked), "id -un"], "").ok();
+    assert_eq!(r.stdout.trim(), locked.name);
+    // ... and the same forward works for a login that may log in.
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-J", "proxy", "-o", "ExitOnForwardFailure=yes", "-R"])
+            .arg(format!("{}:127.0.0.1:9", free_port()))
+            .args([&at(&locked), "id -un"]),
+        "",
+    )
+    .ok();
     assert_eq!(r.stdout.trim(), locked.name);
 }
