@@ -151,6 +151,16 @@ fn the_environment_is_sshds_and_nothing_of_the_agents() {
         get("SSH_CLIENT"),
         format!("{} {} {}", conn[0], conn[1], conn[3])
     );
+    // The very address the proxy audited for this session.
+    let audited: Vec<String> = c
+        .events("session.start")
+        .iter()
+        .filter_map(|e| e["remote_addr"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        audited.contains(&format!("{}:{}", conn[0], conn[1])),
+        "{audited:?} vs {conn:?}"
+    );
     // No terminal, no SSH_TTY or TERM; nothing the client may not set; nothing of the agent's
     // (the harness starts the daemon with SALLYPORT_LOG, the test runner with CARGO_*).
     let expected = [
