@@ -101,6 +101,23 @@ impl russh::client::Handler for HostCheck {
         }
     }
 
+    /// A server that ends the connection says why (the proxy's door: "too many
+    /// unauthenticated connections from …"); kept to tell the person instead of "Disconnected".
+    async fn disconnected(
+        &mut self,
+        reason: russh::client::DisconnectReason<Self::Error>,
+    ) -> Result<(), Self::Error> {
+        match reason {
+            russh::client::DisconnectReason::ReceivedDisconnect(info) => {
+                if let Ok(mut f) = self.failure.lock() {
+                    *f = Some(info.message.chars().filter(|c| !c.is_control()).collect());
+                }
+                Ok(())
+            }
+            russh::client::DisconnectReason::Error(e) => Err(e),
+        }
+    }
+
     async fn channel_open_failure(
         &mut self,
         _channel: russh::ChannelId,
@@ -255,13 +272,18 @@ pub async fn connect_proxy(p: &Profile, keys: &Keys, ssh_port: u16) -> Result<Pr
         .await
         .with_context(|| format!("cannot reach the proxy's SSH port at {addr}"))?;
     let _ = tcp.set_nodelay(true);
+    // The proxy's own words when it hung up on us (its door's caps), else russh's.
+    let why = |e: russh::Error| {
+        let said = failure.lock().ok().and_then(|mut f| f.take());
+        anyhow!("proxy {addr}: {}", said.unwrap_or_else(|| e.to_string()))
+    };
     let mut handle = russh::client::connect_stream(
         client_config(),
         sallyport_core::flow::Decoupled::new(tcp),
         check,
     )
     .await
-    .map_err(|e| anyhow!("proxy {addr}: {e}"))?;
+    .map_err(why)?;
     let login = keys
         .cert
         .valid_principals()
@@ -271,7 +293,7 @@ pub async fn connect_proxy(p: &Profile, keys: &Keys, ssh_port: u16) -> Result<Pr
     let ok = handle
         .authenticate_openssh_cert(login, keys.key.clone(), keys.cert.clone())
         .await
-        .map_err(|e| anyhow!("proxy {addr}: {e}"))?;
+        .map_err(why)?;
     if !ok.success() {
         bail!("the proxy refused your certificate; run `sally login`");
     }

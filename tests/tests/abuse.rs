@@ -111,6 +111,10 @@ fn beyond_the_per_address_cap_ssh_is_told_why_and_logins_work_once_the_idle_ones
             c.ssh_port
         ));
 
+    // So does sally.
+    c.sally(&home, &["ssh", "root@local1", "true"], "")
+        .fails_with(&format!("proxy 127.0.0.1:{}: {why}", c.ssh_port));
+
     // The idle ones are closed after the grace; then the same address logs in again.
     drop(held);
     assert!(
