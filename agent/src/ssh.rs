@@ -281,8 +281,10 @@ impl Conn {
             // terminal (setsid, TIOCSCTTY) before this runs.
             let becomes = Becomes::new(&login, false)?;
             let _ = pty.resize(pty_process::Size::new(
-                rows.clamp(1, 1000) as u16,
-                cols.clamp(1, 1000) as u16,
+                // 0x0 (a client without a terminal of its own) stays 0x0, "size unknown", as
+                // with sshd.
+                rows.min(1000) as u16,
+                cols.min(1000) as u16,
             ));
             let mut cmd = pty_process::Command::new(&login.shell);
             cmd = match &command {
@@ -442,8 +444,8 @@ async fn pty_input(mut rx: flow::Receiver, mut w: pty_process::OwnedWritePty) {
             }
             Input::Resize { cols, rows } => {
                 let _ = w.resize(pty_process::Size::new(
-                    rows.clamp(1, 1000) as u16,
-                    cols.clamp(1, 1000) as u16,
+                    rows.min(1000) as u16,
+                    cols.min(1000) as u16,
                 ));
             }
             // A terminal has no EOF of its own; the shell sees ^D if it wants one.
