@@ -347,8 +347,13 @@ impl AuthServer {
         } else {
             self.authorities.user_signer()
         };
+        // Host user creation is an agent's: sshd would ignore the extension anyway.
+        let host_user = (node.kind == "agent")
+            .then(|| set.host_user(&req.login, &crate::api::node_labels(&node)))
+            .flatten();
         // The user's address rides in the certificate, so the node's SSH_CONNECTION is the
-        // user's and no one but auth can set it.
+        // user's and no one but auth can set it. So does the host user decision: the agent
+        // acts on it because auth signed it.
         let cert = sshcert::issue_session(
             &signer.key,
             &UserCertRequest {
@@ -366,6 +371,7 @@ impl AuthServer {
                 },
             },
             &req.remote_addr,
+            host_user.as_ref(),
         )
         .map_err(|e| AuthError::Internal(e.to_string()))?;
         let id = uuid::Uuid::new_v4().to_string();
@@ -409,6 +415,7 @@ impl AuthServer {
                 set.max_sessions()
                     .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS),
             ),
+            host_user,
             explanation: decision.explanation,
             node,
         })

@@ -414,6 +414,11 @@ pub struct SessionGrant {
     /// `max_sessions`: session channels one SSH connection may have open.
     #[serde(default)]
     pub max_sessions: Option<u32>,
+    /// Host user creation for this login on this node (`create_host_user_mode`, `host_groups`,
+    /// `host_sudoers`), when the roles ask for it; the agent reads it from the session
+    /// certificate, this copy is for the proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_user: Option<crate::role::HostUser>,
     pub explanation: String,
 }
 
@@ -436,7 +441,20 @@ pub const SESSION_EVENTS: &[&str] = &[
     "x11-forward",
     "agent-forward",
     "session.recording_limit",
+    "host_user.create",
 ];
+
+/// The SSH extended-data type an agent sends its own session events on (`host_user.create`):
+/// one JSON [`SessionEvent`] per message, on the session channel, before anything the session
+/// writes. Only the agent writes SSH messages (a session's output is data or stderr, type 1),
+/// so the proxy takes these as the agent's word, never relays them to the person, and reports
+/// only [`AGENT_EVENTS`].
+pub const AGENT_EVENT_EXT: u32 = 0x5a11_0001;
+
+/// The session events an agent may report through [`AGENT_EVENT_EXT`].
+/// `host_user.create`: the agent created the session's login on its node (roles'
+/// `create_host_user_mode`), with the groups and sudoers lines it gave it.
+pub const AGENT_EVENTS: &[&str] = &["host_user.create"];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionEnd {

@@ -75,6 +75,123 @@ pub struct RoleOptions {
     /// asks: keystrokes include passwords typed at prompts that do not echo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record_input: Option<bool>,
+    /// Whether an agent creates a login this role allows that does not exist on the node
+    /// (Teleport's host user creation). Off unless every role that allows the login there asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_host_user_mode: Option<HostUserMode>,
+}
+
+/// `create_host_user_mode`: `off`, `keep` (the created login stays after its sessions), or
+/// `insecure-drop` (removed, with its home, when its last session on the node ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostUserMode {
+    Off,
+    Keep,
+    InsecureDrop,
+}
+
+impl HostUserMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostUserMode::Off => "off",
+            HostUserMode::Keep => "keep",
+            HostUserMode::InsecureDrop => "insecure-drop",
+        }
+    }
+}
+
+/// A group name for `host_groups`, checked as `groupadd` would want it while the YAML is read
+/// (the agent checks again: it runs `groupadd` and `useradd -G` with it as root).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HostGroup(String);
+
+impl HostGroup {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// True for a user or group name every shadow-utils accepts: a letter or `_`, then letters,
+/// digits, `_`, `-` or `.`, at most 32 bytes. Never starts with `-` (no option injection).
+pub fn valid_host_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    s.len() <= 32
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+impl TryFrom<String> for HostGroup {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if valid_host_name(&s) {
+            Ok(HostGroup(s))
+        } else {
+            Err(format!(
+                "bad host group {s:?}: a group name starts with a letter or `_` and has only letters, digits, `_`, `-` and `.`, at most 32 characters"
+            ))
+        }
+    }
+}
+
+impl From<HostGroup> for String {
+    fn from(g: HostGroup) -> String {
+        g.0
+    }
+}
+
+/// One `host_sudoers` entry, what follows the login's name on its line in the node's sudoers
+/// drop-in (`ALL=(ALL) NOPASSWD: /usr/bin/true`). One line: a line break (or a trailing `\`,
+/// which continues the line) would let one entry write others. Its syntax is `visudo -c`'s to
+/// judge, on the node, before anything is installed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SudoersLine(String);
+
+impl SudoersLine {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for SudoersLine {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s.trim().is_empty() {
+            Err("empty host_sudoers entry: write what follows the login's name on its sudoers line, e.g. `ALL=(ALL) NOPASSWD: /usr/bin/true`".into())
+        } else if s.contains(['\n', '\r', '\0']) {
+            Err(format!(
+                "host_sudoers entry {s:?} has a line break: each entry is one sudoers line"
+            ))
+        } else if s.trim_end().ends_with('\\') {
+            Err(format!(
+                "host_sudoers entry {s:?} ends with `\\`, which would continue it on the next line"
+            ))
+        } else {
+            Ok(SudoersLine(s))
+        }
+    }
+}
+
+impl From<SudoersLine> for String {
+    fn from(l: SudoersLine) -> String {
+        l.0
+    }
+}
+
+/// What auth decided about creating a login on one node, for the agent (in the per-session
+/// certificate) and for the audit log. Only ever `keep` or `insecure-drop`: `off` is no grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostUser {
+    pub mode: HostUserMode,
+    #[serde(default)]
+    pub groups: Vec<HostGroup>,
+    #[serde(default)]
+    pub sudoers: Vec<SudoersLine>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -114,6 +231,13 @@ pub struct Conditions {
     /// Accepted so that roles written for moderated sessions load; not enforced yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub join_sessions: Vec<serde_json::Value>,
+    /// Groups a login created on a node joins (created there when missing). On the deny side:
+    /// groups no created login joins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_groups: Vec<HostGroup>,
+    /// Sudoers lines for a login created on a node. On the deny side: lines removed, `*` all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_sudoers: Vec<SudoersLine>,
 }
 
 /// A label value: one string or a list of alternatives.
@@ -763,6 +887,8 @@ struct CompiledConditions {
     kubernetes_labels: LabelSelector,
     kubernetes_resources: Vec<CompiledKubeResource>,
     rules: Vec<Rule>,
+    host_groups: Vec<HostGroup>,
+    host_sudoers: Vec<SudoersLine>,
 }
 
 #[derive(Debug, Clone)]
@@ -846,6 +972,8 @@ impl CompiledConditions {
             kubernetes_labels: selector(&c.kubernetes_labels, traits),
             kubernetes_resources,
             rules: c.rules.clone(),
+            host_groups: c.host_groups.clone(),
+            host_sudoers: c.host_sudoers.clone(),
         }
     }
 }
@@ -1024,6 +1152,55 @@ impl RoleSet {
         self.roles
             .iter()
             .any(|r| r.options.record_input == Some(true))
+    }
+
+    /// Whether and how an agent may create `login` on a node with these labels when the
+    /// login does not exist there, as Teleport decides it: every role that allows this login on
+    /// this node must ask for it (a role that does not say counts as `off`, so one `off` is
+    /// enough to refuse); `keep` wins over `insecure-drop`; the groups and sudoers lines are the
+    /// union of those roles' allow sides, less what any role's deny side names (`*` in deny
+    /// `host_sudoers` removes every line). `None` when the login is not allowed there at all.
+    pub fn host_user(&self, login: &str, labels: &BTreeMap<String, String>) -> Option<HostUser> {
+        if !self.check_node(login, labels).allowed {
+            return None;
+        }
+        let mut mode: Option<HostUserMode> = None;
+        let mut groups: Vec<HostGroup> = Vec::new();
+        let mut sudoers: Vec<SudoersLine> = Vec::new();
+        for &i in self.allow_by_login.get(login)? {
+            let r = &self.roles[i];
+            if !r.allow.node_labels.matches(labels) {
+                continue;
+            }
+            let m = r.options.create_host_user_mode.unwrap_or(HostUserMode::Off);
+            mode = Some(match (mode, m) {
+                (_, HostUserMode::Off) => return None,
+                (Some(HostUserMode::Keep), _) | (_, HostUserMode::Keep) => HostUserMode::Keep,
+                _ => HostUserMode::InsecureDrop,
+            });
+            for g in &r.allow.host_groups {
+                if !groups.contains(g) {
+                    groups.push(g.clone());
+                }
+            }
+            for l in &r.allow.host_sudoers {
+                if !sudoers.contains(l) {
+                    sudoers.push(l.clone());
+                }
+            }
+        }
+        for r in &self.roles {
+            groups.retain(|g| !r.deny.host_groups.contains(g));
+            if r.deny.host_sudoers.iter().any(|l| l.as_str() == "*") {
+                sudoers.clear();
+            }
+            sudoers.retain(|l| !r.deny.host_sudoers.contains(l));
+        }
+        Some(HostUser {
+            mode: mode?,
+            groups,
+            sudoers,
+        })
     }
 
     pub fn max_connections(&self) -> Option<u32> {

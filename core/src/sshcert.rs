@@ -11,6 +11,10 @@ pub const EXT_ROLES: &str = "sallyport-roles@sallyport";
 /// proxy saw it (`203.0.113.7:51234`), for the node's `SSH_CONNECTION`. An extension, not a
 /// critical option, so an agentless sshd ignores it; an agent trusts it because auth signed it.
 pub const EXT_CLIENT_ADDR: &str = "sallyport-client-addr@sallyport";
+/// Per-session certificates: auth's host user decision for the login on that node
+/// (`role::HostUser` as JSON), non-critical so sshd ignores it. The agent acts on it because
+/// auth signed it.
+pub const EXT_HOST_USER: &str = "sallyport-host-user@sallyport";
 /// A principal no login can ever equal (names cannot start with `-`): an SSH certificate with no
 /// principals means "any principal" to OpenSSH, so a user without logins gets this one instead.
 pub const NO_LOGIN_PREFIX: &str = "-sallyport-nologin-";
@@ -45,7 +49,7 @@ pub struct UserCertRequest<'a> {
 
 /// Issues a user certificate signed by `ca`.
 pub fn issue_user(ca: &PrivateKey, req: &UserCertRequest<'_>) -> Result<Certificate, SshCertError> {
-    issue(ca, req, None)
+    issue(ca, req, None, None)
 }
 
 /// Issues a per-session certificate (auth, for the proxy's connection to a node): a user
@@ -54,8 +58,15 @@ pub fn issue_session(
     ca: &PrivateKey,
     req: &UserCertRequest<'_>,
     client_addr: &str,
+    host_user: Option<&crate::role::HostUser>,
 ) -> Result<Certificate, SshCertError> {
-    issue(ca, req, Some(client_addr))
+    issue(ca, req, Some(client_addr), host_user)
+}
+
+/// The host user an agent may create for this session's login (`EXT_HOST_USER`), if auth
+/// granted one; a value that does not parse (or names a bad group) grants nothing.
+pub fn host_user(cert: &Certificate) -> Option<crate::role::HostUser> {
+    serde_json::from_str(cert.extensions().get(EXT_HOST_USER)?).ok()
 }
 
 /// The user's address a per-session certificate carries, if it carries a valid one.
@@ -67,6 +78,7 @@ fn issue(
     ca: &PrivateKey,
     req: &UserCertRequest<'_>,
     client_addr: Option<&str>,
+    host_user: Option<&crate::role::HostUser>,
 ) -> Result<Certificate, SshCertError> {
     let mut b = certificate::Builder::new_with_random_nonce(
         &mut rand::rng(),
@@ -98,6 +110,10 @@ fn issue(
     b.extension(EXT_ROLES, req.roles.join(","))?;
     if let Some(addr) = client_addr {
         b.extension(EXT_CLIENT_ADDR, addr)?;
+    }
+    if let Some(h) = host_user {
+        // Serializing a struct of strings cannot fail; an empty value would grant nothing.
+        b.extension(EXT_HOST_USER, serde_json::to_string(h).unwrap_or_default())?;
     }
     b.comment(req.user)?;
     Ok(b.sign(ca)?)
@@ -485,7 +501,7 @@ mod tests {
             permits: Permits::default(),
         };
         let cert =
-            issue_session(&ca, &req, "[2001:db8::7]:51234").unwrap_or_else(|e| panic!("{e}"));
+            issue_session(&ca, &req, "[2001:db8::7]:51234", None).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             client_addr(&cert).map(|a| a.to_string()).as_deref(),
             Some("[2001:db8::7]:51234")
@@ -493,8 +509,45 @@ mod tests {
         // Not a critical option: an agentless sshd would refuse a certificate with one it does
         // not know.
         assert!(cert.critical_options().is_empty());
+        assert_eq!(host_user(&cert), None);
         let login_cert = issue_user(&ca, &req).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(client_addr(&login_cert), None);
+    }
+
+    #[test]
+    fn a_session_certificate_carries_the_host_user_decision() {
+        use crate::role::{HostUser, HostUserMode};
+        let ca = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let user = generate_ed25519().unwrap_or_else(|e| panic!("{e}"));
+        let now = unix_after(Duration::ZERO);
+        let req = UserCertRequest {
+            public_key: user.public_key(),
+            user: "alice",
+            roles: &[],
+            logins: &["dev1".to_string()],
+            valid_after: now - 60,
+            valid_before: now + 60,
+            permits: Permits::default(),
+        };
+        let grant = HostUser {
+            mode: HostUserMode::InsecureDrop,
+            groups: vec![
+                "adm"
+                    .to_string()
+                    .try_into()
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ],
+            sudoers: vec![
+                "ALL=(ALL) NOPASSWD: /usr/bin/true"
+                    .to_string()
+                    .try_into()
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ],
+        };
+        let cert = issue_session(&ca, &req, "10.0.0.1:2222", Some(&grant))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(host_user(&cert), Some(grant));
+        assert!(cert.critical_options().is_empty());
     }
 
     #[test]

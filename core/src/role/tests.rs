@@ -626,3 +626,202 @@ mod properties {
         }
     }
 }
+
+/// Host user creation as Teleport combines it: every role allowing the login on the node must
+/// ask (unset is `off`), `keep` beats `insecure-drop`, groups and sudoers are the union of the
+/// allowing roles', deny sides remove.
+#[test]
+fn host_user_decisions() {
+    let host = |name: &str, mode: &str, logins: &str, labels: &str, extra: &str| {
+        role(&format!(
+            "kind: role\nversion: v1\nmetadata: {{name: {name}}}\nspec:\n  options: {{{mode}}}\n  allow:\n    logins: [{logins}]\n    node_labels: {{{labels}}}\n{extra}"
+        ))
+    };
+    let keep = host(
+        "keep",
+        "create_host_user_mode: keep",
+        "dev",
+        "env: dev",
+        "    host_groups: [adm, docker]\n    host_sudoers: ['ALL=(ALL) NOPASSWD: /usr/bin/true']\n",
+    );
+    let drop = host(
+        "drop",
+        "create_host_user_mode: insecure-drop",
+        "dev, tmp",
+        "'*': '*'",
+        "    host_groups: [docker, audio]\n    host_sudoers: ['ALL=(ALL) NOPASSWD: /usr/bin/true', 'ALL=(root) NOPASSWD: /usr/bin/id']\n",
+    );
+    let off = host("off", "create_host_user_mode: off", "dev", "'*': '*'", "");
+    let unset = host("unset", "", "dev", "'*': '*'", "");
+    let off_elsewhere = host(
+        "offprod",
+        "create_host_user_mode: off",
+        "dev",
+        "env: prod",
+        "",
+    );
+    let other_login = host("other", "create_host_user_mode: off", "ops", "'*': '*'", "");
+    let deny = role(
+        "kind: role\nversion: v1\nmetadata: {name: deny}\nspec:\n  deny:\n    host_groups: [audio]\n    host_sudoers: ['ALL=(root) NOPASSWD: /usr/bin/id']\n",
+    );
+    let deny_all_sudo = role(
+        "kind: role\nversion: v1\nmetadata: {name: nosudo}\nspec:\n  deny:\n    host_sudoers: ['*']\n",
+    );
+    let dev = labels(&[("env", "dev")]);
+    let prod = labels(&[("env", "prod")]);
+    let g = |v: &[&str]| -> Vec<String> { v.iter().map(|s| s.to_string()).collect() };
+    let true_only = "ALL=(ALL) NOPASSWD: /usr/bin/true";
+    let id_too = "ALL=(root) NOPASSWD: /usr/bin/id";
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(
+        &str,
+        Vec<&Role>,
+        &str,
+        &BTreeMap<String, String>,
+        Option<(HostUserMode, Vec<String>, Vec<String>)>,
+    )> = vec![
+        (
+            "one role keeps",
+            vec![&keep],
+            "dev",
+            &dev,
+            Some((HostUserMode::Keep, g(&["adm", "docker"]), g(&[true_only]))),
+        ),
+        ("not on its nodes", vec![&keep], "dev", &prod, None),
+        ("a login no role allows", vec![&keep], "tmp", &dev, None),
+        (
+            "drop alone",
+            vec![&drop],
+            "tmp",
+            &prod,
+            Some((
+                HostUserMode::InsecureDrop,
+                g(&["docker", "audio"]),
+                g(&[true_only, id_too]),
+            )),
+        ),
+        (
+            "keep beats drop, groups and lines unite",
+            vec![&drop, &keep],
+            "dev",
+            &dev,
+            Some((
+                HostUserMode::Keep,
+                g(&["docker", "audio", "adm"]),
+                g(&[true_only, id_too]),
+            )),
+        ),
+        (
+            "one explicit off refuses",
+            vec![&keep, &off],
+            "dev",
+            &dev,
+            None,
+        ),
+        (
+            "off first refuses too",
+            vec![&off, &keep],
+            "dev",
+            &dev,
+            None,
+        ),
+        (
+            "unset counts as off",
+            vec![&keep, &unset],
+            "dev",
+            &dev,
+            None,
+        ),
+        (
+            "off for other nodes does not count",
+            vec![&keep, &off_elsewhere],
+            "dev",
+            &dev,
+            Some((HostUserMode::Keep, g(&["adm", "docker"]), g(&[true_only]))),
+        ),
+        (
+            "off for another login does not count",
+            vec![&keep, &other_login],
+            "dev",
+            &dev,
+            Some((HostUserMode::Keep, g(&["adm", "docker"]), g(&[true_only]))),
+        ),
+        (
+            "deny removes a group and a line",
+            vec![&drop, &deny],
+            "tmp",
+            &dev,
+            Some((HostUserMode::InsecureDrop, g(&["docker"]), g(&[true_only]))),
+        ),
+        (
+            "deny * removes every line",
+            vec![&drop, &deny_all_sudo],
+            "tmp",
+            &dev,
+            Some((HostUserMode::InsecureDrop, g(&["docker", "audio"]), vec![])),
+        ),
+    ];
+    for (what, roles, login, node, want) in cases {
+        let roles: Vec<Role> = roles.into_iter().cloned().collect();
+        let got = RoleSet::new(&roles, &traits(&[]))
+            .host_user(login, node)
+            .map(|h| {
+                (
+                    h.mode,
+                    h.groups
+                        .iter()
+                        .map(|g| g.as_str().to_string())
+                        .collect::<Vec<_>>(),
+                    h.sudoers
+                        .iter()
+                        .map(|l| l.as_str().to_string())
+                        .collect::<Vec<_>>(),
+                )
+            });
+        assert_eq!(got, want, "{what}");
+    }
+}
+
+#[test]
+fn bad_host_user_options_are_refused_where_they_are_wrong() {
+    let cases = [
+        (
+            "spec:\n  options: {create_host_user_mode: drop}\n",
+            "unknown variant `drop`, expected one of off, keep, insecure-drop",
+            "line 6",
+        ),
+        (
+            "spec:\n  allow:\n    host_groups: [adm, '-G root']\n",
+            "bad host group \"-G root\": a group name starts with a letter or `_`",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    host_groups: ['wheel,root']\n",
+            "bad host group \"wheel,root\"",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    host_sudoers: [\"ALL=(ALL) ALL\\nroot ALL=(ALL) ALL\"]\n",
+            "has a line break: each entry is one sudoers line",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    host_sudoers: ['ALL=(ALL) \\']\n",
+            "which would continue it on the next line",
+            "line 7",
+        ),
+        (
+            "spec:\n  allow:\n    host_sudoers: ['  ']\n",
+            "empty host_sudoers entry",
+            "line 7",
+        ),
+    ];
+    for (spec, want, line) in cases {
+        let text = format!("kind: role\nversion: v1\nmetadata:\n  name: r\n{spec}");
+        let e = serde_saphyr::from_str::<Role>(&text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(want) && e.contains(line), "{spec}: {e}");
+    }
+}

@@ -178,6 +178,25 @@ fn copy_aborted(why: &str) -> (&'static str, serde_json::Value) {
     )
 }
 
+/// An agent's report of what it did for a session (`api::AGENT_EVENT_EXT`): only from an agent
+/// node (only the agent writes SSH messages there; an sshd never sends these) and only the
+/// events an agent may report.
+async fn agent_event(grant: &SessionGrant, events: &EventSink, data: &[u8]) {
+    if grant.node.kind != "agent" {
+        return;
+    }
+    match serde_json::from_slice::<sallyport_core::api::SessionEvent>(data) {
+        Ok(e) if sallyport_core::api::AGENT_EVENTS.contains(&e.event.as_str()) => {
+            events
+                .send(&e.event, serde_json::Value::Object(e.fields))
+                .await;
+        }
+        _ => {
+            tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event that is not one an agent may report")
+        }
+    }
+}
+
 async fn send_all(events: &EventSink, list: Vec<(&'static str, serde_json::Value)>) {
     for (name, fields) in list {
         events.send(name, fields).await;
@@ -1229,6 +1248,12 @@ async fn node_to_user(
                 if user.data(ch, data).await.is_err() {
                     break;
                 }
+            }
+            // The agent's own report (`host_user.create`): audited, never shown or recorded.
+            ChannelMsg::ExtendedData { data, ext }
+                if ext == sallyport_core::api::AGENT_EVENT_EXT =>
+            {
+                agent_event(&grant, &events, &data).await;
             }
             ChannelMsg::ExtendedData { data, ext } => {
                 bytes_out += data.len() as u64;
