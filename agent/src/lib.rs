@@ -7,6 +7,7 @@
 //! login, never as the agent's own user when that differs.
 
 pub mod forward;
+pub mod host_user;
 pub mod identity;
 pub mod join;
 pub mod passwd;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::forward;
 use sallyport_core::names::{MAX_ENV_VALUE, MAX_EXEC_COMMAND};
 
+use crate::host_user;
 use crate::passwd::{self, Login};
 use crate::{AgentError, AgentIdentity};
 
@@ -91,6 +92,7 @@ impl NodeServer {
             pending,
             client: None,
             local,
+            host_user: None,
         };
         if let Err(e) = sallyport_core::door::serve_ssh(
             self.config.clone(),
@@ -115,6 +117,8 @@ struct Chan {
     env_refused: Option<String>,
     input: Option<flow::Sender>,
     pid: Option<u32>,
+    /// Keeps a login created under `insecure-drop` while this session lasts (held, not read).
+    _host_user: Option<host_user::Lease>,
 }
 
 struct Conn {
@@ -134,6 +138,8 @@ struct Conn {
     client: Option<SocketAddr>,
     /// The node's end of the tunnel this connection came through.
     local: Option<SocketAddr>,
+    /// Auth's host user decision for this login on this node, from the session certificate.
+    host_user: Option<sallyport_core::role::HostUser>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -572,6 +578,7 @@ impl russh::server::Handler for Conn {
             Ok(user) => {
                 self.user = Some(user);
                 self.client = sallyport_core::sshcert::client_addr(cert);
+                self.host_user = sallyport_core::sshcert::host_user(cert);
                 let ext = cert.extensions();
                 self.permits = Permits {
                     port_forwarding: ext.contains_key("permit-port-forwarding"),
@@ -606,6 +613,25 @@ impl russh::server::Handler for Conn {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
+        // Host user creation (the roles' create_host_user_mode), just before the login must
+        // exist; a refusal (a sudoers line visudo rejects) says why.
+        let (created, lease) = match host_user::for_session(&self.login, &self.host_user).await {
+            Ok((created, lease, fresh)) => {
+                if fresh.is_some() {
+                    self.login = fresh;
+                }
+                (created, lease)
+            }
+            Err(why) => {
+                let name = self.login.as_ref().map_or("", |l| l.name.as_str());
+                let reason = format!("login {name} on node {} {why}", self.srv.nodename);
+                tracing::warn!(login = name, %reason, "session refused");
+                reply
+                    .reject(ChannelOpenFailure::Other { code: 1, reason })
+                    .await;
+                return Ok(());
+            }
+        };
         let Some(login) = &self.login else {
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)
@@ -632,8 +658,18 @@ impl russh::server::Handler for Conn {
                 .await;
             return Ok(());
         }
-        self.channels.insert(channel.id(), Chan::default());
+        self.channels.insert(
+            channel.id(),
+            Chan {
+                _host_user: lease,
+                ..Chan::default()
+            },
+        );
         reply.accept().await;
+        // The proxy audits what the agent did, not what it was allowed to do.
+        if let Some(c) = created {
+            host_user::report(&channel, &c).await;
+        }
         Ok(())
     }
 

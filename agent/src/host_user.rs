@@ -1,0 +1,475 @@
+//! Host users on demand (Teleport's host user creation): when auth's per-session certificate
+//! grants it (`role::HostUser`, from the roles' `create_host_user_mode`, `host_groups` and
+//! `host_sudoers`), a login that does not exist on this node is created as the session opens:
+//! home from `/etc/skel`, `/bin/bash`, the granted groups (created when missing), and a sudoers
+//! drop-in in `/etc/sudoers.d/` that `visudo -c` passed before it was installed. Under
+//! `insecure-drop` the login is removed (`userdel -r`, and its drop-in) when its last session on
+//! this node ends.
+//!
+//! Architecture invariant: this module never modifies or removes a login it did not create.
+//! Every login it creates is a member of `sallyport-managed`, and that membership is checked
+//! before any removal; a login that already exists is left exactly as it is (no groups, no
+//! sudoers), whatever the roles say. A sudoers drop-in is installed whole or not at all: written
+//! 0440 under a name sudo ignores (it has a `.`), checked with `visudo -c -f`, then renamed.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sallyport_core::role::{HostUser, HostUserMode, valid_host_name};
+
+use crate::passwd::Login;
+
+/// The group every login this agent created is in: its mark, checked before any removal.
+pub const MANAGED_GROUP: &str = "sallyport-managed";
+
+const SUDOERS_DIR: &str = "/etc/sudoers.d";
+
+/// Serializes creation and removal on this node: two sessions for one new login must not both
+/// run `useradd`, and a removal must not race a session that is just reusing the login.
+static ADMIN: Mutex<()> = Mutex::new(());
+
+/// Live sessions of each login this agent created under `insecure-drop`.
+static DROPS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+
+/// What was created, for the audit log (`host_user.create`).
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub login: String,
+    pub mode: HostUserMode,
+    pub groups: Vec<String>,
+    pub sudoers: Vec<String>,
+    pub sudoers_file: Option<String>,
+}
+
+impl Created {
+    /// The `host_user.create` session event the proxy passes on to auth.
+    pub fn event(&self) -> sallyport_core::api::SessionEvent {
+        let fields = serde_json::json!({
+            "login": self.login,
+            "mode": self.mode.as_str(),
+            "groups": self.groups,
+            "sudoers": self.sudoers,
+            "sudoers_file": self.sudoers_file,
+        });
+        sallyport_core::api::SessionEvent {
+            event: "host_user.create".into(),
+            fields: match fields {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            },
+        }
+    }
+}
+
+/// Held by each session of a login created under `insecure-drop`: the last one dropped
+/// removes the login.
+#[derive(Debug)]
+pub struct Lease {
+    login: String,
+}
+
+impl Lease {
+    fn take(login: &str) -> Lease {
+        if let Ok(mut d) = DROPS.lock() {
+            *d.get_or_insert_with(HashMap::new)
+                .entry(login.to_string())
+                .or_default() += 1;
+        }
+        Lease {
+            login: login.to_string(),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let last = DROPS.lock().ok().is_some_and(|mut d| {
+            let Some(map) = d.as_mut() else { return false };
+            let Some(n) = map.get_mut(&self.login) else {
+                return false;
+            };
+            *n = n.saturating_sub(1);
+            // The entry stays at 0 until `remove` decides, so that a session opening
+            // meanwhile takes a lease on it rather than lose its login.
+            *n == 0
+        });
+        if last {
+            let login = self.login.clone();
+            // userdel may wait on the password file's lock or on the session's last processes;
+            // never in a russh callback.
+            std::thread::spawn(move || remove(&login));
+        }
+    }
+}
+
+/// Makes sure `login` exists when `grant` allows creating it. Returns what was created (for
+/// the audit log) and, under `insecure-drop`, the session's lease. An existing login is never
+/// touched. Blocking: run it off the async threads. The error reads after "login X on node N ".
+pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<Lease>), String> {
+    let _one_at_a_time = ADMIN
+        .lock()
+        .map_err(|_| "could not be created: agent state lost")?;
+    if crate::passwd::lookup(login).is_some() {
+        // Another session of a login this agent created to drop keeps it alive; any other
+        // existing login is none of this module's business.
+        let ours = DROPS
+            .lock()
+            .ok()
+            .is_some_and(|d| d.as_ref().is_some_and(|m| m.contains_key(login)));
+        return Ok((None, ours.then(|| Lease::take(login))));
+    }
+    if grant.mode == HostUserMode::Off {
+        return Ok((None, None));
+    }
+    if !valid_host_name(login) {
+        return Err(format!(
+            "could not be created: {login:?} is not a valid user name on this node"
+        ));
+    }
+    let groups: Vec<String> = grant
+        .groups
+        .iter()
+        .map(|g| g.as_str().to_string())
+        .filter(|g| valid_host_name(g) && g != MANAGED_GROUP)
+        .collect();
+    let sudoers: Vec<String> = grant
+        .sudoers
+        .iter()
+        .map(|l| l.as_str().to_string())
+        .collect();
+    // The sudoers lines are checked before anything else is done: a refusal leaves the node
+    // as it was.
+    let staged = if sudoers.is_empty() {
+        None
+    } else {
+        Some(Staged::new(login, &sudoers)?)
+    };
+    ensure_group(MANAGED_GROUP, true)?;
+    for g in &groups {
+        ensure_group(g, false)?;
+    }
+    let mut member_of = vec![MANAGED_GROUP.to_string()];
+    member_of.extend(groups.iter().cloned());
+    admin(&[
+        "useradd",
+        "-m",
+        "-k",
+        "/etc/skel",
+        "-s",
+        "/bin/bash",
+        "-G",
+        &member_of.join(","),
+        "--",
+        login,
+    ])
+    .map_err(|e| format!("could not be created: {e}"))?;
+    let sudoers_file = match staged {
+        Some(s) => match s.install() {
+            Ok(path) => Some(path),
+            Err(e) => {
+                // Half a login (no sudo it was granted) would be a surprise later: none at all.
+                let _ = admin(&["userdel", "-r", "--", login]);
+                return Err(format!("could not be created: {e}"));
+            }
+        },
+        None => None,
+    };
+    tracing::info!(login, mode = grant.mode.as_str(), groups = %groups.join(","), "created a host user");
+    let lease = (grant.mode == HostUserMode::InsecureDrop).then(|| Lease::take(login));
+    Ok((
+        Some(Created {
+            login: login.to_string(),
+            mode: grant.mode,
+            groups,
+            sudoers,
+            sudoers_file,
+        }),
+        lease,
+    ))
+}
+
+/// At a session channel's open: creates the login when the certificate's grant allows it and
+/// the login does not exist. Returns what was created, the session's lease (`insecure-drop`),
+/// and the login as it now is when it was just created.
+pub async fn for_session(
+    login: &Option<Login>,
+    grant: &Option<HostUser>,
+) -> Result<(Option<Created>, Option<Lease>, Option<Login>), String> {
+    let (Some(login), Some(grant)) = (login, grant) else {
+        return Ok((None, None, None));
+    };
+    let (name, grant) = (login.name.clone(), grant.clone());
+    let (created, lease) = tokio::task::spawn_blocking(move || ensure(&name, &grant))
+        .await
+        .map_err(|e| format!("could not be created: {e}"))??;
+    let fresh = match &created {
+        Some(_) => Some(
+            crate::passwd::lookup(&login.name)
+                .ok_or("was created but cannot be found through the name service")?,
+        ),
+        None => None,
+    };
+    Ok((created, lease, fresh))
+}
+
+/// Tells the proxy, on the session channel, that the login was created (`host_user.create`).
+/// Through the channel itself, queued behind its confirmation (a write through the session
+/// before the accept is processed would name a channel the proxy does not know yet).
+pub async fn report(channel: &russh::Channel<russh::server::Msg>, created: &Created) {
+    match serde_json::to_vec(&created.event()) {
+        Ok(json) => {
+            if let Err(e) = channel
+                .extended_data_bytes(sallyport_core::api::AGENT_EVENT_EXT, json)
+                .await
+            {
+                tracing::warn!(login = %created.login, error = ?e, "host_user.create not reported");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(login = %created.login, error = %e, "host_user.create not reported")
+        }
+    }
+}
+
+/// Whether `login` carries this agent's mark.
+fn managed(login: &str) -> bool {
+    nix::unistd::Group::from_name(MANAGED_GROUP)
+        .ok()
+        .flatten()
+        .is_some_and(|g| g.mem.iter().any(|m| m == login))
+}
+
+/// Removes a login this agent created (its home and its sudoers drop-in with it). A login
+/// without the mark is left alone, whatever happened to it meanwhile.
+fn remove(login: &str) {
+    let Ok(_one_at_a_time) = ADMIN.lock() else {
+        return;
+    };
+    // A session that opened meanwhile took a new lease: it keeps the login.
+    {
+        let Ok(mut d) = DROPS.lock() else { return };
+        let map = d.get_or_insert_with(HashMap::new);
+        if map.get(login).is_some_and(|n| *n > 0) {
+            return;
+        }
+        map.remove(login);
+    }
+    let Some(user) = crate::passwd::lookup(login) else {
+        return;
+    };
+    if !managed(login) {
+        tracing::warn!(
+            login,
+            "not removing a login that is not in {MANAGED_GROUP}: this agent did not create it"
+        );
+        return;
+    }
+    // The session's process group got SIGHUP; what outlives it (nohup, a daemon) would keep
+    // userdel from removing the login, and a dropped login leaves nothing running.
+    let mut result = Err(String::new());
+    for attempt in 0..20 {
+        result = admin(&["userdel", "-r", "--", login]);
+        match &result {
+            Ok(()) => break,
+            Err(_) if attempt >= 2 => kill_processes_of(user.uid),
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    match result {
+        Ok(()) => {
+            let _ = std::fs::remove_file(sudoers_path(login));
+            tracing::info!(login, "removed a host user (insecure-drop)");
+        }
+        Err(e) => tracing::warn!(login, error = %e, "could not remove a host user"),
+    }
+}
+
+fn kill_processes_of(uid: u32) {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u32>().ok());
+        if real == Some(uid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Creates group `name` unless it exists.
+fn ensure_group(name: &str, system: bool) -> Result<(), String> {
+    if nix::unistd::Group::from_name(name).ok().flatten().is_some() {
+        return Ok(());
+    }
+    let mut args = vec!["groupadd"];
+    if system {
+        args.push("-r");
+    }
+    args.extend(["--", name]);
+    match admin(&args) {
+        Ok(()) => Ok(()),
+        // Made meanwhile by someone else: fine.
+        Err(_) if nix::unistd::Group::from_name(name).ok().flatten().is_some() => Ok(()),
+        Err(e) => Err(format!("could not be created: {e}")),
+    }
+}
+
+/// Runs a shadow-utils command, retrying while something else holds the password files' lock
+/// (exit 10) or the login is still in use (exit 8, userdel).
+fn admin(args: &[&str]) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..50 {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", args[0]))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        last = format!(
+            "{} failed: {}",
+            args[0],
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        if !matches!(out.status.code(), Some(10) | Some(8)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(last)
+}
+
+/// The drop-in for `login`: `sallyport-` and the name with every byte sudo would skip (`.`)
+/// or that could collide (`_`) written as `_XX`, so two logins never share one.
+fn sudoers_path(login: &str) -> PathBuf {
+    let mut name = String::from("sallyport-");
+    for b in login.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            name.push(b as char);
+        } else {
+            name.push_str(&format!("_{b:02x}"));
+        }
+    }
+    PathBuf::from(SUDOERS_DIR).join(name)
+}
+
+/// A sudoers drop-in written and checked, not yet installed.
+struct Staged {
+    tmp: PathBuf,
+    dest: PathBuf,
+}
+
+impl Staged {
+    fn new(login: &str, lines: &[String]) -> Result<Self, String> {
+        let dest = sudoers_path(login);
+        // sudo's includedir skips names with a `.`: the staged file is never read as sudoers.
+        let tmp = PathBuf::from(SUDOERS_DIR).join(format!(
+            ".{}.{}.tmp",
+            dest.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            std::process::id()
+        ));
+        let mut text = format!(
+            "# Created by sallyport for login {login} (create_host_user_mode); removed with it.\n"
+        );
+        for l in lines {
+            text.push_str(&format!("{login} {l}\n"));
+        }
+        let _ = std::fs::remove_file(&tmp);
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o440)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(text.as_bytes())?;
+                f.sync_all()
+            });
+        let staged = Staged { tmp, dest };
+        if let Err(e) = written {
+            return Err(format!(
+                "could not be created: cannot write its sudoers file in {SUDOERS_DIR}: {e}"
+            ));
+        }
+        let out = Command::new("visudo")
+            .args(["-c", "-f"])
+            .arg(&staged.tmp)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .map_err(|e| {
+                format!("could not be created: cannot run visudo to check its host_sudoers lines ({e}); install sudo on the node")
+            })?;
+        if !out.status.success() {
+            let said = String::from_utf8_lossy(&out.stderr).to_string()
+                + &String::from_utf8_lossy(&out.stdout);
+            let said = said
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ")
+                .replace(&staged.tmp.display().to_string(), "sudoers");
+            return Err(format!(
+                "could not be created: its host_sudoers lines fail `visudo -c` ({said}); nothing was installed, fix the role's host_sudoers"
+            ));
+        }
+        Ok(staged)
+    }
+
+    /// Moves the checked file into place (a rename: sudo sees all of it or none).
+    fn install(self) -> Result<String, String> {
+        std::fs::rename(&self.tmp, &self.dest)
+            .map_err(|e| format!("cannot install {}: {e}", self.dest.display()))?;
+        Ok(self.dest.display().to_string())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // Gone already once installed; otherwise nothing of it stays.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_login_gets_its_own_drop_in_that_sudo_reads() {
+        let cases = [
+            ("dev1", "/etc/sudoers.d/sallyport-dev1"),
+            ("a.b", "/etc/sudoers.d/sallyport-a_2eb"),
+            ("a_2eb", "/etc/sudoers.d/sallyport-a_5f2eb"),
+            ("x-y", "/etc/sudoers.d/sallyport-x-y"),
+        ];
+        for (login, want) in cases {
+            let p = sudoers_path(login);
+            assert_eq!(p.to_str(), Some(want), "{login}");
+            // sudo's includedir skips names with a `.` or ending in `~`.
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            assert!(!name.contains('.') && !name.ends_with('~'), "{name}");
+        }
+    }
+}
