@@ -825,3 +825,42 @@ fn bad_host_user_options_are_refused_where_they_are_wrong() {
         assert!(e.contains(want) && e.contains(line), "{spec}: {e}");
     }
 }
+
+#[test]
+fn the_shipped_host_users_role_means_what_its_comments_say() {
+    use crate::resource::{Resource, parse_all};
+    let roles: Vec<Role> = parse_all(
+        include_str!("../../../config/roles/host-users.yaml"),
+        "host-users.yaml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .filter_map(|r| match r {
+        Resource::Role(r) => Some(r),
+        _ => None,
+    })
+    .collect();
+    let set = RoleSet::new(&roles, &traits(&["jo"]));
+    let h = set
+        .host_user("jo", &labels(&[("env", "dev")]))
+        .unwrap_or_else(|| panic!("no host user on dev"));
+    assert_eq!(h.mode, HostUserMode::InsecureDrop);
+    assert_eq!(
+        h.groups.iter().map(HostGroup::as_str).collect::<Vec<_>>(),
+        ["adm", "docker"]
+    );
+    assert_eq!(
+        h.sudoers
+            .iter()
+            .map(SudoersLine::as_str)
+            .collect::<Vec<_>>(),
+        ["ALL=(root) NOPASSWD: /usr/bin/systemctl restart app"]
+    );
+    assert_eq!(set.host_user("jo", &labels(&[("env", "prod")])), None);
+    assert_eq!(set.host_user("root", &labels(&[("env", "dev")])), None);
+    // With the preset `access` role allowing the same login everywhere, and not asking: off.
+    let mut with_access = roles.clone();
+    with_access.extend(presets().into_iter().filter(|r| r.name() == "access"));
+    let set = RoleSet::new(&with_access, &traits(&["jo"]));
+    assert_eq!(set.host_user("jo", &labels(&[("env", "dev")])), None);
+}
