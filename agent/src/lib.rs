@@ -6,13 +6,18 @@
 //! join, checks them itself (CA, type, principal, validity), and runs every session as the
 //! login, never as the agent's own user when that differs.
 
+pub mod becomes;
 pub mod forward;
 pub mod host_user;
 pub mod identity;
 pub mod join;
+pub mod motd;
+pub mod pam;
 pub mod passwd;
+pub mod session_exec;
 pub mod ssh;
 pub mod tunnel;
+pub mod utmp;
 
 pub use identity::AgentIdentity;
 

@@ -3,7 +3,6 @@
 //! or exec, env (allow-listed), window changes, signals, exit status and exit signal, as sshd.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
@@ -21,9 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::forward;
 use sallyport_core::names::{MAX_ENV_VALUE, MAX_EXEC_COMMAND};
 
+use crate::becomes::Becomes;
 use crate::host_user;
 use crate::passwd::{self, Login};
+use crate::session_exec::{self, PamExec};
 use crate::{AgentError, AgentIdentity};
+use crate::{motd, utmp};
 
 /// Environment variables a client may set (everything else is ignored, as sshd's AcceptEnv
 /// would): never LD_PRELOAD, BASH_ENV or PATH.
@@ -39,6 +41,8 @@ pub struct NodeServer {
     config: Arc<russh::server::Config>,
     user_cas: Vec<PublicKey>,
     nodename: String,
+    /// Sessions run through PAM (`ssh_service.pam`) in `sallyport session-exec`.
+    pam: Option<PamExec>,
 }
 
 impl NodeServer {
@@ -68,7 +72,14 @@ impl NodeServer {
             config: Arc::new(config),
             user_cas,
             nodename: id.nodename.clone(),
+            pam: None,
         })
+    }
+
+    /// Runs every session through PAM's account and session stacks (see `session_exec`).
+    pub fn with_pam(mut self, pam: Option<PamExec>) -> Self {
+        self.pam = pam;
+        self
     }
 
     /// Serves one SSH connection on `stream` until it ends; `local` is the node's end of the
@@ -257,6 +268,26 @@ impl Conn {
         env
     }
 
+    /// What `sallyport session-exec` needs to run this session through PAM.
+    fn exec_spec(
+        &self,
+        pam: &PamExec,
+        login: &Login,
+        command: Option<String>,
+        env: Vec<(String, String)>,
+        tty: Option<&str>,
+    ) -> session_exec::Spec {
+        session_exec::Spec {
+            service: pam.service.clone(),
+            nodename: self.srv.nodename.clone(),
+            login: login.name.clone(),
+            command,
+            env,
+            tty: tty.map(str::to_string),
+            rhost: self.client.map(|c| c.ip().to_canonical().to_string()),
+        }
+    }
+
     /// Starts the shell (`command` None) or `sh -c command`, and the tasks that relay it.
     fn start(
         &mut self,
@@ -283,57 +314,81 @@ impl Conn {
                 .display()
                 .to_string();
             let env = self.environment(&login, chan, Some(&tty));
-            // pty_process makes the shell a session leader with the pty as its controlling
-            // terminal (setsid, TIOCSCTTY) before this runs.
-            let becomes = Becomes::new(&login, false)?;
             let _ = pty.resize(pty_process::Size::new(
                 // 0x0 (a client without a terminal of its own) stays 0x0, "size unknown", as
                 // with sshd.
                 rows.min(1000) as u16,
                 cols.min(1000) as u16,
             ));
-            let mut cmd = pty_process::Command::new(&login.shell);
-            cmd = match &command {
-                Some(c) => cmd.arg("-c").arg(c),
-                None => cmd.arg0(format!("-{shell_name}")),
+            // The motd, as sshd prints it (with PAM, pam_motd's text is shown instead).
+            let motd = (self.srv.pam.is_none() && motd::shown(&login, true, command.as_deref()))
+                .then(motd::motd)
+                .flatten();
+            let child = if let Some(pam) = &self.srv.pam {
+                let spec = self.exec_spec(pam, &login, command.clone(), env, Some(&tty));
+                let io = || {
+                    use std::os::fd::AsFd;
+                    pts.as_fd()
+                        .try_clone_to_owned()
+                        .map(Stdio::from)
+                        .map_err(|e| format!("cannot start a PAM session: {e}"))
+                };
+                session_exec::spawn(pam, &spec, io()?, io()?, io()?)?
+            } else {
+                // pty_process makes the shell a session leader with the pty as its controlling
+                // terminal (setsid, TIOCSCTTY) before this runs.
+                let becomes = Becomes::new(&login, false)?;
+                let mut cmd = pty_process::Command::new(&login.shell);
+                cmd = match &command {
+                    Some(c) => cmd.arg("-c").arg(c),
+                    None => cmd.arg0(format!("-{shell_name}")),
+                };
+                // SAFETY: `Becomes::apply` makes only async-signal-safe calls on data prepared
+                // before the fork (see there).
+                #[allow(unsafe_code)]
+                let cmd = unsafe { cmd.pre_exec(move || becomes.apply()) };
+                cmd.env_clear()
+                    .envs(env)
+                    .spawn(pts)
+                    .map_err(|e| format!("cannot start {}: {e}", login.shell))?
             };
-            // SAFETY: `Becomes::apply` makes only async-signal-safe calls on data prepared
-            // before the fork (see there).
-            #[allow(unsafe_code)]
-            let cmd = unsafe { cmd.pre_exec(move || becomes.apply()) };
-            let child = cmd
-                .env_clear()
-                .envs(env)
-                .spawn(pts)
-                .map_err(|e| format!("cannot start {}: {e}", login.shell))?;
             let pid = child.id();
+            // A login the system sees (who, w, last, lastlog) while the pty session runs.
+            let record = pid.map(|pid| {
+                utmp::login(&tty, pid, &login.name, self.client.map(|c| c.ip()));
+                (tty, pid)
+            });
             let (reader, writer) = pty.into_split();
             tokio::spawn(pty_input(rx, writer));
-            tokio::spawn(relay_pty(handle, ch, reader, child));
+            tokio::spawn(relay_pty(handle, ch, reader, child, motd, record));
             pid
         } else {
             let env = self.environment(&login, chan, None);
             // sshd makes a command without a terminal a session (and process group) leader
             // too, so a signal or hang-up reaches everything it started.
-            let becomes = Becomes::new(&login, true)?;
-            let mut cmd = tokio::process::Command::new(&login.shell);
-            if let Some(c) = &command {
-                cmd.arg("-c").arg(c);
-            }
-            // SAFETY: as above.
-            #[allow(unsafe_code)]
-            unsafe {
-                cmd.pre_exec(move || becomes.apply());
-            }
-            cmd.env_clear()
-                .envs(env)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true);
-            let mut child = cmd
-                .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", login.shell))?;
+            let mut child = if let Some(pam) = &self.srv.pam {
+                let spec = self.exec_spec(pam, &login, command.clone(), env, None);
+                session_exec::spawn(pam, &spec, Stdio::piped(), Stdio::piped(), Stdio::piped())?
+            } else {
+                let becomes = Becomes::new(&login, true)?;
+                let mut cmd = tokio::process::Command::new(&login.shell);
+                if let Some(c) = &command {
+                    cmd.arg("-c").arg(c);
+                }
+                // SAFETY: as above.
+                #[allow(unsafe_code)]
+                unsafe {
+                    cmd.pre_exec(move || becomes.apply());
+                }
+                cmd.env_clear()
+                    .envs(env)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .kill_on_drop(true);
+                cmd.spawn()
+                    .map_err(|e| format!("cannot start {}: {e}", login.shell))?
+            };
             let pid = child.id();
             let stdin = child.stdin.take();
             let stdout = child.stdout.take();
@@ -347,96 +402,6 @@ impl Conn {
             c.pid = pid;
         }
         Ok(())
-    }
-}
-
-/// Who a session's process becomes, prepared before the fork: between fork and exec, the
-/// child of a threaded process may only make async-signal-safe calls, so nothing there reads
-/// `/etc/group` (which `initgroups` would) or allocates.
-struct Becomes {
-    new_session: bool,
-    /// False only for an agent that is not root running a session as its own user (a
-    /// developer's agent): it keeps its groups, as it could not set them.
-    switch: bool,
-    groups: Vec<nix::unistd::Gid>,
-    gid: nix::unistd::Gid,
-    uid: nix::unistd::Uid,
-    home: CString,
-    no_home: Vec<u8>,
-}
-
-impl Becomes {
-    fn new(login: &Login, new_session: bool) -> Result<Self, String> {
-        let home = CString::new(login.home.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("login {} has a NUL in its home directory", login.name))?;
-        let me = nix::unistd::geteuid();
-        Ok(Becomes {
-            new_session,
-            switch: me.is_root() || me.as_raw() != login.uid,
-            groups: passwd::groups(login)?,
-            gid: nix::unistd::Gid::from_raw(login.gid),
-            uid: nix::unistd::Uid::from_raw(login.uid),
-            home,
-            no_home: format!(
-                "Could not chdir to home directory {}\n",
-                login.home.display()
-            )
-            .into_bytes(),
-        })
-    }
-
-    /// In the child, in sshd's order: a new session, all the login's groups (what
-    /// `initgroups` sets), its gid, its uid; then the home directory entered as the login (so
-    /// a home only it may enter works, as with sshd), and every descriptor above stderr closed
-    /// at exec. Any failure stops the exec: the session never runs as anyone else.
-    fn apply(&self) -> std::io::Result<()> {
-        if self.new_session {
-            nix::unistd::setsid()?;
-        }
-        if self.switch {
-            nix::unistd::setgroups(&self.groups)?;
-            nix::unistd::setgid(self.gid)?;
-            nix::unistd::setuid(self.uid)?;
-        }
-        if nix::unistd::chdir(self.home.as_c_str()).is_err() {
-            let _ = nix::unistd::write(std::io::stderr(), &self.no_home);
-            nix::unistd::chdir(c"/")?;
-        }
-        cloexec_above_stderr();
-        Ok(())
-    }
-}
-
-/// Marks every descriptor above 2 close-on-exec, so none of the agent's (another session's pty
-/// opened while this one forked, a tunnel socket) reaches the login's shell. Marked rather
-/// than closed: std reports a failed exec through a descriptor of its own.
-#[allow(unsafe_code)]
-fn cloexec_above_stderr() {
-    use nix::libc;
-    // SAFETY: close_range(2) and fcntl(2) only change this process's descriptor flags; no
-    // memory is passed. Both are async-signal-safe.
-    unsafe {
-        if libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        ) != 0
-        {
-            // Kernels before 5.11 have no close_range.
-            let mut lim = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-                lim.rlim_cur.min(65_536) as libc::c_int
-            } else {
-                1024
-            };
-            for fd in 3..max {
-                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-            }
-        }
     }
 }
 
@@ -549,10 +514,26 @@ async fn relay_pty(
     ch: ChannelId,
     reader: pty_process::OwnedReadPty,
     mut child: tokio::process::Child,
+    motd: Option<Vec<u8>>,
+    record: Option<(String, u32)>,
 ) {
+    if let Some(m) = motd {
+        // Sent as the pty would show it: newlines become CR LF.
+        let mut text = Vec::with_capacity(m.len() + m.len() / 32);
+        for (i, b) in m.iter().enumerate() {
+            if *b == b'\n' && (i == 0 || m[i - 1] != b'\r') {
+                text.push(b'\r');
+            }
+            text.push(*b);
+        }
+        let _ = handle.data(ch, Bytes::from(text)).await;
+    }
     // Reading the pty ends with EIO once the last process holding it exits.
     pump(reader, &handle, ch, None).await;
     let status = child.wait().await;
+    if let Some((tty, pid)) = record {
+        let _ = tokio::task::spawn_blocking(move || utmp::logout(&tty, pid)).await;
+    }
     finish(&handle, ch, status).await;
 }
 

@@ -399,6 +399,8 @@ pub struct SshService {
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub commands: Vec<LabelCommand>,
+    #[serde(default)]
+    pub pam: Pam,
 }
 
 impl Default for SshService {
@@ -407,7 +409,39 @@ impl Default for SshService {
             enabled: true,
             labels: BTreeMap::new(),
             commands: vec![],
+            pam: Pam::default(),
         }
+    }
+}
+
+/// `ssh_service.pam`, as Teleport names it: sessions run PAM's account and session stacks of
+/// `/etc/pam.d/<service_name>` (never its authentication: the certificate proved who it is).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pam {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default = "default_pam_service")]
+    pub service_name: String,
+}
+
+impl Default for Pam {
+    fn default() -> Self {
+        Pam {
+            enabled: false,
+            service_name: default_pam_service(),
+        }
+    }
+}
+
+fn default_pam_service() -> String {
+    "sallyport".into()
+}
+
+impl Pam {
+    /// The service sessions run through, when PAM is enabled.
+    pub fn service(&self) -> Option<&str> {
+        self.enabled.then_some(self.service_name.as_str())
     }
 }
 
@@ -472,6 +506,17 @@ impl Config {
         }
         if p.max_recording_size.0 < 4096 {
             return Err("proxy_service.max_recording_size: at least 4KiB".into());
+        }
+        let service = &cfg.ssh_service.pam.service_name;
+        if service.is_empty()
+            || service.starts_with('.')
+            || !service
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(format!(
+                "ssh_service.pam.service_name: {service:?} is not a file name in /etc/pam.d"
+            ));
         }
         Ok(cfg)
     }
@@ -549,6 +594,13 @@ ssh_service:
   labels: {env: dev}
   # commands:             # dynamic labels, refreshed every period
   #   - {name: arch, command: [uname, -m], period: 1h}
+  # PAM's account and session stacks for every session (pam_limits, pam_env, pam_systemd,
+  # pam_motd, pam_mkhomedir), never its authentication; needs /etc/pam.d/<service_name>
+  # (an example is config/pam.d/sallyport). An account refusal ends the session with PAM's
+  # message. Off by default; libpam is loaded only when enabled.
+  # pam:
+  #   enabled: true
+  #   service_name: sallyport
 "#;
 
 #[cfg(test)]
@@ -564,6 +616,44 @@ mod tests {
             c.ssh_service.labels.get("env").map(String::as_str),
             Some("dev")
         );
+    }
+
+    #[test]
+    fn pam_is_off_by_default_and_its_service_is_a_file_name() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ssh_service.pam.service(), None);
+        let on = Config::parse("version: v1\nssh_service:\n  pam: {enabled: true}\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(on.ssh_service.pam.service(), Some("sallyport"));
+        let named = Config::parse(
+            "version: v1\nssh_service:\n  pam: {enabled: true, service_name: sshd}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(named.ssh_service.pam.service(), Some("sshd"));
+        // The commented example in `sallyport configure`, uncommented, is valid.
+        let example = DEFAULT_CONFIG
+            .replace("  # pam:\n", "  pam:\n")
+            .replace("  #   enabled: true\n", "    enabled: true\n")
+            .replace(
+                "  #   service_name: sallyport\n",
+                "    service_name: sallyport\n",
+            );
+        let c = Config::parse(&example).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ssh_service.pam.service(), Some("sallyport"));
+        for bad in ["../shadow", "", ".hidden", "a b"] {
+            let e = Config::parse(&format!(
+                "version: v1\nssh_service:\n  pam: {{enabled: true, service_name: \"{bad}\"}}\n"
+            ))
+            .err()
+            .unwrap_or_default();
+            assert!(e.contains("ssh_service.pam.service_name"), "{bad}: {e}");
+        }
+        let e = Config::parse(
+            "version: v1\nssh_service:\n  pam: {enabled: true, use_pam_auth: true}\n",
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("use_pam_auth"), "{e}");
     }
 
     #[test]

@@ -55,12 +55,20 @@ enum Command {
     },
     /// Print a complete, commented default configuration.
     Configure,
+    /// Internal: a node session run through PAM, started by the agent (never by people).
+    #[command(hide = true, name = "session-exec")]
+    SessionExec {
+        /// The inherited pipe the agent writes the session to.
+        #[arg(long)]
+        spec_fd: i32,
+    },
 }
 
 fn main() -> ExitCode {
     sallyport_core::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
+        Command::SessionExec { spec_fd } => sallyport_agent::session_exec::main(spec_fd),
         Command::Configure => {
             use std::io::Write;
             // A closed pipe (`sallyport configure | head`) is the reader's choice, not an error.

@@ -64,6 +64,13 @@ pub async fn run(
         cfg.sallyport.nodename = flags.nodename.clone();
     }
     init_logging(&cfg);
+    // PAM that cannot work here stops the start with the reason, before any service runs.
+    if cfg.ssh_service.enabled
+        && let Some(service) = cfg.ssh_service.pam.service()
+    {
+        sallyport_agent::pam::check(service)
+            .map_err(|e| anyhow::anyhow!("ssh_service.pam: {e}"))?;
+    }
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
     if !cfg.auth_service.enabled && !cfg.proxy_service.enabled && cfg.ssh_service.enabled {
@@ -497,6 +504,15 @@ async fn agent_main(
     quiet: bool,
 ) -> Result<()> {
     let dir = &cfg.sallyport.data_dir;
+    // PAM that cannot work here stops the agent at once, with the reason, rather than every
+    // session later.
+    let pam = match cfg.ssh_service.pam.service() {
+        Some(service) => Some(
+            sallyport_agent::session_exec::PamExec::new(service)
+                .map_err(|e| anyhow::anyhow!("ssh_service.pam: {e}"))?,
+        ),
+        None => None,
+    };
     let identity = match sallyport_agent::AgentIdentity::load(dir)? {
         Some(id) => id,
         None => {
@@ -536,7 +552,7 @@ async fn agent_main(
             c.period.0,
         );
     }
-    let server = Arc::new(sallyport_agent::ssh::NodeServer::new(&identity)?);
+    let server = Arc::new(sallyport_agent::ssh::NodeServer::new(&identity)?.with_pam(pam));
     let identity = Arc::new(identity);
     tokio::select! {
         _ = sallyport_agent::tunnel::run(identity, labels, server) => Ok(()),

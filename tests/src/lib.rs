@@ -109,6 +109,8 @@ pub struct Options {
     pub proxy_service: Vec<String>,
     /// More `auth_service` keys, the same way (`audit: {checkpoint_every: 1}`).
     pub auth_service: Vec<String>,
+    /// More `ssh_service` keys (the local agent's), the same way (`pam: {enabled: true}`).
+    pub ssh_service: Vec<String>,
 }
 
 impl Default for Options {
@@ -120,6 +122,7 @@ impl Default for Options {
             cluster_name: "test".into(),
             proxy_service: vec![],
             auth_service: vec![],
+            ssh_service: vec![],
         }
     }
 }
@@ -172,8 +175,10 @@ auth_service:
   ssh_listen_addr: 127.0.0.1:{ssh}
   tunnel_listen_addr: 127.0.0.1:{tunnel}
   kube_listen_addr: 127.0.0.1:{kube}
-{proxy_extra}ssh_service: {{enabled: true, labels: {{env: dev}}}}
-",
+{proxy_extra}ssh_service:
+  enabled: true
+  labels: {{env: dev}}
+{ssh_extra}",
                 auth_extra = o
                     .auth_service
                     .iter()
@@ -181,6 +186,11 @@ auth_service:
                     .collect::<String>(),
                 proxy_extra = o
                     .proxy_service
+                    .iter()
+                    .map(|l| format!("  {l}\n"))
+                    .collect::<String>(),
+                ssh_extra = o
+                    .ssh_service
                     .iter()
                     .map(|l| format!("  {l}\n"))
                     .collect::<String>(),
