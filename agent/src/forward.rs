@@ -162,8 +162,9 @@ fn unprivileged_port_start() -> u16 {
 }
 
 /// What the kernel would decide for a process running as `uid` without extra capabilities: a
-/// port below `start` needs root. (The workspace forbids `unsafe`, so the agent cannot bind as
-/// the login on a thread of its own; checking the same rule here is the same decision. A login
+/// port below `start` needs root. (The listener is the agent's own socket: the agent is
+/// multi-threaded and cannot switch one thread to the login, so it applies the kernel's rule
+/// for the login instead of binding as it; `unsafe` stays confined to the session spawn. A login
 /// given `CAP_NET_BIND_SERVICE` through its programs' file capabilities does not get it here,
 /// which errs on the refusing side.) Port 0 asks for any free port, which is never privileged.
 pub fn login_may_bind(uid: u32, port: u16, start: u16) -> Result<(), String> {

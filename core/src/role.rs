@@ -531,10 +531,11 @@ impl Role {
             ));
         }
         // The evaluator denies a login by exact name, or every login for `*`; a pattern such as
-        // `ro*` would be stored and deny nothing, so it is refused here rather than mislead.
+        // `ro*` (or a shell glob, `ro?t`, `r[o]ot`) would be stored and deny nothing, so it is
+        // refused here rather than mislead.
         if let Some(l) = self.spec.deny.logins.iter().find(|l| {
             let l = l.as_str();
-            !l.contains("{{") && l != "*" && l.contains(['*', '^'])
+            !l.contains("{{") && l != "*" && l.contains(['*', '^', '?', '['])
         }) {
             return Err(err(
                 "spec.deny.logins",
