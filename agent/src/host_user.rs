@@ -155,7 +155,7 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
     }
     let mut member_of = vec![MANAGED_GROUP.to_string()];
     member_of.extend(groups.iter().cloned());
-    admin(&[
+    if let Err(e) = admin(&[
         "useradd",
         "-m",
         "-k",
@@ -166,8 +166,13 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
         &member_of.join(","),
         "--",
         login,
-    ])
-    .map_err(|e| format!("could not be created: {e}"))?;
+    ]) {
+        // Made meanwhile by something other than this agent: it is not ours to report or drop.
+        if crate::passwd::lookup(login).is_some() {
+            return Ok((None, None));
+        }
+        return Err(format!("could not be created: {e}"));
+    }
     let sudoers_file = match staged {
         Some(s) => match s.install() {
             Ok(path) => Some(path),
@@ -380,6 +385,11 @@ struct Staged {
 
 impl Staged {
     fn new(login: &str, lines: &[String]) -> Result<Self, String> {
+        if !std::path::Path::new(SUDOERS_DIR).is_dir() {
+            return Err(format!(
+                "could not be created: its roles grant host_sudoers but this node has no {SUDOERS_DIR} (install sudo on the node)"
+            ));
+        }
         let dest = sudoers_path(login);
         // sudo's includedir skips names with a `.`: the staged file is never read as sudoers.
         let tmp = PathBuf::from(SUDOERS_DIR).join(format!(

@@ -217,9 +217,21 @@ fn insecure_drop_removes_the_login_when_its_last_session_ends() {
         host_user_events(&c)
     );
 
-    // A second session gets a fresh login, removed after it too.
+    // A second session gets a fresh login. While it runs, a third one comes and goes: the
+    // login stays until the last of them ends.
+    let mut long = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-J", "proxy", &target, "id -un; sleep 4"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || exists(&login.name)));
     let out = c.ssh(&cfg, &[&target, "id -un"], "").ok().stdout;
     assert_eq!(out.trim(), login.name);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(exists(&login.name), "removed while a session still ran");
+    assert!(long.wait().unwrap().success());
     assert!(eventually(Duration::from_secs(10), || !exists(&login.name)));
 }
 
