@@ -54,11 +54,14 @@ impl Becomes {
         self
     }
 
-    /// In the child, in sshd's order: a new session, all the login's groups (what
+    /// In the child, in sshd's order: no signal blocked, a new session, all the login's groups (what
     /// `initgroups` sets), its gid, its uid; then the home directory entered as the login (so
     /// a home only it may enter works, as with sshd), and every descriptor above stderr closed
     /// at exec. Any failure stops the exec: the session never runs as anyone else.
     pub fn apply(&self) -> std::io::Result<()> {
+        // No signal blocked: session-exec blocks the ones it passes on, and a mask is
+        // inherited through exec (a shell with SIGHUP blocked would outlive its hang-up).
+        nix::sys::signal::SigSet::empty().thread_set_mask()?;
         if self.new_session {
             nix::unistd::setsid()?;
         }

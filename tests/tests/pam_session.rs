@@ -431,3 +431,92 @@ fn a_pty_session_is_in_utmp_while_it_runs_then_in_wtmp_and_lastlog() {
         assert!(rec.contains(&line) && rec.contains("127.0.0.1"), "{ll}");
     }
 }
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn through_pam_a_session_is_the_same_process_tree_without_pam() {
+    let login = HostLogin::new("tree");
+    let service =
+        PamService::new("account required pam_permit.so\nsession required pam_permit.so\n");
+    let c = with_pam(&service);
+    let home = c.user("alice", "access", &login.name);
+    let cfg = c.ssh_config(&home, "alice");
+    let target = format!("{}@local1", login.name);
+    for tty in [false, true] {
+        let with = |cmd: &str| {
+            let mut args = vec![target.as_str(), cmd];
+            if tty {
+                args.insert(0, "-tt");
+            }
+            c.ssh(&cfg, &args, "").ok().stdout
+        };
+        // Nothing of the agent's or session-exec's descriptors (3: ls's own directory).
+        let out = with("ls /proc/self/fd");
+        let fds: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(fds, ["0", "1", "2", "3"], "tty {tty}: {out}");
+        // Its own session, the pty as its controlling terminal.
+        let out = with("echo $$; ps -o sid=,pgid=,tty= -p $$");
+        let words: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(words.len(), 4, "{out}");
+        assert_eq!((words[1], words[2]), (words[0], words[0]), "{out}");
+        if tty {
+            assert!(words[3].starts_with("pts/"), "{out}");
+        } else {
+            assert_eq!(words[3], "?", "{out}");
+        }
+        // sshd's environment still.
+        let out = with("echo $SSH_CONNECTION; echo tty=$SSH_TTY");
+        let mut lines = out.lines();
+        let conn = lines.next().unwrap_or_default();
+        assert_eq!(conn.split_whitespace().count(), 4, "{out}");
+        assert!(conn.starts_with("127.0.0.1 "), "{out}");
+        assert_eq!(
+            lines
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .starts_with("tty=/dev/pts/"),
+            tty,
+            "{out}"
+        );
+        // A dropped connection hangs up everything the session started.
+        let mut cmd = Command::new("ssh");
+        cmd.arg("-F").arg(&cfg).args(["-J", "proxy"]);
+        if tty {
+            cmd.arg("-tt");
+        }
+        let mut ssh = cmd
+            .args([&target, "sleep 300 & echo $!; wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(ssh.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let pid = line.trim().to_string();
+        assert!(pid.parse::<u32>().is_ok(), "{line:?}");
+        ssh.kill().unwrap();
+        let _ = ssh.wait();
+        assert!(
+            eventually(Duration::from_secs(10), || gone(&pid)),
+            "the background sleep {pid} outlived its connection (tty: {tty})"
+        );
+    }
+    // A shell killed by a signal is reported as such (through session-exec).
+    let r = c.ssh(&cfg, &[&target, "kill -TERM $$"], "");
+    assert_eq!(r.code, 255, "{}", r.stderr);
+}
