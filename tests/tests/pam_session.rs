@@ -520,3 +520,60 @@ fn through_pam_a_session_is_the_same_process_tree_without_pam() {
     let r = c.ssh(&cfg, &[&target, "kill -TERM $$"], "");
     assert_eq!(r.code, 255, "{}", r.stderr);
 }
+
+/// Kills a process when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_agent_on_its_own_reads_pam_from_its_config_file() {
+    let login = HostLogin::new("agt");
+    let dir = tempfile::tempdir().unwrap();
+    let envfile = dir.path().join("environment");
+    let marker = unique("standalone-");
+    std::fs::write(&envfile, format!("PAMTEST_VAR={marker}\n")).unwrap();
+    let service = PamService::new(&format!(
+        "account required pam_permit.so\nsession required pam_env.so envfile={}\n",
+        envfile.display()
+    ));
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: v1\nssh_service:\n  pam:\n    enabled: true\n    service_name: {}\n",
+            service.name
+        ),
+    )
+    .unwrap();
+    let c = Cluster::start();
+    let token = c.join_token();
+    let _agent = Killed(
+        c.agent_command(
+            "pamnode",
+            "",
+            Some(&token),
+            &c.dir.path().join("agent-pamnode"),
+        )
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    c.wait_online("pamnode");
+    let home = c.user("alice", "access", &login.name);
+    let cfg = c.ssh_config(&home, "alice");
+    let target = format!("{}@pamnode", login.name);
+    let out = c
+        .ssh(&cfg, &[&target, "echo var=$PAMTEST_VAR"], "")
+        .ok()
+        .stdout;
+    assert_eq!(out.trim(), format!("var={marker}"));
+}
