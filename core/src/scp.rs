@@ -45,15 +45,16 @@ struct Word {
     text: String,
     /// An unquoted `*`, `?` or `[`: the shell may turn the word into other words.
     glob: bool,
-    /// The first character came from an unquoted glob.
-    glob_first: bool,
+    /// The first character is an unquoted `~` (the shell's tilde expansion).
+    tilde: bool,
 }
 
 /// The words of `command` as any POSIX-like login shell (sh, bash, dash, zsh, fish) runs it,
 /// or `None` unless the shell would run exactly one program with literal arguments: any
 /// unquoted `; | & $ \` ( ) < > { } ! #`, a `$` or `` ` `` or `\` or `!` inside double quotes,
 /// a `\` inside single quotes (shells disagree on it), a line break or another control
-/// character, or an unclosed quote, and the answer is `None`.
+/// character, an unquoted `~` after `=` or `:` (bash expands some of those, other shells do
+/// not), or an unclosed quote, and the answer is `None`.
 fn shell_words(command: &str) -> Option<Vec<Word>> {
     let mut words = Vec::new();
     let mut cur: Option<Word> = None;
@@ -62,7 +63,7 @@ fn shell_words(command: &str) -> Option<Vec<Word>> {
         let w = cur.get_or_insert_with(|| Word {
             text: String::new(),
             glob: false,
-            glob_first: glob,
+            tilde: false,
         });
         w.text.push(c);
         w.glob |= glob;
@@ -71,7 +72,7 @@ fn shell_words(command: &str) -> Option<Vec<Word>> {
         cur.get_or_insert_with(|| Word {
             text: String::new(),
             glob: false,
-            glob_first: false,
+            tilde: false,
         });
     }
     while let Some(c) = chars.next() {
@@ -113,6 +114,15 @@ fn shell_words(command: &str) -> Option<Vec<Word>> {
             }
             c if c.is_control() => return None,
             '*' | '?' | '[' => push(&mut cur, c, true),
+            '~' if cur.is_none() => {
+                push(&mut cur, c, false);
+                if let Some(w) = cur.as_mut() {
+                    w.tilde = true;
+                }
+            }
+            '~' if cur.as_ref().is_some_and(|w| w.text.ends_with(['=', ':'])) => {
+                return None;
+            }
             c => push(&mut cur, c, false),
         }
     }
@@ -130,26 +140,70 @@ fn shell_words(command: &str) -> Option<Vec<Word>> {
 /// - rsync: `rsync --server [--sender] OPTIONS . PATH...`, without the options that make the
 ///   server run a daemon with a config file of the login's choosing (which can run programs).
 /// - `sftp -s`: one of [`SFTP_SERVERS`], alone.
+///
+/// A word the shell would glob (`/var/log/*.log`) or whose `~` names another login's home
+/// (`~bob/x`) makes it not a copy: an agent node runs copies without a shell (see
+/// [`CopyCommand`]), so it could not expand them as the shell would.
 pub fn classify(command: &str) -> Option<FileCopy> {
+    parse(command).map(|c| c.copy)
+}
+
+/// A file copy command and its words, for running it without a shell: a login's shell (its
+/// rc files, a function named `rsync`) could make `rsync` mean anything, and a copy runs
+/// unrecorded, so an agent node runs the real program with these words itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyCommand {
+    pub copy: FileCopy,
+    /// Each word as the shell would pass it, and whether it starts with a `~` to expand.
+    words: Vec<(String, bool)>,
+}
+
+impl CopyCommand {
+    /// The program as named in the command: `scp`, `rsync`, or an absolute sftp-server path
+    /// (one of [`SFTP_SERVERS`]); whoever runs it resolves a bare name in system directories.
+    pub fn program(&self) -> &str {
+        self.words.first().map_or("", |(w, _)| w.as_str())
+    }
+
+    /// The arguments after the program, as the shell would pass them with `$HOME` = `home`:
+    /// a leading unquoted `~` (alone or before `/`) becomes `home`.
+    pub fn args(&self, home: &str) -> Vec<String> {
+        self.words
+            .iter()
+            .skip(1)
+            .map(|(w, tilde)| match w.strip_prefix('~') {
+                Some(rest) if *tilde => format!("{home}{rest}"),
+                _ => w.clone(),
+            })
+            .collect()
+    }
+}
+
+/// [`classify`], with the words to run the copy by (see [`CopyCommand`]).
+pub fn parse(command: &str) -> Option<CopyCommand> {
     let words = shell_words(command)?;
-    // A word the shell may expand must not be able to become an option (`*` next to a file
-    // named `--daemon`): its first character is literal and not `-`.
+    // Globs are the shell's to expand, not ours: such a command is not a copy (a recorded
+    // session, which still works). Only `~` and `~/...` are expanded, by [`CopyCommand::args`].
     if words
         .iter()
-        .any(|w| w.glob && (w.glob_first || w.text.starts_with('-')))
+        .any(|w| w.glob || (w.tilde && w.text != "~" && !w.text.starts_with("~/")))
     {
         return None;
     }
     let (program, args) = words.split_first()?;
-    if program.glob {
+    if program.tilde {
         return None;
     }
-    match program.text.as_str() {
+    let copy = match program.text.as_str() {
         "scp" => scp(args),
         "rsync" => rsync(args),
         p if SFTP_SERVERS.contains(&p) && args.is_empty() => Some(FileCopy::SftpServer),
         _ => None,
-    }
+    }?;
+    Some(CopyCommand {
+        copy,
+        words: words.into_iter().map(|w| (w.text, w.tilde)).collect(),
+    })
 }
 
 fn scp(args: &[Word]) -> Option<FileCopy> {
@@ -317,6 +371,17 @@ impl ScpAnswers {
     }
 }
 
+/// The deepest directory nesting a legacy scp stream may open (`D` lines not yet closed by
+/// `E`); deeper, it is not a copy this proxy follows (each level is held in memory).
+pub const MAX_SCP_DEPTH: usize = 64;
+
+/// A file or directory name as scp sends it: one path component (no `/`, not `..`, as real
+/// scp itself refuses on the receiving side) of at most 255 bytes (NAME_MAX), or `None`.
+fn file_name(name: &[u8]) -> Option<String> {
+    (!name.is_empty() && name.len() <= 255 && !name.contains(&b'/') && name != b"..")
+        .then(|| String::from_utf8_lossy(name).into_owned())
+}
+
 /// The sending side of a legacy scp stream: `T`, `C`, `D` and `E` lines, file contents, and
 /// the NUL after each file.
 #[derive(Debug)]
@@ -382,8 +447,7 @@ impl ScpStream {
                     }
                     self.line.extend_from_slice(chunk);
                     if complete {
-                        let line =
-                            String::from_utf8_lossy(&std::mem::take(&mut self.line)).into_owned();
+                        let line = std::mem::take(&mut self.line);
                         self.header(&line);
                     }
                 }
@@ -395,19 +459,21 @@ impl ScpStream {
         }
     }
 
-    fn header(&mut self, line: &str) {
-        // Not `line[1..]`: the first character may be more than one byte.
-        let mut parts = line.get(1..).unwrap_or("").splitn(3, ' ');
-        match line.as_bytes().first() {
+    fn header(&mut self, line: &[u8]) {
+        let mut parts = line.get(1..).unwrap_or_default().splitn(3, |b| *b == b' ');
+        match line.first() {
             Some(b'C') => {
                 let (_mode, size, name) = (parts.next(), parts.next(), parts.next());
-                match (size.and_then(|s| s.parse::<u64>().ok()), name) {
+                let size = size
+                    .and_then(|s| std::str::from_utf8(s).ok())
+                    .and_then(|s| s.parse::<u64>().ok());
+                match (size, name.and_then(file_name)) {
                     (Some(size), Some(name)) => {
                         let mut path = self.dirs.join("/");
                         if !path.is_empty() {
                             path.push('/');
                         }
-                        path.push_str(name);
+                        path.push_str(&name);
                         self.current = Some(ScpFile { name: path, size });
                         self.state = if size == 0 {
                             State::Trailer
@@ -418,10 +484,11 @@ impl ScpStream {
                     _ => self.state = State::Lost,
                 }
             }
-            Some(b'D') => {
-                let name = parts.nth(2).unwrap_or_default();
-                self.dirs.push(name.to_string());
-            }
+            Some(b'D') => match parts.nth(2).and_then(file_name) {
+                // Directories opened and never closed are held, so their depth is bounded.
+                Some(name) if self.dirs.len() < MAX_SCP_DEPTH => self.dirs.push(name),
+                _ => self.state = State::Lost,
+            },
             Some(b'E') => {
                 self.dirs.pop();
             }
@@ -469,7 +536,18 @@ mod tests {
             ("scp -r -d -t /tmp", scp(Upload, "/tmp")),
             ("scp -f /tmp/x", scp(Download, "/tmp/x")),
             ("scp -r -f /srv/logs", scp(Download, "/srv/logs")),
-            ("scp -f /var/log/*.log", scp(Download, "/var/log/*.log")),
+            // A glob is the shell's to expand: not a copy, a recorded session.
+            ("scp -f /var/log/*.log", None),
+            ("scp -f '/var/log/*.log'", scp(Download, "/var/log/*.log")),
+            ("scp -f /var/log/\\*.log", scp(Download, "/var/log/*.log")),
+            ("scp -t ~", scp(Upload, "~")),
+            ("scp -t ~bob/x", None),
+            ("scp -t ~+/x", None),
+            ("scp -t '~bob'", scp(Upload, "~bob")),
+            ("rsync --server -e.LsfxC . x=~/y", None),
+            ("rsync --server -e.LsfxC . x:~/y", None),
+            ("rsync --server -e.LsfxC . x~/y", rsync(Upload, "x~/y")),
+            ("~/scp -t x", None),
             ("scp -t ~/x", scp(Upload, "~/x")),
             ("scp -t -- -dash", scp(Upload, "-dash")),
             ("scp -vt .", scp(Upload, ".")),
@@ -545,6 +623,32 @@ mod tests {
         }
     }
 
+    /// What an agent node runs for a copy: the words as the shell would pass them, `~` as the
+    /// login's home, nothing a shell would have to do.
+    #[test]
+    fn a_copy_runs_by_its_words() {
+        let c = parse("rsync --server -vlogDtpre.iLsfxCIvu . ~/with\\ space").unwrap();
+        assert_eq!(c.program(), "rsync");
+        assert_eq!(
+            c.args("/home/u"),
+            [
+                "--server",
+                "-vlogDtpre.iLsfxCIvu",
+                ".",
+                "/home/u/with space"
+            ]
+        );
+        // A quoted `~` stays a `~`.
+        let c = parse("scp -r -t -- '~/x'").unwrap();
+        assert_eq!(c.args("/home/u"), ["-r", "-t", "--", "~/x"]);
+        let c = parse("scp -f ~").unwrap();
+        assert_eq!(c.args("/root"), ["-f", "/root"]);
+        let c = parse("/usr/lib/openssh/sftp-server").unwrap();
+        assert_eq!(c.program(), "/usr/lib/openssh/sftp-server");
+        assert!(c.args("/root").is_empty());
+        assert_eq!(c.copy, FileCopy::SftpServer);
+    }
+
     #[test]
     fn copies_wrapped_in_shell_are_still_seen_for_refusal() {
         for cmd in [
@@ -612,6 +716,49 @@ mod tests {
         let mut s = ScpStream::new();
         assert_eq!(s.feed(b"C0644 1 "), Ok(()));
         assert_eq!(s.feed(&[b'a'; 70 * 1024]), Err(NotScp));
+    }
+
+    /// Directories opened and never closed cost memory for as long as the stream lasts, and
+    /// each file's name joins them all: the depth and each name are bounded.
+    #[test]
+    fn directory_depth_and_names_are_bounded() {
+        let mut s = ScpStream::new();
+        for _ in 0..MAX_SCP_DEPTH {
+            assert_eq!(s.feed(b"D0755 0 d\n"), Ok(()));
+        }
+        assert_eq!(s.feed(b"C0644 1 f\nx\0"), Ok(()));
+        let deep = s.take();
+        assert_eq!(deep.len(), 1);
+        assert_eq!(deep[0].name.len(), MAX_SCP_DEPTH * 2 + 1);
+        assert_eq!(s.feed(b"D0755 0 d\n"), Err(NotScp));
+        assert_eq!(s.feed(b"E\n"), Err(NotScp));
+        // Closed directories make room again.
+        let mut s = ScpStream::new();
+        for _ in 0..3 * MAX_SCP_DEPTH {
+            assert_eq!(s.feed(b"D0755 0 d\nE\n"), Ok(()));
+        }
+        let long = format!("D0755 0 {}\n", "n".repeat(256));
+        for bad in [
+            long.as_bytes(),
+            b"D0755 0 a/b\n",
+            b"D0755 0 ..\n",
+            b"D0755 0 \n",
+            b"C0644 1 ../x\nx\0",
+            b"C0644 1 /etc/x\nx\0",
+        ] {
+            let mut s = ScpStream::new();
+            assert_eq!(
+                s.feed(bad),
+                Err(NotScp),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+            assert!(s.take().is_empty());
+        }
+        let mut s = ScpStream::new();
+        let most = format!("D0755 0 {}\nC0644 0 .\n\0", "n".repeat(255));
+        assert_eq!(s.feed(most.as_bytes()), Ok(()));
+        assert_eq!(s.take().len(), 1);
     }
 
     #[test]
