@@ -403,7 +403,8 @@ async fn auth_failures(
         }
     }
     for f in &batch {
-        auth.auth_failed(crate::failures::Failure::reported(f))
+        // A proxy's count of the reports its full queue dropped stands for that many.
+        auth.auth_failed_times(crate::failures::Failure::reported(f), f.count.unwrap_or(1))
             .await;
     }
     Ok(Json(serde_json::json!({})))

@@ -8,6 +8,13 @@
 //! attempt's details. A flood therefore costs at most one audit record per key per minute, and
 //! the counts of a key's events add up to its failures.
 //!
+//! So that a flood cannot hide one real attempt among its own, the closing event also lists
+//! the distinct identities presented in its window (`presented_all`, at most
+//! [`MAX_IDENTITIES`] in the order first seen; `presented` is the first of them, as a single
+//! failure's event has it, and `presented_unlisted` counts the distinct ones beyond the list).
+//! A proxy whose report queue overflowed says how many reports it dropped (reason
+//! [`DROPPED_REASON`], with their `count`), so those are counted too.
+//!
 //! The address is keyed without its port: every connection has a new port. User names that
 //! are not users (anyone can type one) are not part of the key, and the table of keys is
 //! bounded: past [`MAX_KEYS`] new keys share one overflow key per door.
@@ -32,6 +39,10 @@ pub const MAX_BATCH: usize = 1000;
 /// Longest text kept from a reported field, and most fields of what was presented.
 const MAX_TEXT: usize = 256;
 const MAX_PRESENTED: usize = 16;
+/// Distinct identities listed in one aggregated event.
+pub const MAX_IDENTITIES: usize = 16;
+/// The reason of a proxy's report of failures it could not queue.
+pub use sallyport_core::api::AUTH_FAILURES_DROPPED as DROPPED_REASON;
 /// How often closed windows are looked for.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
@@ -50,6 +61,53 @@ struct Window {
     counted: u64,
     /// The latest counted failure, emitted with the count when the window closes.
     latest: Option<Event>,
+    /// The distinct identities presented by the counted failures, in the order first seen.
+    presented: Vec<serde_json::Value>,
+    /// Distinct identities seen after `presented` was full (an upper bound: once the list is
+    /// full, an identity seen twice is not recognised).
+    unlisted: u64,
+}
+
+impl Window {
+    fn open(now: Instant) -> Self {
+        Window {
+            opened: now,
+            counted: 0,
+            latest: None,
+            presented: vec![],
+            unlisted: 0,
+        }
+    }
+
+    /// Counts `times` failures like `failure`.
+    fn count(&mut self, failure: &Failure, times: u64) {
+        self.counted = self.counted.saturating_add(times);
+        self.latest = Some(failure.event());
+        if let Some(p) = failure.presented() {
+            if !self.presented.contains(p) {
+                if self.presented.len() < MAX_IDENTITIES {
+                    self.presented.push(p.clone());
+                } else {
+                    self.unlisted = self.unlisted.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// The event standing for the counted failures, if any.
+    fn take_event(&mut self) -> Option<Event> {
+        let counted = self.counted;
+        let mut e = self.latest.take().filter(|_| counted > 0)?;
+        if let Some(first) = self.presented.first() {
+            e = e
+                .with("presented", first.clone())
+                .with("presented_all", std::mem::take(&mut self.presented));
+            if self.unlisted > 0 {
+                e = e.with("presented_unlisted", self.unlisted);
+            }
+        }
+        Some(e.with("count", counted))
+    }
 }
 
 /// The aggregation state (one per auth process).
@@ -108,6 +166,15 @@ impl Failure {
         e
     }
 
+    /// What the client presented, when the door knows.
+    fn presented(&self) -> Option<&serde_json::Value> {
+        self.event_fields
+            .iter()
+            .find(|(k, _)| k == "presented")
+            .map(|(_, v)| v)
+            .filter(|v| v.as_object().is_none_or(|m| !m.is_empty()))
+    }
+
     fn key(&self) -> Key {
         Key {
             event: self.event.into(),
@@ -137,11 +204,13 @@ fn address_of(remote: &str) -> String {
 }
 
 impl Failures {
-    /// Counts a failure; returns the event to audit now, if this one opens a window.
-    fn admit(&self, failure: &Failure, now: Instant) -> Option<Event> {
+    /// Counts `times` failures like this one (a proxy's report of dropped reports stands for
+    /// many); returns the event to audit now, if this opens a window.
+    fn admit(&self, failure: &Failure, times: u64, now: Instant) -> Option<Event> {
+        let times = times.max(1);
         let mut key = failure.key();
         let Ok(mut windows) = self.windows.lock() else {
-            return Some(failure.event().with("count", 1));
+            return Some(failure.event().with("count", times));
         };
         if !windows.contains_key(&key) && windows.len() >= MAX_KEYS {
             key = Key {
@@ -154,8 +223,7 @@ impl Failures {
         }
         match windows.get_mut(&key) {
             Some(w) if now.duration_since(w.opened) < WINDOW => {
-                w.counted += 1;
-                w.latest = Some(failure.event());
+                w.count(failure, times);
                 None
             }
             _ => {
@@ -165,19 +233,11 @@ impl Failures {
                 if let Some(w) = windows.get_mut(&key)
                     && w.counted > 0
                 {
-                    w.counted += 1;
-                    w.latest = Some(failure.event());
+                    w.count(failure, times);
                     return None;
                 }
-                windows.insert(
-                    key,
-                    Window {
-                        opened: now,
-                        counted: 0,
-                        latest: None,
-                    },
-                );
-                Some(failure.event().with("count", 1))
+                windows.insert(key, Window::open(now));
+                Some(failure.event().with("count", times))
             }
         }
     }
@@ -194,17 +254,13 @@ impl Failures {
             if now.duration_since(w.opened) < WINDOW {
                 return true;
             }
-            match w.latest.take() {
-                Some(e) if w.counted > 0 => {
-                    out.push(e.with("count", w.counted));
-                    *w = Window {
-                        opened: now,
-                        counted: 0,
-                        latest: None,
-                    };
+            match w.take_event() {
+                Some(e) => {
+                    out.push(e);
+                    *w = Window::open(now);
                     true
                 }
-                _ => false,
+                None => false,
             }
         });
         out
@@ -217,12 +273,7 @@ impl Failures {
         };
         windows
             .drain()
-            .filter_map(|(_, w)| {
-                let counted = w.counted;
-                w.latest
-                    .filter(|_| counted > 0)
-                    .map(|e| e.with("count", counted))
-            })
+            .filter_map(|(_, mut w)| w.take_event())
             .collect()
     }
 }
@@ -231,10 +282,15 @@ impl AuthServer {
     /// Audits a failed authentication, aggregated (see the module doc). Never fails: a refusal
     /// must not depend on the audit write.
     pub async fn auth_failed(&self, failure: Failure) {
+        self.auth_failed_times(failure, 1).await;
+    }
+
+    /// Audits `times` failures like `failure` at once (a proxy's count of reports it dropped).
+    pub async fn auth_failed_times(&self, failure: Failure, times: u64) {
         if failure.event == "auth.failed" {
-            tracing::info!(door = %failure.door, peer = %failure.remote_addr, reason = %failure.reason, "authentication failed");
+            tracing::info!(door = %failure.door, peer = %failure.remote_addr, reason = %failure.reason, times, "authentication failed");
         }
-        if let Some(e) = self.failures.admit(&failure, Instant::now()) {
+        if let Some(e) = self.failures.admit(&failure, times, Instant::now()) {
             self.emit_logged(e).await;
         }
     }
@@ -300,12 +356,12 @@ mod tests {
     fn first_failure_at_once_the_rest_counted_when_the_window_closes() {
         let f = Failures::default();
         let t0 = Instant::now();
-        let first = f.admit(&failure("10.0.0.1:1000", "wrong CA", None, false), t0);
+        let first = f.admit(&failure("10.0.0.1:1000", "wrong CA", None, false), 1, t0);
         assert_eq!(first.as_ref().map(count), Some(1));
         for port in 1001..1050 {
             let addr = format!("10.0.0.1:{port}");
             assert!(
-                f.admit(&failure(&addr, "wrong CA", None, false), t0)
+                f.admit(&failure(&addr, "wrong CA", None, false), 1, t0)
                     .is_none()
             );
         }
@@ -315,7 +371,7 @@ mod tests {
         // A steady flood: the next window also opens quietly and closes with its count.
         let t1 = t0 + WINDOW;
         assert!(
-            f.admit(&failure("10.0.0.1:2000", "wrong CA", None, false), t1)
+            f.admit(&failure("10.0.0.1:2000", "wrong CA", None, false), 1, t1)
                 .is_none()
         );
         assert_eq!(f.close(t1 + WINDOW).iter().map(count).sum::<u64>(), 1);
@@ -323,7 +379,7 @@ mod tests {
         assert!(f.close(t1 + WINDOW * 2).is_empty());
         let t2 = t1 + WINDOW * 3;
         assert!(
-            f.admit(&failure("10.0.0.1:3000", "wrong CA", None, false), t2)
+            f.admit(&failure("10.0.0.1:3000", "wrong CA", None, false), 1, t2)
                 .is_some()
         );
     }
@@ -348,8 +404,101 @@ mod tests {
             (failure("[::1]:10", "a", None, false), false),
         ];
         for (i, (fl, emitted)) in cases.iter().enumerate() {
-            assert_eq!(f.admit(fl, t).is_some(), *emitted, "case {i}");
+            assert_eq!(f.admit(fl, 1, t).is_some(), *emitted, "case {i}");
         }
+    }
+
+    fn reported(addr: &str, key_id: &str, count: Option<u64>) -> Failure {
+        Failure::reported(&AuthFailure {
+            door: "ssh".into(),
+            remote_addr: addr.into(),
+            reason: "certificate refused: unknown CA".into(),
+            user: None,
+            presented: [("cert_key_id".to_string(), key_id.to_string())].into(),
+            count,
+        })
+    }
+
+    fn key_ids(v: &serde_json::Value) -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p["cert_key_id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A flood of one identity cannot hide another attempt in the same window: every distinct
+    /// identity is listed (up to the bound), not only the latest.
+    #[test]
+    fn the_closing_event_lists_every_distinct_identity_presented() {
+        let f = Failures::default();
+        let t0 = Instant::now();
+        let first = f.admit(&reported("10.0.0.1:1", "flood", None), 1, t0);
+        assert_eq!(
+            first.map(|e| e.fields["presented"]["cert_key_id"].clone()),
+            Some("flood".into())
+        );
+        for i in 0..100 {
+            f.admit(
+                &reported(&format!("10.0.0.1:{}", 2 + i), "flood", None),
+                1,
+                t0,
+            );
+            if i == 50 {
+                f.admit(&reported("10.0.0.1:999", "the-real-one", None), 1, t0);
+            }
+        }
+        let closed = f.close(t0 + WINDOW);
+        assert_eq!(closed.len(), 1);
+        let e = &closed[0].fields;
+        assert_eq!(e["count"], 101);
+        assert_eq!(key_ids(&e["presented_all"]), vec!["flood", "the-real-one"]);
+        // `presented` stays one identity, the first of the list, for readers of the old shape.
+        assert_eq!(e["presented"]["cert_key_id"], "flood");
+        assert!(!e.contains_key("presented_unlisted"));
+
+        // The list is bounded; the distinct identities beyond it are counted.
+        let t1 = t0 + WINDOW * 3;
+        f.admit(&reported("10.0.0.1:1", "opener", None), 1, t1);
+        for i in 0..MAX_IDENTITIES + 4 {
+            f.admit(&reported("10.0.0.1:2", &format!("k{i}"), None), 1, t1);
+            // A listed identity again is recognised, not counted as another.
+            f.admit(&reported("10.0.0.1:2", "k0", None), 1, t1);
+        }
+        let closed = f.drain();
+        let e = &closed[0].fields;
+        assert_eq!(e["count"], 2 * (MAX_IDENTITIES as u64 + 4));
+        let listed = key_ids(&e["presented_all"]);
+        assert_eq!(listed.len(), MAX_IDENTITIES);
+        assert_eq!(listed[0], "k0");
+        assert_eq!(e["presented_unlisted"], 4);
+    }
+
+    /// A proxy's report of the reports it dropped counts as that many failures, audited with
+    /// the reason that says so.
+    #[test]
+    fn dropped_reports_are_counted_as_the_failures_they_stand_for() {
+        let f = Failures::default();
+        let t0 = Instant::now();
+        // As the proxy sends it (proxy/src/auth_client.rs).
+        let dropped = Failure::reported(&AuthFailure {
+            door: "ssh".into(),
+            remote_addr: "*".into(),
+            reason: DROPPED_REASON.into(),
+            count: Some(500),
+            ..Default::default()
+        });
+        let first = f.admit(&dropped, 500, t0);
+        let first = first.map(|e| e.fields).unwrap_or_default();
+        assert_eq!(first["count"], 500);
+        assert_eq!(first["reason"], "reports dropped: queue full");
+        assert_eq!(first["door"], "ssh");
+        assert!(f.admit(&dropped, 300, t0).is_none());
+        assert!(f.admit(&dropped, 0, t0).is_none());
+        let closed = f.close(t0 + WINDOW);
+        assert_eq!(closed.iter().map(count).collect::<Vec<_>>(), vec![301]);
     }
 
     #[test]
@@ -358,7 +507,7 @@ mod tests {
         let t = Instant::now();
         for i in 0..MAX_KEYS + 500 {
             let addr = format!("10.{}.{}.{}:1", i >> 16 & 255, i >> 8 & 255, i & 255);
-            f.admit(&failure(&addr, "x", None, false), t);
+            f.admit(&failure(&addr, "x", None, false), 1, t);
         }
         let n = f.windows.lock().map(|w| w.len()).unwrap_or(0);
         assert_eq!(n, MAX_KEYS + 1);

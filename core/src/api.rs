@@ -483,6 +483,10 @@ pub struct SessionInfo {
     pub command: Option<String>,
 }
 
+/// The reason of a proxy's report of failures its full report queue dropped (with their
+/// `count`): the audit log says how many went unrecorded instead of losing them silently.
+pub const AUTH_FAILURES_DROPPED: &str = "reports dropped: queue full";
+
 /// A failed authentication a proxy saw at one of its doors (`POST /v1/auth-failures`, in
 /// batches). Auth audits these as `auth.failed`, aggregated per (door, address, reason).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -498,6 +502,10 @@ pub struct AuthFailure {
     /// What the client presented: `key_fingerprint`, `cert_key_id`, `ca_fingerprint`, ...
     #[serde(default)]
     pub presented: BTreeMap<String, String>,
+    /// How many failures this report stands for (none: one). Set only on a proxy's report of
+    /// the reports its full queue dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 #[cfg(test)]

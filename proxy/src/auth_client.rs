@@ -21,12 +21,44 @@ pub struct AuthClient {
     failures: Arc<FailureQueue>,
 }
 
-/// Failures waiting to be reported; when full, new ones are dropped and counted (a flood
-/// must not stall a handshake, and auth aggregates floods anyway).
+/// Failures waiting to be reported; when full, new ones are dropped and counted per door (a
+/// flood must not stall a handshake), and the counts are reported to auth with the next batch
+/// as failures of their own, so the audit log says how many went unrecorded.
 #[derive(Default)]
 struct FailureQueue {
     tx: OnceLock<tokio::sync::mpsc::Sender<AuthFailure>>,
-    dropped: AtomicU64,
+    /// Dropped at the `ssh` door and at the `tunnel` door.
+    dropped: [AtomicU64; 2],
+}
+
+const DOORS: [&str; 2] = ["ssh", "tunnel"];
+
+impl FailureQueue {
+    fn count_dropped(&self, door: &str) {
+        let i = usize::from(door == DOORS[1]);
+        self.dropped[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A report per door of the failures dropped since the last call (auth's reason
+    /// `AUTH_FAILURES_DROPPED`, with their `count`).
+    fn take_dropped(&self) -> Vec<AuthFailure> {
+        DOORS
+            .iter()
+            .zip(&self.dropped)
+            .filter_map(|(door, n)| {
+                let n = n.swap(0, Ordering::Relaxed);
+                (n > 0).then(|| AuthFailure {
+                    door: door.to_string(),
+                    // From many addresses, none recorded.
+                    remote_addr: "*".into(),
+                    reason: sallyport_core::api::AUTH_FAILURES_DROPPED.into(),
+                    user: None,
+                    presented: Default::default(),
+                    count: Some(n),
+                })
+            })
+            .collect()
+    }
 }
 
 /// Failures queued before new ones are dropped, and sent in one report.
@@ -80,8 +112,12 @@ impl AuthClient {
             }
             tx
         });
-        if tx.try_send(failure).is_err() {
-            self.failures.dropped.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = tx.try_send(failure) {
+            let failure = match e {
+                tokio::sync::mpsc::error::TrySendError::Full(f)
+                | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
+            };
+            self.failures.count_dropped(&failure.door);
         }
     }
 
@@ -89,13 +125,15 @@ impl AuthClient {
     async fn send_failures(self, mut rx: tokio::sync::mpsc::Receiver<AuthFailure>) {
         let mut batch = Vec::with_capacity(FAILURE_BATCH);
         while rx.recv_many(&mut batch, FAILURE_BATCH).await > 0 {
-            let dropped = self.failures.dropped.swap(0, Ordering::Relaxed);
-            if dropped > 0 {
+            // Not queued themselves: a full queue cannot drop the count of what it dropped.
+            let dropped = self.failures.take_dropped();
+            if !dropped.is_empty() {
                 tracing::warn!(
-                    dropped,
-                    "failed authentications came faster than auth took them; some were not reported"
+                    dropped = dropped.iter().filter_map(|d| d.count).sum::<u64>(),
+                    "failed authentications came faster than auth took them; their count is reported instead"
                 );
             }
+            batch.extend(dropped);
             let body = serde_json::to_value(&batch).unwrap_or_default();
             match self
                 .call(reqwest::Method::POST, "/v1/auth-failures", Some(body))
@@ -162,5 +200,33 @@ impl AuthClient {
         }
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_failures_are_reported_per_door_with_their_count() {
+        let q = FailureQueue::default();
+        for _ in 0..3 {
+            q.count_dropped("ssh");
+        }
+        q.count_dropped("tunnel");
+        let reports = q.take_dropped();
+        let got: Vec<_> = reports
+            .iter()
+            .map(|r| (r.door.as_str(), r.reason.as_str(), r.count))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("ssh", "reports dropped: queue full", Some(3)),
+                ("tunnel", "reports dropped: queue full", Some(1)),
+            ]
+        );
+        // Counted once: the next batch reports only what was dropped since.
+        assert!(q.take_dropped().is_empty());
     }
 }

@@ -51,6 +51,7 @@ impl SshAttempts {
             reason,
             user: None,
             presented,
+            count: None,
         }
     }
 
@@ -122,6 +123,7 @@ impl SshAttempts {
                 reason: "no acceptable credential (none offered, or a certificate that is expired, not yet valid or badly signed)".into(),
                 user: None,
                 presented: BTreeMap::new(),
+                count: None,
             });
         auth.report_failure(failure);
     }
@@ -140,5 +142,6 @@ pub fn tunnel_refused(
         reason,
         user: None,
         presented,
+        count: None,
     });
 }
