@@ -225,6 +225,10 @@ impl Session {
         // SAFETY: valid NUL-terminated strings; `conv` outlives the handle (owned by Session).
         let rc = unsafe { (api.start)(service_c.as_ptr(), login_c.as_ptr(), &*conv, &mut handle) };
         if rc != PAM_SUCCESS || handle.is_null() {
+            if !handle.is_null() {
+                // SAFETY: the handle pam_start gave back, ended once.
+                unsafe { (api.end)(handle, rc) };
+            }
             return Err(format!("pam_start failed ({rc})"));
         }
         let mut s = Session {
