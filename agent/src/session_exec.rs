@@ -55,6 +55,9 @@ pub struct Spec {
     pub login: String,
     /// `sh -c command`, or the login shell when None.
     pub command: Option<String>,
+    /// A file copy's program and arguments, run instead of the shell (never through it).
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
     /// The environment the agent built (sshd's); PAM's is added over it, as sshd does.
     pub env: Vec<(String, String)>,
     /// The pty's path when the session has one (stdin is then its slave).
@@ -215,12 +218,20 @@ fn session(spec: &Spec) -> Result<Ended, String> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "sh".into());
-    let mut cmd = std::process::Command::new(&login.shell);
-    match &spec.command {
-        Some(c) => {
+    let program = spec
+        .argv
+        .as_ref()
+        .and_then(|a| a.first())
+        .unwrap_or(&login.shell);
+    let mut cmd = std::process::Command::new(program);
+    match (&spec.argv, &spec.command) {
+        (Some(argv), _) => {
+            cmd.args(argv.iter().skip(1));
+        }
+        (None, Some(c)) => {
             cmd.arg("-c").arg(c);
         }
-        None => {
+        (None, None) => {
             use std::os::unix::process::CommandExt;
             cmd.arg0(format!("-{shell_name}"));
         }
@@ -229,7 +240,7 @@ fn session(spec: &Spec) -> Result<Ended, String> {
     becomes::install(&mut cmd, becomes);
     let child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", login.shell))?;
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
     let pid = Pid::from_raw(child.id() as i32);
     let set = signals();
     let ended = loop {

@@ -1,6 +1,9 @@
 //! The agent's SSH server, one per tunnel stream. It accepts only user certificates from the
 //! cluster's user CA for the login asked for, and runs sessions as that login: pty or not, shell
 //! or exec, env (allow-listed), window changes, signals, exit status and exit signal, as sshd.
+//! Unlike sshd, a file copy (`core::scp::parse`: exact scp, rsync server, sftp-server, and the
+//! `sftp` subsystem) runs its system program directly, never through the login's shell: it
+//! is not recorded, so the login's rc files must not decide what it runs.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -127,7 +130,7 @@ struct Chan {
     /// `env` request has no answer the client would show).
     env_refused: Option<String>,
     input: Option<flow::Sender>,
-    pid: Option<u32>,
+    pid: PidSlot,
     /// Keeps a login created under `insecure-drop` while this session lasts (held, not read).
     _host_user: Option<host_user::Lease>,
 }
@@ -166,9 +169,7 @@ impl Drop for Conn {
         // The connection dropped: hang up every session still running, as a terminal's hang-up
         // would (each session leads its own process group).
         for c in self.channels.values() {
-            if let Some(pid) = c.pid {
-                kill(pid, nix::sys::signal::Signal::SIGHUP);
-            }
+            c.pid.kill(nix::sys::signal::Signal::SIGHUP);
         }
     }
 }
@@ -183,6 +184,35 @@ fn sftp_server() -> Option<&'static str> {
     ]
     .into_iter()
     .find(|p| std::path::Path::new(p).is_file())
+}
+
+/// The argv a file copy runs with: its program as a system binary (an sftp-server path as
+/// named; `scp` or `rsync` from the system PATH of /etc/login.defs, absolute entries only,
+/// never the login's own PATH), then its words as the shell would pass them.
+fn copy_argv(
+    copy: &sallyport_core::scp::CopyCommand,
+    login: &Login,
+) -> Result<Vec<String>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let name = copy.program();
+    let system = passwd::path_for(login);
+    let program = if name.starts_with('/') {
+        executable(std::path::Path::new(name)).then(|| name.to_string())
+    } else {
+        system
+            .split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(|d| std::path::Path::new(d).join(name))
+            .find(|p| executable(p))
+            .map(|p| p.display().to_string())
+    }
+    .ok_or_else(|| format!("{name} is not installed (searched {system})"))?;
+    let mut argv = vec![program];
+    argv.extend(copy.args(&login.home.display().to_string()));
+    Ok(argv)
 }
 
 fn signal_number(sig: &Sig) -> Option<nix::sys::signal::Signal> {
@@ -222,11 +252,69 @@ fn signal_name(n: i32) -> Sig {
     }
 }
 
-fn kill(pid: u32, sig: nix::sys::signal::Signal) {
-    // A process group when the child leads one (pty sessions), else the process.
-    let pid = nix::unistd::Pid::from_raw(pid as i32);
-    if nix::sys::signal::killpg(pid, sig).is_err() {
-        let _ = nix::sys::signal::kill(pid, sig);
+/// A session's process while it is not yet reaped: cleared before the agent reaps it (see
+/// [`reap`]), so a signal or hang-up never reaches whatever process later gets its number.
+#[derive(Default, Clone)]
+struct PidSlot(Arc<std::sync::Mutex<Option<u32>>>);
+
+impl PidSlot {
+    fn set(&self, pid: Option<u32>) {
+        if let Ok(mut p) = self.0.lock() {
+            *p = pid;
+        }
+    }
+
+    /// Signals the session's process group (every session leads one), else its process;
+    /// under the lock, so the process cannot be reaped meanwhile.
+    fn kill(&self, sig: nix::sys::signal::Signal) {
+        if let Ok(p) = self.0.lock()
+            && let Some(pid) = *p
+        {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            if nix::sys::signal::killpg(pid, sig).is_err() {
+                let _ = nix::sys::signal::kill(pid, sig);
+            }
+        }
+    }
+}
+
+/// Waits for `child` to exit and reaps it, clearing `slot` in between: once it has exited
+/// (a zombie, its number still taken) and before the number is freed.
+async fn reap(
+    child: &mut tokio::process::Child,
+    slot: &PidSlot,
+) -> std::io::Result<std::process::ExitStatus> {
+    if let Some(pid) = child.id() {
+        exited(pid).await;
+    }
+    slot.set(None);
+    child.wait().await
+}
+
+/// Resolves once process `pid` (this agent's child) has exited, without reaping it: its
+/// pidfd turns readable. Without pidfds (Linux before 5.3) at once: the slot is then cleared
+/// just before the reap instead of between exit and reap.
+async fn exited(pid: u32) {
+    use nix::libc;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no
+    // memory is passed.
+    #[allow(unsafe_code)]
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: the descriptor was just returned by pidfd_open and nothing else owns it.
+    #[allow(unsafe_code)]
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the AsyncFd owns the OwnedFd, which stays open, the same descriptor, until the
+    // AsyncFd is dropped.
+    #[allow(unsafe_code)]
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    if let Ok(fd) = registered {
+        let _ = fd.readable().await;
     }
 }
 
@@ -274,6 +362,7 @@ impl Conn {
         pam: &PamExec,
         login: &Login,
         command: Option<String>,
+        argv: Option<Vec<String>>,
         env: Vec<(String, String)>,
         tty: Option<&str>,
     ) -> session_exec::Spec {
@@ -282,17 +371,20 @@ impl Conn {
             nodename: self.srv.nodename.clone(),
             login: login.name.clone(),
             command,
+            argv,
             env,
             tty: tty.map(str::to_string),
             rhost: self.client.map(|c| c.ip().to_canonical().to_string()),
         }
     }
 
-    /// Starts the shell (`command` None) or `sh -c command`, and the tasks that relay it.
+    /// Starts the shell (`command` None) or `sh -c command`, or the program `direct` names
+    /// with its arguments (a file copy: no shell), and the tasks that relay it.
     fn start(
         &mut self,
         ch: ChannelId,
         command: Option<String>,
+        direct: Option<Vec<String>>,
         session: &mut Session,
     ) -> Result<(), String> {
         let login = self.login.clone().ok_or("not authenticated")?;
@@ -300,13 +392,19 @@ impl Conn {
         if let Some(e) = &chan.env_refused {
             return Err(e.clone());
         }
+        let slot = chan.pid.clone();
+        let program = direct
+            .as_ref()
+            .and_then(|d| d.first())
+            .unwrap_or(&login.shell)
+            .clone();
         let shell_name = std::path::Path::new(&login.shell)
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "sh".into());
         let (tx, rx) = flow::inbox();
         let handle = session.handle();
-        let pid = if let Some((_, cols, rows)) = chan.pty.clone() {
+        if let Some((_, cols, rows)) = chan.pty.clone() {
             let (pty, pts) =
                 pty_process::open().map_err(|e| format!("cannot allocate a pty: {e}"))?;
             let tty = nix::unistd::ttyname(&pts)
@@ -325,7 +423,7 @@ impl Conn {
                 .then(motd::motd)
                 .flatten();
             let child = if let Some(pam) = &self.srv.pam {
-                let spec = self.exec_spec(pam, &login, command.clone(), env, Some(&tty));
+                let spec = self.exec_spec(pam, &login, command.clone(), direct, env, Some(&tty));
                 let io = || {
                     use std::os::fd::AsFd;
                     pts.as_fd()
@@ -338,10 +436,11 @@ impl Conn {
                 // pty_process makes the shell a session leader with the pty as its controlling
                 // terminal (setsid, TIOCSCTTY) before this runs.
                 let becomes = Becomes::new(&login, false)?;
-                let mut cmd = pty_process::Command::new(&login.shell);
-                cmd = match &command {
-                    Some(c) => cmd.arg("-c").arg(c),
-                    None => cmd.arg0(format!("-{shell_name}")),
+                let mut cmd = pty_process::Command::new(&program);
+                cmd = match (&direct, &command) {
+                    (Some(argv), _) => cmd.args(argv.iter().skip(1)),
+                    (None, Some(c)) => cmd.arg("-c").arg(c),
+                    (None, None) => cmd.arg0(format!("-{shell_name}")),
                 };
                 // SAFETY: `Becomes::apply` makes only async-signal-safe calls on data prepared
                 // before the fork (see there).
@@ -350,9 +449,10 @@ impl Conn {
                 cmd.env_clear()
                     .envs(env)
                     .spawn(pts)
-                    .map_err(|e| format!("cannot start {}: {e}", login.shell))?
+                    .map_err(|e| format!("cannot start {program}: {e}"))?
             };
             let pid = child.id();
+            slot.set(pid);
             // A login the system sees (who, w, last, lastlog) while the pty session runs.
             let record = pid.map(|pid| {
                 utmp::login(&tty, pid, &login.name, self.client.map(|c| c.ip()));
@@ -360,20 +460,25 @@ impl Conn {
             });
             let (reader, writer) = pty.into_split();
             tokio::spawn(pty_input(rx, writer));
-            tokio::spawn(relay_pty(handle, ch, reader, child, motd, record));
-            pid
+            tokio::spawn(relay_pty(handle, ch, reader, child, motd, record, slot));
         } else {
             let env = self.environment(&login, chan, None);
             // sshd makes a command without a terminal a session (and process group) leader
             // too, so a signal or hang-up reaches everything it started.
             let mut child = if let Some(pam) = &self.srv.pam {
-                let spec = self.exec_spec(pam, &login, command.clone(), env, None);
+                let spec = self.exec_spec(pam, &login, command.clone(), direct, env, None);
                 session_exec::spawn(pam, &spec, Stdio::piped(), Stdio::piped(), Stdio::piped())?
             } else {
                 let becomes = Becomes::new(&login, true)?;
-                let mut cmd = tokio::process::Command::new(&login.shell);
-                if let Some(c) = &command {
-                    cmd.arg("-c").arg(c);
+                let mut cmd = tokio::process::Command::new(&program);
+                match (&direct, &command) {
+                    (Some(argv), _) => {
+                        cmd.args(argv.iter().skip(1));
+                    }
+                    (None, Some(c)) => {
+                        cmd.arg("-c").arg(c);
+                    }
+                    (None, None) => {}
                 }
                 // SAFETY: as above.
                 #[allow(unsafe_code)]
@@ -387,19 +492,17 @@ impl Conn {
                     .stderr(Stdio::piped())
                     .kill_on_drop(true);
                 cmd.spawn()
-                    .map_err(|e| format!("cannot start {}: {e}", login.shell))?
+                    .map_err(|e| format!("cannot start {program}: {e}"))?
             };
-            let pid = child.id();
+            slot.set(child.id());
             let stdin = child.stdin.take();
             let stdout = child.stdout.take();
             let stderr = child.stderr.take();
             tokio::spawn(pipe_input(rx, stdin));
-            tokio::spawn(relay_pipes(handle, ch, stdout, stderr, child));
-            pid
-        };
+            tokio::spawn(relay_pipes(handle, ch, stdout, stderr, child, slot));
+        }
         if let Some(c) = self.channels.get_mut(&ch) {
             c.input = Some(tx);
-            c.pid = pid;
         }
         Ok(())
     }
@@ -493,6 +596,7 @@ async fn relay_pipes(
     stdout: Option<tokio::process::ChildStdout>,
     stderr: Option<tokio::process::ChildStderr>,
     mut child: tokio::process::Child,
+    slot: PidSlot,
 ) {
     let out = async {
         if let Some(s) = stdout {
@@ -505,7 +609,7 @@ async fn relay_pipes(
         }
     };
     tokio::join!(out, err);
-    let status = child.wait().await;
+    let status = reap(&mut child, &slot).await;
     finish(&handle, ch, status).await;
 }
 
@@ -516,6 +620,7 @@ async fn relay_pty(
     mut child: tokio::process::Child,
     motd: Option<Vec<u8>>,
     record: Option<(String, u32)>,
+    slot: PidSlot,
 ) {
     if let Some(m) = motd {
         // Sent as the pty would show it: newlines become CR LF.
@@ -530,7 +635,7 @@ async fn relay_pty(
     }
     // Reading the pty ends with EIO once the last process holding it exits.
     pump(reader, &handle, ch, None).await;
-    let status = child.wait().await;
+    let status = reap(&mut child, &slot).await;
     if let Some((tty, pid)) = record {
         let _ = tokio::task::spawn_blocking(move || utmp::logout(&tty, pid)).await;
     }
@@ -705,7 +810,7 @@ impl russh::server::Handler for Conn {
         ch: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.start_reply(ch, None, session)
+        self.start_reply(ch, None, None, session)
     }
 
     async fn exec_request(
@@ -723,7 +828,21 @@ impl russh::server::Handler for Conn {
             return refuse(ch, &e, session);
         }
         let cmd = String::from_utf8_lossy(data).into_owned();
-        self.start_reply(ch, Some(cmd), session)
+        // A file copy runs unrecorded, so it runs as the agent reads it itself, whatever the
+        // proxy decided: the real program, without the login's shell (whose rc files or a
+        // function named `rsync` could make it anything).
+        let direct = match (sallyport_core::scp::parse(&cmd), &self.login) {
+            (Some(copy), Some(login)) => match copy_argv(&copy, login) {
+                Ok(argv) => Some(argv),
+                Err(e) => {
+                    let e = format!("{e} on node {}", self.srv.nodename);
+                    tracing::warn!(error = %e, "copy refused");
+                    return refuse(ch, &e, session);
+                }
+            },
+            _ => None,
+        };
+        self.start_reply(ch, Some(cmd), direct, session)
     }
 
     async fn subsystem_request(
@@ -738,7 +857,11 @@ impl russh::server::Handler for Conn {
             return Ok(());
         }
         match sftp_server() {
-            Some(path) => self.start_reply(ch, Some(path.to_string()), session),
+            // Run directly, as a copy is: never through the login's shell.
+            Some(path) => {
+                let argv = vec![path.to_string()];
+                self.start_reply(ch, Some(path.to_string()), Some(argv), session)
+            }
             None => {
                 let msg = format!(
                     "sallyport: node {} has no sftp-server (install openssh-sftp-server)\r\n",
@@ -913,10 +1036,8 @@ impl russh::server::Handler for Conn {
             && !tx.send(Input::Data(Bytes::copy_from_slice(data))).await
         {
             tracing::warn!("closing a channel whose command stopped reading its input");
-            if let Some(c) = self.channels.remove(&ch)
-                && let Some(pid) = c.pid
-            {
-                kill(pid, nix::sys::signal::Signal::SIGHUP);
+            if let Some(c) = self.channels.remove(&ch) {
+                c.pid.kill(nix::sys::signal::Signal::SIGHUP);
             }
             session.close(ch)?;
         }
@@ -955,11 +1076,8 @@ impl russh::server::Handler for Conn {
         sig: Sig,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let (Some(pid), Some(s)) = (
-            self.channels.get(&ch).and_then(|c| c.pid),
-            signal_number(&sig),
-        ) {
-            kill(pid, s);
+        if let (Some(c), Some(s)) = (self.channels.get(&ch), signal_number(&sig)) {
+            c.pid.kill(s);
         }
         Ok(())
     }
@@ -969,10 +1087,8 @@ impl russh::server::Handler for Conn {
         ch: ChannelId,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(c) = self.channels.remove(&ch)
-            && let Some(pid) = c.pid
-        {
-            kill(pid, nix::sys::signal::Signal::SIGHUP);
+        if let Some(c) = self.channels.remove(&ch) {
+            c.pid.kill(nix::sys::signal::Signal::SIGHUP);
         }
         Ok(())
     }
@@ -983,6 +1099,7 @@ impl Conn {
         &mut self,
         ch: ChannelId,
         command: Option<String>,
+        direct: Option<Vec<String>>,
         session: &mut Session,
     ) -> Result<(), russh::Error> {
         let already = self.channels.get(&ch).is_some_and(|c| c.input.is_some());
@@ -990,7 +1107,7 @@ impl Conn {
             session.channel_failure(ch)?;
             return Ok(());
         }
-        match self.start(ch, command, session) {
+        match self.start(ch, command, direct, session) {
             Ok(()) => session.channel_success(ch)?,
             Err(e) => {
                 tracing::warn!(error = %e, "session could not start");
