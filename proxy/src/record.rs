@@ -10,11 +10,18 @@
 //! (`record_input`: keystrokes include passwords typed where nothing echoes), and no file grows
 //! past `max_recording_size`. At the limit the writer stops and says so ([`Recorder::is_full`]);
 //! the relay then ends the session (`strict`) or goes on unrecorded with an audit event.
+//!
+//! Under `strict` the writer running behind must not let the person see output the recording
+//! will not hold, so the relay side accounts every event before it is queued: `accounted` is the
+//! bytes written plus an upper bound of everything queued ([`bound`]: each raw byte is at most 6
+//! bytes of asciicast text, `\u00XX`, plus a line's framing), and the writer gives back what it
+//! did not use. [`Recorder::output`] takes only as much of a chunk as surely fits; the relay
+//! shows the person exactly that much and ends the session.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sallyport_core::asciicast::{escape_lossy_into, incomplete_tail};
@@ -24,7 +31,37 @@ enum Ev {
     Out(bytes::Bytes),
     In(bytes::Bytes),
     Resize(u32, u32),
+    /// Answered once everything queued before it is written (and accounted exactly).
+    Sync(std::sync::mpsc::SyncSender<()>),
 }
+
+/// The most one line adds besides its escaped data: `[`, the time (at most 24 characters),
+/// `, "o", "` and `"]\n`, with room to spare.
+const FRAME: u64 = 64;
+/// The most one raw byte becomes in the file: a control byte is `\u00XX`, an invalid one at
+/// most `\ufffd`.
+const PER_BYTE: u64 = 6;
+/// A resize line: framing plus `COLSxROWS` (two u32s).
+const RESIZE: u64 = FRAME + 32;
+
+/// The most an event of `len` raw bytes can add to the file.
+fn bound(len: usize) -> u64 {
+    FRAME.saturating_add(PER_BYTE.saturating_mul(len as u64))
+}
+
+/// How many of `len` raw bytes surely fit when `accounted` of `max` are taken.
+fn fitting(len: usize, accounted: u64, max: u64) -> usize {
+    let room = max.saturating_sub(accounted);
+    if room < FRAME {
+        return 0;
+    }
+    let n = (room - FRAME) / PER_BYTE;
+    len.min(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// How many pieces one chunk may be cut into while the recording is filling up (each after the
+/// writer has caught up, so the space is known exactly); past that the session ends.
+const PIECES: usize = 64;
 
 /// How many events may wait for the writer (each at most one SSH packet, 32 KiB).
 const QUEUE: usize = 1024;
@@ -36,6 +73,9 @@ pub struct Limits {
     pub input: bool,
     /// The largest the file may grow, in bytes (`max_recording_size`).
     pub max_bytes: u64,
+    /// `record_session: strict`: nothing is taken that might not fit ([`Recorder::output`]);
+    /// otherwise the writer alone stops at the limit.
+    pub strict: bool,
 }
 
 /// `max_recording_size` when the configuration does not say.
@@ -48,6 +88,12 @@ pub struct Recorder {
     input: bool,
     /// Set by the writer when the next event would take the file past `max_bytes`.
     full: Arc<AtomicBool>,
+    /// Bytes written plus the bound of everything queued (module docs).
+    accounted: Arc<AtomicU64>,
+    max: u64,
+    strict: bool,
+    /// Set when something could not be taken under `strict`: the recording is over.
+    over: bool,
     pub path: PathBuf,
 }
 
@@ -61,7 +107,15 @@ impl Recorder {
         limits: Limits,
     ) -> std::io::Result<Self> {
         let full = Arc::new(AtomicBool::new(false));
-        let mut w = Writer::create(dir, session_id, h, limits.max_bytes, full.clone())?;
+        let accounted = Arc::new(AtomicU64::new(0));
+        let mut w = Writer::create(
+            dir,
+            session_id,
+            h,
+            limits.max_bytes,
+            full.clone(),
+            accounted.clone(),
+        )?;
         let path = w.path.clone();
         let (tx, rx) = std::sync::mpsc::sync_channel::<Ev>(QUEUE);
         let thread = std::thread::Builder::new()
@@ -72,6 +126,9 @@ impl Recorder {
                         Ok(Ev::Out(d)) => w.output(&d),
                         Ok(Ev::In(d)) => w.input(&d),
                         Ok(Ev::Resize(c, r)) => w.resize(c, r),
+                        Ok(Ev::Sync(done)) => {
+                            let _ = done.send(());
+                        }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => w.tick(),
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
@@ -83,13 +140,66 @@ impl Recorder {
             thread: Some(thread),
             input: limits.input,
             full,
+            accounted,
+            max: limits.max_bytes,
+            strict: limits.strict,
+            over: false,
             path,
         })
     }
 
     /// Whether the recording reached its size limit: nothing more is being written.
     pub fn is_full(&self) -> bool {
-        self.full.load(Ordering::Relaxed)
+        self.over || self.full.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the writer has written everything queued, so that `accounted` holds the
+    /// file's size (plus split UTF-8 tails) rather than bounds. False if the writer is gone.
+    fn settle(&mut self) -> bool {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        self.send(Ev::Sync(done));
+        tokio::task::block_in_place(|| wait.recv_timeout(Duration::from_secs(30))).is_ok()
+    }
+
+    /// Takes as much of `data` as surely fits under `strict` (all of it otherwise), queued in
+    /// up to [`PIECES`] events, and answers how many leading bytes were taken: the relay shows
+    /// the person those and no more. Taking less than all marks the recording over.
+    fn take(&mut self, data: bytes::Bytes, wrap: fn(bytes::Bytes) -> Ev) -> usize {
+        let len = data.len();
+        if len == 0 {
+            return 0;
+        }
+        if !self.strict {
+            self.accounted.fetch_add(bound(len), Ordering::Relaxed);
+            self.send(wrap(data));
+            return len;
+        }
+        if self.over {
+            return 0;
+        }
+        let mut done = 0;
+        for _ in 0..PIECES {
+            let all = len - done;
+            if fitting(all, self.accounted.load(Ordering::Relaxed), self.max) < all {
+                // The bounds of queued events may be far above what they will take: count
+                // exactly before giving anything up.
+                if !self.settle() {
+                    break;
+                }
+            }
+            let n = fitting(all, self.accounted.load(Ordering::Relaxed), self.max);
+            if n == 0 {
+                break;
+            }
+            self.accounted.fetch_add(bound(n), Ordering::Relaxed);
+            self.send(wrap(data.slice(done..done + n)));
+            done += n;
+            if done == len {
+                return len;
+            }
+        }
+        self.over = true;
+        done
     }
 
     fn send(&mut self, ev: Ev) {
@@ -104,19 +214,37 @@ impl Recorder {
         }
     }
 
-    /// `data` is shared with the relay, not copied.
-    pub fn output(&mut self, data: bytes::Bytes) {
-        self.send(Ev::Out(data));
+    /// `data` is shared with the relay, not copied. Answers how many leading bytes the
+    /// recording takes: all of them unless `strict` and the limit is near ([`Recorder::take`]).
+    pub fn output(&mut self, data: bytes::Bytes) -> usize {
+        self.take(data, Ev::Out)
     }
 
-    /// Written only when the roles ask for input (`record_input`).
-    pub fn input(&mut self, data: bytes::Bytes) {
+    /// Written only when the roles ask for input (`record_input`); answers how many leading
+    /// bytes may go on to the node, as [`Recorder::output`].
+    pub fn input(&mut self, data: bytes::Bytes) -> usize {
         if self.input {
-            self.send(Ev::In(data));
+            self.take(data, Ev::In)
+        } else {
+            data.len()
         }
     }
 
     pub fn resize(&mut self, cols: u32, rows: u32) {
+        if self.over {
+            return;
+        }
+        if self.strict
+            && self
+                .accounted
+                .load(Ordering::Relaxed)
+                .saturating_add(RESIZE)
+                > self.max
+        {
+            self.over = true;
+            return;
+        }
+        self.accounted.fetch_add(RESIZE, Ordering::Relaxed);
         self.send(Ev::Resize(cols, rows));
     }
 
@@ -152,6 +280,10 @@ struct Writer {
     max: u64,
     /// Set once an event did not fit: nothing more is written.
     full: Arc<AtomicBool>,
+    /// Shared with the relay (module docs): the writer gives back each event's unused bound.
+    accounted: Arc<AtomicU64>,
+    /// Per stream, the bound still held for the bytes in `carry` (counted with their chunk).
+    carry_bound: [u64; 2],
     pub path: PathBuf,
 }
 
@@ -170,6 +302,7 @@ impl Writer {
         h: &Header<'_>,
         max: u64,
         full: Arc<AtomicBool>,
+        accounted: Arc<AtomicU64>,
     ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(format!("{session_id}.cast"));
@@ -192,6 +325,7 @@ impl Writer {
         let header = format!("{header}\n");
         file.write_all(header.as_bytes())?;
         file.flush()?;
+        accounted.store(header.len() as u64, Ordering::Relaxed);
         let now = Instant::now();
         Ok(Writer {
             file,
@@ -203,8 +337,20 @@ impl Writer {
             size: header.len() as u64,
             max,
             full,
+            accounted,
+            carry_bound: [0, 0],
             path,
         })
+    }
+
+    /// An event for which `reserved` was accounted took `used` bytes (file and held tail).
+    fn account(&self, reserved: u64, used: u64) {
+        if used <= reserved {
+            self.accounted.fetch_sub(reserved - used, Ordering::Relaxed);
+        } else {
+            // Never by the bounds above; kept honest all the same.
+            self.accounted.fetch_add(used - reserved, Ordering::Relaxed);
+        }
     }
 
     /// Whether `len` more bytes fit; once one event does not, none is written after it (a
@@ -221,7 +367,8 @@ impl Writer {
         true
     }
 
-    fn event(&mut self, kind: &str, text: &str) {
+    /// Writes one line; answers its length if written.
+    fn event(&mut self, kind: &str, text: &str) -> u64 {
         let t = self.start.elapsed().as_secs_f64();
         let line = format!(
             "{}\n",
@@ -230,7 +377,9 @@ impl Writer {
         if self.fits(line.len()) {
             let _ = self.file.write_all(line.as_bytes());
             self.written();
+            return line.len() as u64;
         }
+        0
     }
 
     fn written(&mut self) {
@@ -247,6 +396,16 @@ impl Writer {
     /// next one) and JSON-escaped straight into the file buffer, with no intermediate string.
     /// Output of a bulk transfer goes through here, so it must cost little per byte.
     fn bytes_event(&mut self, stream: usize, kind: &str, data: &[u8]) {
+        let reserved = bound(data.len()) + std::mem::take(&mut self.carry_bound[stream]);
+        let written = self.write_bytes(stream, kind, data, false);
+        // The split tail's bytes are still to be written: their share stays held.
+        self.carry_bound[stream] = PER_BYTE * self.carry[stream].len() as u64;
+        self.account(reserved, written + self.carry_bound[stream]);
+    }
+
+    /// [`Writer::bytes_event`]'s writing; answers the bytes written to the file.
+    /// `last`: nothing follows, so a split tail is written too (as U+FFFD).
+    fn write_bytes(&mut self, stream: usize, kind: &str, data: &[u8], last: bool) -> u64 {
         let carried = std::mem::take(&mut self.carry[stream]);
         let joined;
         let bytes: &[u8] = if carried.is_empty() {
@@ -256,25 +415,27 @@ impl Writer {
             &joined
         };
         // A trailing incomplete sequence (at most 3 bytes) waits for the next chunk.
-        let keep = incomplete_tail(bytes);
+        let keep = if last { 0 } else { incomplete_tail(bytes) };
         let (bytes, tail) = bytes.split_at(bytes.len() - keep);
         self.carry[stream] = tail.to_vec();
         if bytes.is_empty() {
-            return;
+            return 0;
         }
         if self.full.load(Ordering::Relaxed) {
-            return;
+            return 0;
         }
         let t = self.start.elapsed().as_secs_f64();
         let head = format!("[{}, \"{kind}\", \"", (t * 1e6).round() / 1e6);
         let n = escape_lossy_into(bytes, &mut self.scratch);
-        if !self.fits(head.len() + n + 3) {
-            return;
+        let len = head.len() + n + 3;
+        if !self.fits(len) {
+            return 0;
         }
         let _ = self.file.write_all(head.as_bytes());
         let _ = self.file.write_all(&self.scratch[..n]);
         let _ = self.file.write_all(b"\"]\n");
         self.written();
+        len as u64
     }
 
     fn output(&mut self, data: &[u8]) {
@@ -286,7 +447,8 @@ impl Writer {
     }
 
     fn resize(&mut self, cols: u32, rows: u32) {
-        self.event("r", &format!("{cols}x{rows}"));
+        let used = self.event("r", &format!("{cols}x{rows}"));
+        self.account(RESIZE, used);
     }
 
     /// Flushes whatever was written since the last flush; a timer calls it every second, so
@@ -300,6 +462,13 @@ impl Writer {
     }
 
     fn finish(mut self) {
+        // A sequence cut by the session's end was shown to the person: it is written too
+        // (its share of the bound is still held, so it fits under `strict`).
+        for (stream, kind) in [(0, "o"), (1, "i")] {
+            if !self.carry[stream].is_empty() {
+                self.write_bytes(stream, kind, &[], true);
+            }
+        }
         let _ = self.file.flush();
         let _ = self.file.get_ref().sync_all();
     }
@@ -312,6 +481,7 @@ mod tests {
     const UNLIMITED: Limits = Limits {
         input: true,
         max_bytes: u64::MAX,
+        strict: false,
     };
 
     fn header() -> Header<'static> {
@@ -395,6 +565,7 @@ mod tests {
             let limits = Limits {
                 input,
                 max_bytes: u64::MAX,
+                strict: false,
             };
             let mut r =
                 Recorder::create(&dir, &id, &header(), limits).unwrap_or_else(|e| panic!("{e}"));
@@ -424,6 +595,7 @@ mod tests {
         let limits = Limits {
             input: false,
             max_bytes: max,
+            strict: false,
         };
         let mut r =
             Recorder::create(&dir, "limit", &header(), limits).unwrap_or_else(|e| panic!("{e}"));
@@ -443,6 +615,50 @@ mod tests {
         for (i, e) in got.iter().enumerate() {
             assert_eq!(e[2], format!("line {i} \u{1}\n"));
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn under_strict_only_what_the_recording_will_hold_is_taken() {
+        let dir = std::env::temp_dir().join(format!("rec-strict-{}", std::process::id()));
+        let max = 64 * 1024;
+        let limits = Limits {
+            input: false,
+            max_bytes: max,
+            strict: true,
+        };
+        let mut r =
+            Recorder::create(&dir, "strict", &header(), limits).unwrap_or_else(|e| panic!("{e}"));
+        // 32 KiB chunks (an SSH packet each), control bytes and a UTF-8 sequence cut between
+        // chunks among them, queued faster than the writer writes.
+        let mut chunk = Vec::new();
+        while chunk.len() < 32 * 1024 {
+            chunk.extend_from_slice("ligne \x01 é\n".as_bytes());
+        }
+        chunk.truncate(32 * 1024 - 1);
+        let mut taken = Vec::new();
+        for _ in 0..40 {
+            let n = r.output(bytes::Bytes::from(chunk.clone()));
+            taken.extend_from_slice(&chunk[..n]);
+            if n < chunk.len() {
+                break;
+            }
+        }
+        assert!(r.is_full(), "the limit was reached");
+        assert_eq!(r.output(bytes::Bytes::from_static(b"more")), 0);
+        let path = r.path.clone();
+        r.finish();
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        assert!(size <= max, "{size}");
+        // Close to the limit: the writer caught up before the last pieces were cut.
+        assert!(size > max * 3 / 4, "{size}");
+        let recorded: String = events(&path)
+            .iter()
+            .map(|e| e[2].as_str().unwrap_or_default().to_string())
+            .collect();
+        // Everything taken (the relay shows exactly that) is in the recording, a UTF-8
+        // sequence cut at the very end included (as U+FFFD).
+        assert_eq!(recorded, String::from_utf8_lossy(&taken));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

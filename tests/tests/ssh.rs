@@ -887,6 +887,8 @@ fn a_recording_past_max_recording_size_ends_a_strict_session_and_stops_otherwise
         .ssh(&cfg, &["root@local1", command], "")
         .fails_with("recording reached max_recording_size");
     assert!(r.stdout.len() < full.len() / 2, "{}", r.stdout.len());
+    assert!(full.starts_with(&r.stdout));
+    let shown_strict = r.stdout.clone();
 
     for (user, action) in [("rex", "recording stopped"), ("sam", "session ended")] {
         let mut cast = None;
@@ -908,6 +910,25 @@ fn a_recording_past_max_recording_size_ends_a_strict_session_and_stops_otherwise
             }),
             "{user}: no session.recording_limit event"
         );
+        if user == "sam" {
+            // Under strict the person saw nothing the recording lacks: what reached the
+            // client is a prefix of the recorded output (the writer running behind the relay
+            // must not let queued output through first).
+            let recorded: String = cast
+                .lines()
+                .skip(1)
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|e| e[1] == "o")
+                .map(|e| e[2].as_str().unwrap_or_default().to_string())
+                .collect();
+            assert!(
+                recorded.starts_with(&shown_strict),
+                "shown {} bytes, recorded {}",
+                shown_strict.len(),
+                recorded.len()
+            );
+            assert!(shown_strict.len() > 32 * 1024, "{}", shown_strict.len());
+        }
     }
 }
 

@@ -1065,6 +1065,7 @@ impl Inner {
         let limits = crate::record::Limits {
             input: r.grant.record_input,
             max_bytes: self.state.max_recording_size,
+            strict: r.grant.record == "strict",
         };
         match Recorder::create(&self.state.recordings, &r.grant.session_id, &header, limits) {
             Ok(rec) => {
@@ -1180,11 +1181,15 @@ async fn node_to_user(
     let mut exit_code: Option<i64> = None;
     let mut bytes_out = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let record = |data: &Bytes| {
-        if let Ok(mut r) = rec.lock()
-            && let Some(r) = r.as_mut()
-        {
-            r.output(data.clone());
+    // How many leading bytes of `data` the recording takes: under `strict` near the limit,
+    // fewer than all, and the person is shown only those before the session ends.
+    let record = |data: &Bytes| -> usize {
+        match rec.lock() {
+            Ok(mut r) => match r.as_mut() {
+                Some(r) => r.output(data.clone()),
+                None => data.len(),
+            },
+            Err(_) => data.len(),
         }
     };
     let max_recording = state.max_recording_size;
@@ -1220,10 +1225,12 @@ async fn node_to_user(
         };
         let Some(msg) = msg else { break };
         match msg {
-            ChannelMsg::Data { data } => {
+            ChannelMsg::Data { mut data } => {
                 bytes_out += data.len() as u64;
                 activity.store(now_ms(), Ordering::Relaxed);
-                record(&data);
+                // What the recording does not take is not shown; the loop's check then ends
+                // the (`strict`) session.
+                data.truncate(record(&data));
                 match audit(&data) {
                     Ok(list) if list.is_empty() => {}
                     Ok(list) => send_all(&events, list).await,
@@ -1245,7 +1252,7 @@ async fn node_to_user(
                         break;
                     }
                 }
-                if user.data(ch, data).await.is_err() {
+                if !data.is_empty() && user.data(ch, data).await.is_err() {
                     break;
                 }
             }
@@ -1255,11 +1262,11 @@ async fn node_to_user(
             {
                 agent_event(&grant, &events, &data).await;
             }
-            ChannelMsg::ExtendedData { data, ext } => {
+            ChannelMsg::ExtendedData { mut data, ext } => {
                 bytes_out += data.len() as u64;
                 activity.store(now_ms(), Ordering::Relaxed);
-                record(&data);
-                if user.extended_data(ch, ext, data).await.is_err() {
+                data.truncate(record(&data));
+                if !data.is_empty() && user.extended_data(ch, ext, data).await.is_err() {
                     break;
                 }
             }
@@ -1858,11 +1865,16 @@ impl russh::server::Handler for Inner {
                 }
             }
             // One copy out of russh's buffer, shared by the recorder and the relay.
-            let chunk = Bytes::copy_from_slice(data);
+            let mut chunk = Bytes::copy_from_slice(data);
             if let Ok(mut rec) = r.rec.lock()
                 && let Some(rec) = rec.as_mut()
             {
-                rec.input(chunk.clone());
+                // Under `strict` (and `record_input`), input the recording cannot hold does not
+                // reach the node either; the node side then ends the session.
+                chunk.truncate(rec.input(chunk.clone()));
+            }
+            if chunk.is_empty() {
+                return Ok(());
             }
             if !r.input.send(Input::Data(chunk)).await {
                 tracing::warn!(user = %self.user, node = %self.node.hostname, "closing a channel the node stopped reading");
