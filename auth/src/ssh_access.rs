@@ -459,6 +459,8 @@ impl AuthServer {
         }
         Ok(sallyport_core::api::GrantCheck {
             port_forwarding: set.port_forwarding(),
+            forward_agent: set.forward_agent(),
+            x11_forwarding: set.permit_x11_forwarding(),
         })
     }
 

@@ -379,11 +379,17 @@ pub fn max_sessions_refusal(open: u32, max_sessions: u32) -> String {
 }
 
 /// Auth's answer when the proxy checks a running session's grant again (a forward's new
-/// connection): what the user's current roles still allow. A removed or locked user, or a
-/// node the roles no longer reach, is an error instead.
+/// connection or `-R` bind, an agent or X11 channel the node opens): what the user's current
+/// roles still allow. A removed or locked user, or a node the roles no longer reach, is an
+/// error instead.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GrantCheck {
     pub port_forwarding: bool,
+    /// For agent and X11 channels a node opens on a running session.
+    #[serde(default)]
+    pub forward_agent: bool,
+    #[serde(default)]
+    pub x11_forwarding: bool,
 }
 
 /// Auth's answer: the node, the per-session certificate, and what the roles say about the

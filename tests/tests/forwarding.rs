@@ -673,3 +673,125 @@ fn a_forward_checks_its_grant_again_for_every_new_connection() {
         "the forward still works after a lock"
     );
 }
+
+#[test]
+fn a_new_remote_forward_checks_the_grant_again() {
+    let c = Cluster::start();
+    let role = |on: bool| {
+        format!(
+            "kind: role\nversion: v1\nmetadata: {{name: fwd}}\nspec:\n  options: {{port_forwarding: {on}}}\n  allow:\n    logins: [root]\n    node_labels: {{'*': '*'}}\n"
+        )
+    };
+    let f = c.dir.path().join("fwd.yaml");
+    std::fs::write(&f, role(true)).unwrap();
+    c.sallyctl(&["create", "-f", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello through the tunnel\n").unwrap();
+    let (_web, web) = http_server(&site);
+    let home = c.user("dave", "fwd", "");
+    let cfg = c.ssh_config(&home, "dave");
+    let control = c.dir.path().join("cm-%C");
+    let control_path = format!("ControlPath={}", control.display());
+    // A master whose first -R is allowed: the forwarding connection's grant says yes.
+    let first = free_port();
+    let _master = forward(
+        &c,
+        &cfg,
+        &[
+            "-o",
+            "ControlMaster=yes",
+            "-o",
+            &control_path,
+            "-R",
+            &format!("127.0.0.1:{first}:127.0.0.1:{web}"),
+        ],
+        first,
+    );
+    assert!(reaches(first));
+    let add = |port: u16| {
+        run(
+            Command::new("ssh")
+                .arg("-F")
+                .arg(&cfg)
+                .args(["-J", "proxy", "-o", &control_path, "-O", "forward", "-R"])
+                .arg(format!("127.0.0.1:{port}:127.0.0.1:{web}"))
+                .arg("root@local1"),
+            "",
+        )
+    };
+    // While the roles allow it, a new bind over the master works.
+    let second = free_port();
+    add(second).ok();
+    assert!(reaches(second));
+
+    // The role loses port_forwarding: a new -R over the same master is refused (the grant
+    // given at the first forward is not trusted past GRANT_RECHECK), audited with why.
+    std::fs::write(&f, role(false)).unwrap();
+    c.sallyctl(&["create", "-f", &f.display().to_string()]).ok();
+    std::thread::sleep(Duration::from_secs(3));
+    let third = free_port();
+    add(third).fails_with("remote port forwarding failed");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", third)).is_err());
+    assert!(eventually(Duration::from_secs(10), || {
+        events(&c, "port").iter().any(|e| {
+            e["user"] == "dave"
+                && e["addr"] == format!("127.0.0.1:{third}")
+                && e["result"] == "port forwarding is not allowed by your roles (port_forwarding)"
+        })
+    }));
+}
+
+#[test]
+fn an_agent_channel_checks_the_grant_again() {
+    let c = Cluster::start();
+    let role = |on: bool| {
+        format!(
+            "kind: role\nversion: v1\nmetadata: {{name: agent}}\nspec:\n  options: {{forward_agent: {on}}}\n  allow:\n    logins: [root]\n    node_labels: {{'*': '*'}}\n"
+        )
+    };
+    let f = c.dir.path().join("agent.yaml");
+    std::fs::write(&f, role(true)).unwrap();
+    c.sallyctl(&["create", "-f", &f.display().to_string()]).ok();
+    c.wait_online("local1");
+    let home = c.user("erin", "agent", "");
+    let cfg = c.ssh_config(&home, "erin");
+    let (_agent, sock) = ssh_agent(c.dir.path());
+    // The agent works at first; the role loses forward_agent while the session runs; the
+    // node's next agent channel is refused, audited with why.
+    let child = Command::new("ssh")
+        .env("SSH_AUTH_SOCK", &sock)
+        .arg("-F")
+        .arg(&cfg)
+        .args([
+            "-J",
+            "proxy",
+            "-A",
+            "root@local1",
+            "ssh-add -l; sleep 8; ssh-add -l; echo end",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(8), || {
+        events(&c, "agent-forward")
+            .iter()
+            .any(|e| e["user"] == "erin" && e["result"] == "ok")
+    }));
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(&f, role(false)).unwrap();
+    c.sallyctl(&["create", "-f", &f.display().to_string()]).ok();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("forwarded-key").count(), 1, "{stdout}");
+    assert!(stdout.ends_with("end\n"), "{stdout}");
+    assert!(eventually(Duration::from_secs(10), || {
+        events(&c, "agent-forward").iter().any(|e| {
+            e["user"] == "erin"
+                && e["result"] == "agent forwarding is not allowed by your roles (forward_agent)"
+        })
+    }));
+}

@@ -21,7 +21,7 @@ use russh::server::{Auth, Handle, Msg, Session};
 use russh::{
     Channel, ChannelId, ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf, Pty, Sig,
 };
-use sallyport_core::api::{NodeInfo, SessionEnd, SessionGrant, SessionRequest};
+use sallyport_core::api::{GrantCheck, NodeInfo, SessionEnd, SessionGrant, SessionRequest};
 use sallyport_core::flow::{self, Input};
 use sallyport_core::scp::{Direction, FileCopy, ScpAnswers, ScpStream};
 use sallyport_core::sftp::SftpAudit;
@@ -276,39 +276,74 @@ struct Relay {
 struct Asked {
     agent: AtomicBool,
     x11: AtomicBool,
+    /// The session's grant, checked again before each agent or X11 channel the node opens
+    /// (set once the session channel is open), and where such a refusal is audited.
+    recheck: OnceLock<Arc<GrantRecheck>>,
+    events: OnceLock<EventSink>,
 }
+
+const AGENT_FORWARDING_REFUSED: &str =
+    "agent forwarding is not allowed by your roles (forward_agent)";
+const X11_FORWARDING_REFUSED: &str =
+    "X11 forwarding is not allowed by your roles (permit_x11_forwarding)";
 
 /// How long a forward's grant, checked again with auth, is trusted: a user removed, locked
 /// or without `port_forwarding` any more gets no new forwarded connection after this.
 const GRANT_RECHECK: Duration = Duration::from_secs(2);
 
-/// A forwarding connection's grant, checked again before each new connection through one of
-/// its forwards (`-L`, `-D`, `-R`), at most every [`GRANT_RECHECK`]: a grant is given when
-/// the first forward opens, and forwards live on long after.
+/// A session's grant, checked again, at most every [`GRANT_RECHECK`], before each new thing
+/// it carries long after it was given: on the forwarding connection, each new connection
+/// through a forward (`-L`, `-D`, `-R`) and each new `-R` bind; on a session, each agent or
+/// X11 channel the node opens toward the person.
 struct GrantRecheck {
     state: Arc<SshState>,
     session_id: String,
-    last: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    last: tokio::sync::Mutex<Option<(std::time::Instant, Result<GrantCheck, String>)>>,
 }
 
 impl GrantRecheck {
     /// Starts from `grant`, just given.
     fn new(state: Arc<SshState>, grant: &SessionGrant) -> Self {
-        let answer = if grant.port_forwarding {
-            Ok(())
-        } else {
-            Err(PORT_FORWARDING_REFUSED.to_string())
+        let answer = GrantCheck {
+            port_forwarding: grant.port_forwarding,
+            forward_agent: grant.forward_agent,
+            x11_forwarding: grant.x11_forwarding,
         };
         GrantRecheck {
             state,
             session_id: grant.session_id.clone(),
-            last: tokio::sync::Mutex::new(Some((std::time::Instant::now(), answer))),
+            last: tokio::sync::Mutex::new(Some((std::time::Instant::now(), Ok(answer)))),
         }
     }
 
     /// Whether the user's current roles and locks still allow a new forwarded connection.
-    /// When auth cannot be asked the answer is no: a forward is not worth an unchecked grant.
     async fn allowed(&self) -> Result<(), String> {
+        match self.current().await? {
+            g if g.port_forwarding => Ok(()),
+            _ => Err(PORT_FORWARDING_REFUSED.to_string()),
+        }
+    }
+
+    /// Whether they still allow the node a new agent channel.
+    async fn agent_allowed(&self) -> Result<(), String> {
+        match self.current().await? {
+            g if g.forward_agent => Ok(()),
+            _ => Err(AGENT_FORWARDING_REFUSED.to_string()),
+        }
+    }
+
+    /// Whether they still allow the node a new X11 channel.
+    async fn x11_allowed(&self) -> Result<(), String> {
+        match self.current().await? {
+            g if g.x11_forwarding => Ok(()),
+            _ => Err(X11_FORWARDING_REFUSED.to_string()),
+        }
+    }
+
+    /// What the user's current roles and locks allow, as auth answers now (or answered less
+    /// than [`GRANT_RECHECK`] ago). When auth cannot be asked the answer is an error: nothing
+    /// is worth an unchecked grant.
+    async fn current(&self) -> Result<GrantCheck, String> {
         let mut last = self.last.lock().await;
         if let Some((at, answer)) = &*last
             && at.elapsed() < GRANT_RECHECK
@@ -322,15 +357,10 @@ impl GrantRecheck {
         let answer = match self
             .state
             .auth
-            .json::<_, sallyport_core::api::GrantCheck>(
-                reqwest::Method::POST,
-                &path,
-                Some(&json!({})),
-            )
+            .json::<_, GrantCheck>(reqwest::Method::POST, &path, Some(&json!({})))
             .await
         {
-            Ok(g) if g.port_forwarding => Ok(()),
-            Ok(_) => Err(PORT_FORWARDING_REFUSED.to_string()),
+            Ok(g) => Ok(g),
             Err(e) => Err(e.to_string()),
         };
         *last = Some((std::time::Instant::now(), answer.clone()));
@@ -612,7 +642,15 @@ impl russh::client::Handler for NodeClient {
             return Ok(());
         }
         let user = self.user.clone();
+        let asked = self.asked.clone();
         tokio::spawn(async move {
+            if let Err(why) = recheck_node_channel(&asked, "agent-forward", true).await {
+                tracing::info!(%why, "agent channel refused");
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return;
+            }
             match user.channel_open_agent().await {
                 Ok(uch) => {
                     reply.accept().await;
@@ -641,7 +679,15 @@ impl russh::client::Handler for NodeClient {
         }
         let user = self.user.clone();
         let origin = originator_address.to_string();
+        let asked = self.asked.clone();
         tokio::spawn(async move {
+            if let Err(why) = recheck_node_channel(&asked, "x11-forward", false).await {
+                tracing::info!(%why, "X11 channel refused");
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return;
+            }
             match user.channel_open_x11(origin, originator_port).await {
                 Ok(uch) => {
                     reply.accept().await;
@@ -680,6 +726,23 @@ impl russh::client::Handler for NodeClient {
             .await;
         Ok(())
     }
+}
+
+/// Checks a session's grant again before an agent (`agent`) or X11 channel the node opens
+/// toward the person; a refusal is audited as an `agent-forward` / `x11-forward` event
+/// (`event`) with its `result`.
+async fn recheck_node_channel(asked: &Asked, event: &str, agent: bool) -> Result<(), String> {
+    let answer = match asked.recheck.get() {
+        Some(r) if agent => r.agent_allowed().await,
+        Some(r) => r.x11_allowed().await,
+        None => Err("the session's grant is not known yet".to_string()),
+    };
+    if let (Err(why), Some(events)) = (&answer, asked.events.get()) {
+        events
+            .send(event, json!({"result": why, "channel": "refused"}))
+            .await;
+    }
+    answer
 }
 
 fn refuse(reason: impl Into<String>) -> ChannelOpenFailure {
@@ -1457,6 +1520,11 @@ impl russh::server::Handler for Inner {
                     asked,
                     activity: self.activity.clone(),
                 };
+                let _ = relay.asked.events.set(relay.events.clone());
+                let _ = relay.asked.recheck.set(Arc::new(GrantRecheck::new(
+                    self.state.clone(),
+                    &relay.grant,
+                )));
                 tokio::spawn(user_to_node(rx, write));
                 tokio::spawn(node_to_user(
                     self.state.clone(),
@@ -1557,7 +1625,16 @@ impl russh::server::Handler for Inner {
             return self.refuse_request(ch, &e, session);
         }
         let cmd = String::from_utf8_lossy(data).into_owned();
-        let copy = sallyport_core::scp::classify(&cmd);
+        // An rsync to a node without the agent runs through the login's shell (sshd's way),
+        // which the login can make run anything, and rsync's stream is not held to its
+        // protocol as scp's and SFTP's are: there it is a recorded session. (An agent runs
+        // copies itself, never through the shell.)
+        let agentless = self
+            .chans
+            .get(&ch)
+            .is_some_and(|r| r.grant.node.kind != "agent");
+        let copy = sallyport_core::scp::classify(&cmd)
+            .filter(|c| !(false && agentless && matches!(c, FileCopy::Rsync { .. })));
         // Refused when it is a copy or only wraps one: what `ssh_file_copy: false` refused
         // before stays refused, though only an exact copy goes unrecorded.
         if let Some(r) = self.chans.get(&ch)
@@ -1633,8 +1710,7 @@ impl russh::server::Handler for Inner {
             return Ok(false);
         };
         if !r.grant.forward_agent {
-            let msg =
-                "sallyport: agent forwarding is not allowed by your roles (forward_agent)\r\n";
+            let msg = format!("sallyport: {AGENT_FORWARDING_REFUSED}\r\n");
             session.extended_data(ch, 1, Bytes::from(msg))?;
             return Ok(false);
         }
@@ -1661,7 +1737,7 @@ impl russh::server::Handler for Inner {
             return session.channel_failure(ch);
         };
         if !r.grant.x11_forwarding {
-            let msg = "sallyport: X11 forwarding is not allowed by your roles (permit_x11_forwarding)\r\n";
+            let msg = format!("sallyport: {X11_FORWARDING_REFUSED}\r\n");
             session.extended_data(ch, 1, Bytes::from(msg))?;
             return session.channel_failure(ch);
         }
@@ -1780,13 +1856,15 @@ impl russh::server::Handler for Inner {
                 return Ok(false);
             }
         };
-        if !fwd.grant.port_forwarding {
-            tracing::info!(%user, address, port = *port, "remote forward refused by roles");
+        // A new bind asks as a new connection does: the roles may have changed since the
+        // forwarding connection's grant.
+        if let Err(why) = fwd.recheck.allowed().await {
+            tracing::info!(%user, address, port = *port, %why, "remote forward refused");
             fwd.events
                 .send(
                     "port",
                     json!({"kind": "remote", "addr": format!("{address}:{port}"),
-                    "result": PORT_FORWARDING_REFUSED}),
+                    "result": why}),
                 )
                 .await;
             return Ok(false);
