@@ -83,13 +83,13 @@ impl Window {
     fn count(&mut self, failure: &Failure, times: u64) {
         self.counted = self.counted.saturating_add(times);
         self.latest = Some(failure.event());
-        if let Some(p) = failure.presented() {
-            if !self.presented.contains(p) {
-                if self.presented.len() < MAX_IDENTITIES {
-                    self.presented.push(p.clone());
-                } else {
-                    self.unlisted = self.unlisted.saturating_add(1);
-                }
+        if let Some(p) = failure.presented()
+            && !self.presented.contains(p)
+        {
+            if self.presented.len() < MAX_IDENTITIES {
+                self.presented.push(p.clone());
+            } else {
+                self.unlisted = self.unlisted.saturating_add(1);
             }
         }
     }
@@ -196,7 +196,7 @@ fn clip(s: &str) -> String {
 }
 
 /// The address without its port (`127.0.0.1:5555` → `127.0.0.1`, `[::1]:5555` → `::1`).
-fn address_of(remote: &str) -> String {
+pub(crate) fn address_of(remote: &str) -> String {
     match remote.parse::<std::net::SocketAddr>() {
         Ok(a) => a.ip().to_string(),
         Err(_) => remote.to_string(),

@@ -121,6 +121,8 @@ pub struct AuthServer {
     pub(crate) failures: failures::Failures,
     /// Password checks (argon2: ~19 MiB each) run at most this many at a time.
     pub(crate) password_checks: login::PasswordChecks,
+    /// SSO logins started and not yet called back, bounded per client address and in all.
+    pub(crate) oidc_pending: oidc::PendingStarts,
 }
 
 impl AuthServer {
@@ -150,6 +152,7 @@ impl AuthServer {
             dummy_hash,
             failures: failures::Failures::default(),
             password_checks: login::PasswordChecks::new(),
+            oidc_pending: oidc::PendingStarts::default(),
         });
         failures::spawn_flusher(Arc::downgrade(&auth));
         audit_log::spawn_anchorer(Arc::downgrade(&auth));

@@ -15,7 +15,11 @@
 //! 3. `sally` redeems the response code with its client secret and receives the certificates.
 //!
 //! Nothing is issued when any check fails; every outcome is a `user.login` event with
-//! `method: oidc`.
+//! `method: oidc`. Anyone can start a login and call back with its state, an error or a made-up
+//! code, so the failures before an ID token verifies (nobody's identity is claimed yet) go
+//! through `failures` (one record per address and reason a minute, with a count), and logins
+//! waiting at the provider are bounded ([`PendingStarts`]): a start is one row and, at most,
+//! one code exchange with the provider.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{LazyLock, Mutex};
@@ -35,6 +39,12 @@ use crate::{AuthError, AuthServer};
 
 /// How long a started login may take at the provider.
 const REQUEST_TTL: i64 = 600;
+/// Logins started from one client address and not yet called back.
+pub const MAX_PENDING_PER_ADDRESS: usize = 20;
+/// Logins started and not yet called back, from all addresses.
+pub const MAX_PENDING: usize = 5000;
+/// Longest text kept from what the provider (or whoever calls back) says about an error.
+const MAX_ERROR_TEXT: usize = 256;
 /// Clock skew allowed on `iat`, `exp` and `nbf`.
 const SKEW_SECS: u64 = 60;
 /// Signature algorithms accepted on ID tokens: asymmetric only (no `none`, no HMAC).
@@ -60,6 +70,97 @@ pub struct OidcStart {
     pub ttl_secs: Option<u64>,
     /// A secret `sally` made; only its hash is kept, and the response is redeemed with it.
     pub client_key: String,
+    /// The client's address, as the proxy saw the connection (never sent by the client).
+    #[serde(default)]
+    pub remote_addr: Option<String>,
+}
+
+/// Logins started and not yet called back, by hashed state: the client address each came from
+/// and when it expires. A start beyond [`MAX_PENDING_PER_ADDRESS`] for its address, or beyond
+/// [`MAX_PENDING`] in all, is refused before anything is stored, so a loop of starts cannot
+/// grow `oidc_requests` (whose rows also expire after [`REQUEST_TTL`]).
+#[derive(Default)]
+pub struct PendingStarts {
+    by_state: Mutex<HashMap<String, (String, i64)>>,
+}
+
+impl PendingStarts {
+    /// Takes a place for a start from `addr` (without its port), or says why there is none.
+    fn reserve(&self, state_hash: &str, addr: &str, now: i64) -> Result<(), AuthError> {
+        let mut pending = self
+            .by_state
+            .lock()
+            .map_err(|_| AuthError::Internal("pending SSO logins: lock poisoned".into()))?;
+        pending.retain(|_, (_, expires)| *expires > now);
+        let from_addr = pending.values().filter(|(a, _)| a == addr).count();
+        if from_addr >= MAX_PENDING_PER_ADDRESS {
+            return Err(AuthError::Locked(format!(
+                "too many SSO logins started from {addr} are waiting for the identity provider ({from_addr}, at most {MAX_PENDING_PER_ADDRESS}); finish one, or try again when they expire (10 minutes)"
+            )));
+        }
+        if pending.len() >= MAX_PENDING {
+            return Err(AuthError::Busy(
+                "too many SSO logins are in progress; try again in a few minutes".into(),
+            ));
+        }
+        pending.insert(
+            state_hash.to_string(),
+            (addr.to_string(), now + REQUEST_TTL),
+        );
+        Ok(())
+    }
+
+    /// The login was called back (or never stored): its place is free.
+    fn release(&self, state_hash: &str) {
+        if let Ok(mut pending) = self.by_state.lock() {
+            pending.remove(state_hash);
+        }
+    }
+}
+
+/// A login that failed before any identity was verified: `reason` keys its aggregation (a
+/// fixed text, never the caller's words), `error` is what the person is shown.
+struct Unverified {
+    reason: String,
+    error: String,
+}
+
+impl Unverified {
+    /// A failure whose message is also its reason (our own words, a bounded set).
+    fn said(error: impl Into<String>) -> Self {
+        let error = error.into();
+        Unverified {
+            reason: error.clone(),
+            error,
+        }
+    }
+
+    fn because(reason: &str, error: impl Into<String>) -> Self {
+        Unverified {
+            reason: reason.into(),
+            error: error.into(),
+        }
+    }
+}
+
+/// What a provider's token endpoint answered, with the ID token verified.
+struct Verified {
+    connector: OidcConnector,
+    discovery: Discovery,
+    claims: BTreeMap<String, Value>,
+    /// For UserInfo, read once the ID token is known good.
+    access_token: Option<String>,
+    ssh_key: String,
+    ttl: Option<i64>,
+}
+
+/// At most [`MAX_ERROR_TEXT`] bytes, cut at a character boundary.
+fn clip(s: &str) -> &str {
+    let mut end = s.len().min(MAX_ERROR_TEXT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -452,11 +553,14 @@ impl AuthServer {
             .bind(now)
             .execute(&self.backend.pool)
             .await?;
-        sqlx::query(
+        let state_hash = token_hash(&state);
+        let addr = crate::failures::address_of(req.remote_addr.as_deref().unwrap_or_default());
+        self.oidc_pending.reserve(&state_hash, &addr, now)?;
+        let stored = sqlx::query(
             "INSERT INTO oidc_requests (state_hash, connector, nonce, pkce_verifier, client_redirect, client_key_hash, ssh_public_key, ttl_secs, expires)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
-        .bind(token_hash(&state))
+        .bind(&state_hash)
         .bind(c.name())
         .bind(&nonce)
         .bind(&verifier)
@@ -466,7 +570,11 @@ impl AuthServer {
         .bind(req.ttl_secs.map(|t| i64::try_from(t).unwrap_or(i64::MAX)))
         .bind(now + REQUEST_TTL)
         .execute(&self.backend.pool)
-        .await?;
+        .await;
+        if let Err(e) = stored {
+            self.oidc_pending.release(&state_hash);
+            return Err(e.into());
+        }
         let auth_url = with_query(
             &d.authorization_endpoint,
             &[
@@ -499,6 +607,7 @@ impl AuthServer {
         .bind(now)
         .execute(&self.backend.pool)
         .await?;
+        self.oidc_pending.release(&token_hash(state));
         if claimed.rows_affected() != 1 {
             // No identity is claimed here, so anyone can send these: aggregated, not one each.
             self.auth_failed(crate::failures::Failure {
@@ -510,7 +619,10 @@ impl AuthServer {
                 user_exists: false,
                 event_fields: vec![
                     ("method".into(), "oidc".into()),
-                    ("error".into(), "unknown, expired or reused login state".into()),
+                    (
+                        "error".into(),
+                        "unknown, expired or reused login state".into(),
+                    ),
                 ],
             })
             .await;
@@ -525,7 +637,35 @@ impl AuthServer {
             .await?;
         let connector: String = row.try_get("connector")?;
         let client_redirect: String = row.try_get("client_redirect")?;
-        match self.oidc_complete(cb, &row, &connector).await {
+        let verified = match self.oidc_verify(cb, &row, &connector).await {
+            Ok(v) => v,
+            Err(Unverified { reason, error }) => {
+                sqlx::query("DELETE FROM oidc_requests WHERE state_hash = $1")
+                    .bind(token_hash(state))
+                    .execute(&self.backend.pool)
+                    .await?;
+                // No identity is verified yet, and anyone can get this far (start, then call
+                // back with an error or a made-up code): aggregated like a forged state.
+                self.auth_failed(crate::failures::Failure {
+                    event: "user.login",
+                    door: "api".into(),
+                    remote_addr: cb.remote_addr.clone().unwrap_or_default(),
+                    reason,
+                    user: None,
+                    user_exists: false,
+                    event_fields: vec![
+                        ("method".into(), "oidc".into()),
+                        ("connector".into(), connector.into()),
+                        ("error".into(), error.clone().into()),
+                    ],
+                })
+                .await;
+                return Ok(OidcRedirect {
+                    location: with_query(&client_redirect, &[("error", &error)])?,
+                });
+            }
+        };
+        match self.oidc_complete(cb, verified, &connector).await {
             Ok((certs, matched, user)) => {
                 let response = sallyport_core::random_hex(32);
                 let text = serde_json::to_string(&certs)
@@ -577,29 +717,32 @@ impl AuthServer {
         }
     }
 
-    /// Exchange, verification, mapping, user refresh and issuance. Errors carry the user (when
-    /// known) and a message for the person.
-    async fn oidc_complete(
+    /// The provider's answer (an error, or a code to exchange) up to a verified ID token.
+    async fn oidc_verify(
         &self,
         cb: &OidcCallback,
         row: &sqlx::any::AnyRow,
         connector: &str,
-    ) -> Result<(Certs, Vec<(String, String)>, String), (Option<String>, String)> {
-        let fail = |e: String| (None, e);
+    ) -> Result<Verified, Unverified> {
+        let fail = |e: String| Unverified::said(e);
         if let Some(err) = &cb.error {
-            return Err(fail(format!(
-                "the identity provider refused: {err}{}",
-                cb.error_description
-                    .as_deref()
-                    .map(|d| format!(" ({d})"))
-                    .unwrap_or_default()
-            )));
+            return Err(Unverified::because(
+                "the identity provider answered with an error",
+                format!(
+                    "the identity provider refused: {}{}",
+                    clip(err),
+                    cb.error_description
+                        .as_deref()
+                        .map(|d| format!(" ({})", clip(d)))
+                        .unwrap_or_default()
+                ),
+            ));
         }
         let code = cb
             .code
             .as_deref()
             .ok_or_else(|| fail("the provider sent no authorization code".into()))?;
-        let get = |k: &str| -> Result<String, (Option<String>, String)> {
+        let get = |k: &str| -> Result<String, Unverified> {
             row.try_get::<String, _>(k).map_err(|e| fail(e.to_string()))
         };
         let (nonce, verifier, ssh_key) =
@@ -625,6 +768,7 @@ impl AuthServer {
         let d = discover(&c.spec.issuer_url)
             .await
             .map_err(|e| fail(e.to_string()))?;
+        let unreachable = "the identity provider cannot be reached";
         let resp = http()
             .map_err(|e| fail(e.to_string()))?
             .post(&d.token_endpoint)
@@ -637,32 +781,69 @@ impl AuthServer {
             ])
             .send()
             .await
-            .map_err(|e| fail(provider_down(&c.spec.issuer_url, e).to_string()))?;
+            .map_err(|e| {
+                Unverified::because(
+                    unreachable,
+                    provider_down(&c.spec.issuer_url, e).to_string(),
+                )
+            })?;
         let status = resp.status();
-        let body: Value = resp
-            .json()
-            .await
-            .map_err(|e| fail(format!("the provider's token response: {e}")))?;
+        let body: Value = resp.json().await.map_err(|e| {
+            Unverified::because(
+                "the provider's token response is not JSON",
+                format!("the provider's token response: {e}"),
+            )
+        })?;
         if !status.is_success() {
-            return Err(fail(format!(
-                "the provider refused the code exchange: {}",
-                body["error_description"]
-                    .as_str()
-                    .or(body["error"].as_str())
-                    .unwrap_or("no reason given")
-            )));
+            return Err(Unverified::because(
+                "the provider refused the code exchange",
+                format!(
+                    "the provider refused the code exchange: {}",
+                    clip(
+                        body["error_description"]
+                            .as_str()
+                            .or(body["error"].as_str())
+                            .unwrap_or("no reason given")
+                    )
+                ),
+            ));
         }
         let id_token = body["id_token"]
             .as_str()
             .ok_or_else(|| fail("the provider returned no ID token".into()))?;
-        let mut claims = verify_id_token(id_token, &d, &c.spec.client_id, &nonce)
+        let claims = verify_id_token(id_token, &d, &c.spec.client_id, &nonce)
             .await
             .map_err(fail)?;
+        Ok(Verified {
+            connector: c,
+            discovery: d,
+            claims,
+            access_token: body["access_token"].as_str().map(str::to_string),
+            ssh_key,
+            ttl,
+        })
+    }
+
+    /// UserInfo, mapping, user refresh and issuance for a verified ID token. Errors carry the
+    /// user (when known) and a message for the person.
+    async fn oidc_complete(
+        &self,
+        cb: &OidcCallback,
+        v: Verified,
+        connector: &str,
+    ) -> Result<(Certs, Vec<(String, String)>, String), (Option<String>, String)> {
+        let fail = |e: String| (None, e);
+        let Verified {
+            connector: c,
+            discovery: d,
+            mut claims,
+            access_token,
+            ssh_key,
+            ttl,
+        } = v;
         // Providers that follow the spec's default answer `email`, `groups` and the like only
         // at UserInfo for the code flow, leaving the ID token with `sub` and the protocol claims.
-        if let (Some(endpoint), Some(access_token)) =
-            (&d.userinfo_endpoint, body["access_token"].as_str())
-        {
+        if let (Some(endpoint), Some(access_token)) = (&d.userinfo_endpoint, &access_token) {
             let info = fetch_userinfo(endpoint, access_token, &c.spec.issuer_url)
                 .await
                 .map_err(fail)?;

@@ -155,8 +155,19 @@ async fn login(
     .await
 }
 
-async fn oidc_start(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
-    forward(&web.auth, Method::POST, "/v1/oidc/start", Some(body)).await
+/// Auth bounds the logins waiting at the provider per client address, so it is told the address.
+async fn oidc_start(
+    State(web): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    forward(
+        &web.auth,
+        Method::POST,
+        "/v1/oidc/start",
+        Some(with_remote(body, remote)),
+    )
+    .await
 }
 
 async fn oidc_finish(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {

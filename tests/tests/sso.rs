@@ -11,6 +11,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use sallyport_tests::*;
 
@@ -452,4 +453,163 @@ fn sso_users_are_keyed_on_the_identity_the_provider_vouches_for() {
     for needle in ["not verified", "already linked", "now names you"] {
         assert!(failures.contains(needle), "{needle}: {failures}");
     }
+}
+
+/// Starts an SSO login as `sally login` does (through the proxy); returns the HTTP status and
+/// the state of the provider URL it answered, or the error it answered.
+fn start_login(c: &Cluster) -> (u16, String) {
+    let body = serde_json::json!({
+        "connector": "corp",
+        "client_redirect_url": "http://127.0.0.1:9/cb",
+        "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJiJzgCeQmvH/xHCTAp5H4/vSEDIXhl0bEkVWYbkXg9w",
+        "client_key": "0123456789abcdef0123456789abcdef",
+    });
+    let r = run(
+        Command::new("curl").args([
+            "-sk",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            &body.to_string(),
+            &format!("https://{}/v1/webapi/oidc/login/start", c.proxy),
+        ]),
+        "",
+    )
+    .ok();
+    let (answer, status) = r.stdout.rsplit_once('\n').unwrap();
+    let v: serde_json::Value = serde_json::from_str(answer).unwrap();
+    let said = match v["auth_url"].as_str() {
+        Some(u) => u
+            .split(['?', '&'])
+            .find_map(|kv| kv.strip_prefix("state="))
+            .expect("a state in the provider URL")
+            .to_string(),
+        None => v["error"].as_str().unwrap_or(answer).to_string(),
+    };
+    (status.parse().unwrap(), said)
+}
+
+/// Calls the proxy's SSO callback with `query`; returns the status and where it sends the
+/// browser.
+fn call_back(c: &Cluster, query: &str) -> (u16, String) {
+    let r = run(
+        Command::new("curl").args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{redirect_url}",
+            &format!("https://{}/v1/webapi/oidc/callback?{query}", c.proxy),
+        ]),
+        "",
+    )
+    .ok();
+    let (status, location) = r.stdout.split_once(' ').unwrap();
+    (status.parse().unwrap(), location.to_string())
+}
+
+/// Anyone can start a login and come back with its (valid) state and an error or a made-up
+/// code: those failures name nobody, so they are counted like forged states (one record at
+/// once and one when the minute closes, per address and reason), not one record each; and the
+/// logins waiting at the provider are bounded per address, so starts cannot grow the table.
+#[test]
+fn started_logins_called_back_with_errors_are_counted_and_bounded() {
+    let c = Cluster::start_with(Options {
+        // The door's own throttles out of the way: every request reaches auth.
+        proxy_service: [
+            "max_unauthenticated_connections: 1024",
+            "max_unauthenticated_per_address: 1024",
+            "max_connection_rate_per_address: 1000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Options::default()
+    });
+    roles_file(&c);
+    let p = provider(&c);
+    connector(&c, "corp", &p.issuer);
+    let records = || c.sallyctl(&["audit", "search"]).ok().stdout.lines().count();
+    let before = records();
+    for i in 0..100 {
+        let (status, state) = start_login(&c);
+        assert_eq!(status, 200, "{i}: {state}");
+        let (status, location) = call_back(
+            &c,
+            &format!("state={state}&error=access_denied&error_description=no-{i}"),
+        );
+        assert_eq!(status, 302);
+        assert!(
+            location.starts_with("http://127.0.0.1:9/cb?error=the+identity+provider+refused"),
+            "{location}"
+        );
+    }
+    // A made-up code costs one exchange at the provider, which refuses it.
+    for i in 0..10 {
+        let (_, state) = start_login(&c);
+        let (status, location) = call_back(&c, &format!("state={state}&code=made-up-{i}"));
+        assert_eq!(status, 302);
+        assert!(
+            location.contains("error=the+provider+refused+the+code+exchange"),
+            "{location}"
+        );
+    }
+    // One record at once per reason.
+    assert!(
+        records() - before <= 2,
+        "{} new records",
+        records() - before
+    );
+    let failed = |reason: &str| -> Vec<serde_json::Value> {
+        c.events("user.login")
+            .into_iter()
+            .filter(|e| e["method"] == "oidc" && e["success"] == false && e["reason"] == reason)
+            .collect()
+    };
+    let counts = |reason: &str| -> Vec<u64> {
+        failed(reason)
+            .iter()
+            .map(|e| e["count"].as_u64().unwrap())
+            .collect()
+    };
+    let refused = "the identity provider answered with an error";
+    let exchange = "the provider refused the code exchange";
+    assert!(
+        eventually(Duration::from_secs(100), || counts(refused) == [1, 99]
+            && counts(exchange) == [1, 9]),
+        "{:?} {:?}",
+        failed(refused),
+        failed(exchange)
+    );
+    let last = failed(refused).pop().unwrap();
+    assert_eq!(last["connector"], "corp");
+    assert_eq!(last["door"], "api");
+    assert!(
+        last["error"]
+            .as_str()
+            .unwrap()
+            .contains("access_denied (no-"),
+        "{last}"
+    );
+    assert_eq!(records() - before, 4);
+
+    // Logins waiting at the provider: at most 20 from one address.
+    let mut waiting = vec![];
+    for i in 0..20 {
+        let (status, state) = start_login(&c);
+        assert_eq!(status, 200, "{i}: {state}");
+        waiting.push(state);
+    }
+    let (status, said) = start_login(&c);
+    assert_eq!(status, 429);
+    assert_eq!(
+        said,
+        "too many SSO logins started from 127.0.0.1 are waiting for the identity provider (20, at most 20); finish one, or try again when they expire (10 minutes)"
+    );
+    // One comes back (here with an error): a start is taken again.
+    call_back(&c, &format!("state={}&error=access_denied", waiting[0]));
+    assert_eq!(start_login(&c).0, 200);
+    assert_eq!(start_login(&c).0, 429);
+    drop(p);
 }
