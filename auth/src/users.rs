@@ -104,7 +104,9 @@ impl AuthServer {
     /// identity already linked to another name is refused too (the provider renamed the person:
     /// an admin decides, by removing the old user, since locks, sessions and recordings are
     /// kept under the old name). An SSO user from before identities were stored is linked to
-    /// the first identity that signs in as it.
+    /// the first identity that signs in as it through the connector it last signed in with
+    /// (read from its last successful `user.login` in the audit log); one with no such record
+    /// is linked to the first identity on any connector.
     pub async fn upsert_sso_user(
         &self,
         name: &str,
@@ -171,6 +173,9 @@ impl AuthServer {
         .await?
         .rows_affected()
             == 1;
+        if !inserted {
+            self.check_legacy_connector(name, connector).await?;
+        }
         let adopted = !inserted
             && sqlx::query(
                 "UPDATE users SET sso_connector = $1, sso_issuer = $2, sso_subject = $3
@@ -204,6 +209,42 @@ impl AuthServer {
             .await?
             .ok_or_else(|| AuthError::Internal(format!("user {name} vanished")))?;
         Ok(SsoUser { record, adopted })
+    }
+
+    /// For an SSO user from before identities were stored (migration 0006): refuses linking it
+    /// through another connector than the one it last signed in with, so that after the upgrade
+    /// a second connector presenting the same name does not take over the user's history. The
+    /// users table never recorded the connector; every successful SSO login's audit event did.
+    async fn check_legacy_connector(&self, name: &str, connector: &str) -> Result<(), AuthError> {
+        let legacy = sqlx::query(
+            "SELECT name FROM users WHERE name = $1 AND user_type = 'sso' AND sso_subject IS NULL",
+        )
+        .bind(name)
+        .fetch_optional(&self.backend.pool)
+        .await?
+        .is_some();
+        if !legacy {
+            return Ok(());
+        }
+        let rows = sqlx::query(
+            "SELECT record FROM audit_events WHERE event_type = 'user.login' AND user_name = $1 ORDER BY seq DESC",
+        )
+        .bind(name)
+        .fetch_all(&self.backend.pool)
+        .await?;
+        let last = rows.iter().find_map(|r| {
+            let text: String = r.try_get("record").ok()?;
+            let e: serde_json::Value = serde_json::from_str(&text).ok()?;
+            (e["success"] == true && e["method"] == "oidc")
+                .then(|| e["connector"].as_str().map(str::to_string))
+                .flatten()
+        });
+        match last {
+            Some(last) if last != connector => Err(AuthError::Conflict(format!(
+                "user {name} signs in through connector {last}, not {connector}; ask an admin to remove user {name} (`sallyctl users rm {name}`) if connector {connector} should have it"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Creates a local user and returns its first sign-up token.

@@ -176,6 +176,39 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
         .unwrap();
     assert!(e.to_string().contains("already linked"), "{e}");
     auth.remove_user("old@x.io", "test").await.unwrap();
+
+    // One that last signed in through a connector (its audit says which) is linked only
+    // through that connector: another connector presenting its name does not take it over.
+    sqlx::query(
+        "INSERT INTO users (name, user_type, roles, traits, created) VALUES ('legacy@x.io', 'sso', '[\"access\"]', '{}', 0)",
+    )
+    .execute(&auth.backend.pool)
+    .await
+    .unwrap();
+    let login = |connector: &str, success: bool| {
+        sallyport_core::audit::Event::new("user.login", Some("legacy@x.io"))
+            .with("success", success)
+            .with("method", "oidc")
+            .with("connector", connector.to_string())
+    };
+    auth.emit(login("corp2", true)).await.unwrap();
+    // A failed attempt through another connector later on changes nothing.
+    auth.emit(login("corp", false)).await.unwrap();
+    let e = auth
+        .upsert_sso_user("legacy@x.io", &id("corp", "s10"), &roles, &traits)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        "user legacy@x.io signs in through connector corp2, not corp; ask an admin to remove user legacy@x.io (`sallyctl users rm legacy@x.io`) if connector corp should have it"
+    );
+    let linked = auth
+        .upsert_sso_user("legacy@x.io", &id("corp2", "s10"), &roles, &traits)
+        .await
+        .unwrap();
+    assert!(linked.adopted);
+    auth.remove_user("legacy@x.io", "test").await.unwrap();
 }
 
 #[tokio::test]
