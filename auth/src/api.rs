@@ -503,10 +503,19 @@ async fn audit_search(
     State(auth): Auth,
     Extension(peer): Extension<PeerCertificates>,
     Query(q): Query<AuditQuery>,
-) -> Result<Json<Vec<serde_json::Value>>, AuthError> {
+) -> Result<(axum::http::HeaderMap, Json<Vec<serde_json::Value>>), AuthError> {
     let caller = caller_of(&auth, &peer).await?;
     auth.authorize(&caller, "event", "list").await?;
-    Ok(Json(auth.audit_search(&q).await?))
+    let found = auth.audit_search(&q).await?;
+    // Beside the body, which stays the plain list of records older clients read.
+    let mut headers = axum::http::HeaderMap::new();
+    if let Some(seq) = found.unanchored_from {
+        headers.insert(
+            axum::http::HeaderName::from_static(sallyport_core::audit::UNANCHORED_HEADER),
+            axum::http::HeaderValue::from(seq),
+        );
+    }
+    Ok((headers, Json(found.records)))
 }
 
 async fn audit_verify(

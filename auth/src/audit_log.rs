@@ -8,11 +8,15 @@
 //! Auth therefore signs checkpoints of the chain ([`sallyport_core::audit::Checkpoint`]) with
 //! an Ed25519 key kept in its data dir, never in the database: inside the append that makes a
 //! multiple of `audit_checkpoint_every` records since the last checkpoint, and in the background
-//! at most `audit_checkpoint_interval` after a record was written. Before signing it checks
-//! that the records since the last checkpoint link to it, so a rewrite it can see is never
-//! signed. The last checkpoint it signed is also remembered in the data dir, so that removing
-//! the newest checkpoints together with the records they cover shows. `audit_verify` checks
-//! every checkpoint with the key from the data dir.
+//! at most `audit_checkpoint_interval` after a record was written. The last checkpoint it
+//! signed is also remembered in the data dir (`audit-checkpoint.last`). Before signing it
+//! requires that checkpoint to be in the database exactly as signed and the records since it
+//! to link to it up to the head: the database's own newest checkpoint is not enough, since a
+//! writer who removes checkpoints and re-hashes the records after them leaves a chain that
+//! links to an older one (or GENESIS), and signing that would launder the rewrite. When this
+//! does not hold it refuses (logged as an error, the record itself still written), and
+//! `audit_verify`, which checks every checkpoint with the key from the data dir and the
+//! remembered one against the database, fails and says why.
 //!
 //! What that proves: every record up to the last checkpoint is what auth wrote, none is
 //! missing, and no checkpoint was removed or forged. What it cannot: records after the last
@@ -22,13 +26,17 @@
 //! (a KMS later), and each remembers only the checkpoints it signed itself.
 //!
 //! Searches filter on the records themselves (what the chain hashes), never on the side columns
-//! `event_type`, `user_name` and `time`, which nothing verifies; each result's own hash is
-//! checked before it is returned.
+//! `event_type`, `user_name` and `time`, which nothing verifies. Each result is checked before
+//! it is returned: its own hash, then against the chain — the span of records its covering
+//! checkpoint signed must link from the checkpoint before it to the signed hash (checked once
+//! per checkpoint, then kept in memory), and a result after the last checkpoint must link from
+//! it to the chain head; the first such result is reported as not yet anchored.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use russh::keys::ssh_key::{Algorithm, LineEnding, PrivateKey};
 use sallyport_core::api::{AuditQuery, AuditVerify};
@@ -60,6 +68,9 @@ pub(crate) struct Anchor {
     key: PrivateKey,
     remembered: PathBuf,
     every: i64,
+    /// Spans searches have checked against their checkpoint, by (checkpoint seq, hash): the
+    /// records' hashes, oldest spans first out.
+    spans: Mutex<SpanCache>,
 }
 
 impl Anchor {
@@ -105,6 +116,7 @@ impl Anchor {
             key,
             remembered: path.with_extension("last"),
             every: i64::try_from(config.audit_checkpoint_every.max(1)).unwrap_or(i64::MAX),
+            spans: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -292,7 +304,6 @@ impl AuthServer {
         head_hash: &str,
         only_when_due: bool,
     ) -> Result<Option<Checkpoint>, AuthError> {
-        let cluster = &self.config.cluster_name;
         let last = sqlx::query(
             "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints ORDER BY seq DESC LIMIT 1",
         )
@@ -300,52 +311,27 @@ impl AuthServer {
         .await?
         .map(|r| checkpoint_row(&r))
         .transpose()?;
-        let (from_seq, from_hash) = match &last {
-            Some(cp) if !cp.is_signed_by(a.key.public_key(), cluster) => {
-                return Err(AuthError::Conflict(format!(
-                    "the last audit checkpoint ({}) is not signed by the checkpoint key: not signing on top of it; run `sallyctl audit verify`",
-                    cp.seq
-                )));
-            }
-            Some(cp) => (cp.seq, cp.hash.clone()),
-            None => (0, GENESIS.to_string()),
-        };
-        let pending = head_seq - from_seq;
+        let last_seq = last.as_ref().map_or(0, |cp| cp.seq);
+        let pending = head_seq - last_seq;
         if pending <= 0 || (only_when_due && pending % a.every != 0) {
             return Ok(None);
         }
-        let rows = sqlx::query("SELECT record FROM audit_events WHERE seq > $1 ORDER BY seq")
-            .bind(from_seq)
-            .fetch_all(&mut **tx)
-            .await?;
-        let mut records = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let text: String = r.try_get(0)?;
-            records.push(serde_json::from_str::<Value>(&text).unwrap_or(Value::Null));
-        }
-        let v = audit::verify_from(from_seq, &from_hash, &records);
-        if !v.ok {
-            return Err(AuthError::Conflict(format!(
-                "not signing an audit checkpoint: {}; run `sallyctl audit verify`",
-                v.message
-            )));
-        }
-        let tail = records
-            .last()
-            .and_then(|r| r.get("hash"))
-            .and_then(Value::as_str);
-        if v.checked as i64 != pending || tail != Some(head_hash) {
-            return Err(AuthError::Conflict(format!(
-                "not signing an audit checkpoint: the chain head is record {head_seq} but the records after checkpoint {from_seq} end elsewhere; run `sallyctl audit verify`"
-            )));
-        }
+        let prev_seq = self
+            .check_before_signing(tx, a, last.as_ref(), head_seq, head_hash)
+            .await
+            .map_err(|e| match e {
+                AuthError::Conflict(why) => AuthError::Conflict(format!(
+                    "not signing an audit checkpoint: {why}; run `sallyctl audit verify`"
+                )),
+                other => other,
+            })?;
         let cp = Checkpoint::sign(
             &a.key,
-            cluster,
+            &self.config.cluster_name,
             head_seq,
             head_hash,
             sallyport_core::unix_now(),
-            from_seq,
+            prev_seq,
         )
         .map_err(AuthError::Internal)?;
         sqlx::query(
@@ -361,7 +347,142 @@ impl AuthServer {
         Ok(Some(cp))
     }
 
-    pub async fn audit_search(&self, q: &AuditQuery) -> Result<Vec<Value>, AuthError> {
+    /// What must hold before a checkpoint over the head is signed; returns the seq of the
+    /// database's newest checkpoint (the new one's `prev_seq`).
+    ///
+    /// The records are checked from the last checkpoint this server remembers signing, which
+    /// must still be in the database exactly as signed: the database's own newest checkpoint
+    /// is no ground to stand on, since a writer who removes checkpoints and re-hashes the
+    /// records after them leaves a chain that links to an older one (or to GENESIS), and
+    /// signing over it would launder the rewrite. Checkpoints after the remembered one (signed
+    /// by another instance, or not remembered because the file could not be written) must be
+    /// signed, follow each other and name the hash their record has. Only with no remembered
+    /// checkpoint (first start, or an operator who removed the file to accept a restored
+    /// backup) is the database's newest checkpoint the start, its signature checked.
+    async fn check_before_signing(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        a: &Anchor,
+        last: Option<&Checkpoint>,
+        head_seq: i64,
+        head_hash: &str,
+    ) -> Result<i64, AuthError> {
+        let cluster = &self.config.cluster_name;
+        let key = a.key.public_key();
+        let (from_seq, from_hash) = match a.remembered().filter(|r| r.is_signed_by(key, cluster)) {
+            Some(r) => {
+                let stored = sqlx::query(
+                    "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq = $1",
+                )
+                .bind(r.seq)
+                .fetch_optional(&mut **tx)
+                .await?
+                .map(|row| checkpoint_row(&row))
+                .transpose()?;
+                match stored {
+                    None => {
+                        return Err(AuthError::Conflict(format!(
+                            "checkpoint {}, the last this server signed, is missing from the database: checkpoints were removed",
+                            r.seq
+                        )));
+                    }
+                    Some(s) if s != r => {
+                        return Err(AuthError::Conflict(format!(
+                            "checkpoint {} in the database is not the one this server signed: checkpoints were replaced",
+                            r.seq
+                        )));
+                    }
+                    Some(_) => {}
+                }
+                // The record it signed, directly: the records after it only show that they
+                // link to *a* record with that hash.
+                let record: Option<String> =
+                    sqlx::query("SELECT record FROM audit_events WHERE seq = $1")
+                        .bind(r.seq)
+                        .fetch_optional(&mut **tx)
+                        .await?
+                        .map(|row| row.try_get(0))
+                        .transpose()?;
+                let intact = record
+                    .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                    .is_some_and(|v| {
+                        v.as_object().is_some_and(|m| {
+                            m.get("hash").and_then(Value::as_str) == Some(r.hash.as_str())
+                                && audit::chain_hash(m) == r.hash
+                        })
+                    });
+                if !intact {
+                    return Err(AuthError::Conflict(format!(
+                        "record {} is missing or does not have the hash checkpoint {} signed",
+                        r.seq, r.seq
+                    )));
+                }
+                (r.seq, r.hash)
+            }
+            None => match last {
+                Some(cp) if !cp.is_signed_by(key, cluster) => {
+                    return Err(AuthError::Conflict(format!(
+                        "the last audit checkpoint ({}) is not signed by the checkpoint key",
+                        cp.seq
+                    )));
+                }
+                Some(cp) => (cp.seq, cp.hash.clone()),
+                None => (0, GENESIS.to_string()),
+            },
+        };
+        let rows = sqlx::query("SELECT record FROM audit_events WHERE seq > $1 ORDER BY seq")
+            .bind(from_seq)
+            .fetch_all(&mut **tx)
+            .await?;
+        let mut records = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let text: String = r.try_get(0)?;
+            records.push(serde_json::from_str::<Value>(&text).unwrap_or(Value::Null));
+        }
+        let v = audit::verify_from(from_seq, &from_hash, &records);
+        if !v.ok {
+            return Err(AuthError::Conflict(v.message));
+        }
+        let tail = records
+            .last()
+            .and_then(|r| r.get("hash"))
+            .and_then(Value::as_str);
+        if v.checked as i64 != head_seq - from_seq || tail != Some(head_hash) {
+            return Err(AuthError::Conflict(format!(
+                "the chain head is record {head_seq} but the records after checkpoint {from_seq} end elsewhere"
+            )));
+        }
+        let later = sqlx::query(
+            "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq > $1 ORDER BY seq",
+        )
+        .bind(from_seq)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut prev_seq = from_seq;
+        for row in &later {
+            let cp = checkpoint_row(row)?;
+            let hash = usize::try_from(cp.seq - from_seq - 1)
+                .ok()
+                .and_then(|i| records.get(i))
+                .and_then(|r| r.get("hash"))
+                .and_then(Value::as_str);
+            if !cp.is_signed_by(key, cluster)
+                || cp.prev_seq != prev_seq
+                || hash != Some(cp.hash.as_str())
+            {
+                return Err(AuthError::Conflict(format!(
+                    "checkpoint {} is not signed, does not follow checkpoint {prev_seq} or does not match its record",
+                    cp.seq
+                )));
+            }
+            prev_seq = cp.seq;
+        }
+        Ok(prev_seq)
+    }
+
+    /// Records matching `q`, oldest first, each checked against the chain before it is handed
+    /// out: its own hash, then (with a checkpoint key) the signed span it lies in.
+    pub async fn audit_search(&self, q: &AuditQuery) -> Result<AuditSearch, AuthError> {
         let limit = i64::from(q.limit.unwrap_or(1000).min(10_000));
         let sql = match self.backend.kind {
             Kind::Sqlite => SEARCH_SQLITE,
@@ -379,7 +500,7 @@ impl AuthServer {
             .bind(limit)
             .fetch_all(&self.backend.pool)
             .await?;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut records = Vec::with_capacity(rows.len());
         for r in rows.iter().rev() {
             let seq: i64 = r.try_get(0)?;
             let text: String = r.try_get(1)?;
@@ -395,9 +516,221 @@ impl AuthServer {
                     "audit record {seq} fails its hash check: it was changed in the database; run `sallyctl audit verify`"
                 )));
             }
-            out.push(record);
+            records.push((seq, record));
         }
-        Ok(out)
+        let unanchored_from = match &self.audit_anchor {
+            Some(a) if !records.is_empty() => self.check_against_chain(a, &records).await?,
+            _ => None,
+        };
+        Ok(AuditSearch {
+            records: records.into_iter().map(|(_, r)| r).collect(),
+            unanchored_from,
+        })
+    }
+
+    /// Checks search results (ascending, each already hashing to its own `hash`) against the
+    /// chain: a result a checkpoint covers must be in the span that checkpoint signed (the
+    /// records from the checkpoint before it link, one by one, to the signed hash); a result
+    /// past the last checkpoint must link from it up to the chain head. A database writer's
+    /// re-hash therefore cannot pass a search either. Returns the first result no checkpoint
+    /// covers yet.
+    async fn check_against_chain(
+        &self,
+        a: &Anchor,
+        records: &[(i64, Value)],
+    ) -> Result<Option<i64>, AuthError> {
+        let pool = &self.backend.pool;
+        let tampered =
+            |what: String| AuthError::Conflict(format!("{what}; run `sallyctl audit verify`"));
+        // With checkpoints removed, every result would look merely "not yet anchored".
+        if let Some(r) = a
+            .remembered()
+            .filter(|r| r.is_signed_by(a.key.public_key(), &self.config.cluster_name))
+        {
+            let stored = sqlx::query(
+                "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq = $1",
+            )
+            .bind(r.seq)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| checkpoint_row(&row))
+            .transpose()?;
+            if stored.as_ref() != Some(&r) {
+                return Err(tampered(format!(
+                    "audit checkpoint {} is missing from the database or not the one auth signed: checkpoints were removed",
+                    r.seq
+                )));
+            }
+        }
+        // Read after the results, so that every result is at or below it.
+        let (head_seq, head_hash) = match self.backend.get_state(HEAD).await? {
+            Some(h) => match h.split_once(':') {
+                Some((s, h)) => (s.parse::<i64>().unwrap_or(0), h.to_string()),
+                None => (0, GENESIS.to_string()),
+            },
+            None => (0, GENESIS.to_string()),
+        };
+        let mut span: Option<Span> = None;
+        let mut unanchored_from = None;
+        for (seq, record) in records {
+            let covered = span.as_ref().is_some_and(|s| s.from < *seq && *seq <= s.to);
+            if !covered {
+                let next = sqlx::query(
+                    "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq >= $1 ORDER BY seq LIMIT 1",
+                )
+                .bind(seq)
+                .fetch_optional(pool)
+                .await?
+                .map(|row| checkpoint_row(&row))
+                .transpose()?;
+                span = Some(match next {
+                    Some(cp) => self.signed_span(a, &cp).await?,
+                    None => {
+                        if *seq > head_seq {
+                            return Err(tampered(format!(
+                                "audit record {seq} is past the chain head (record {head_seq}): it was added in the database"
+                            )));
+                        }
+                        unanchored_from = Some(*seq);
+                        self.unsigned_tail(a, head_seq, &head_hash).await?
+                    }
+                });
+            }
+            let expected = span.as_ref().and_then(|s| {
+                usize::try_from(seq - s.from - 1)
+                    .ok()
+                    .and_then(|i| s.hashes.get(i))
+            });
+            let actual = record
+                .get("hash")
+                .and_then(Value::as_str)
+                .and_then(|h| hex::decode(h).ok());
+            if actual.as_deref() != expected.map(|h| h.as_slice()) {
+                return Err(tampered(format!(
+                    "audit record {seq} is not the one in the checked chain: it was changed in the database"
+                )));
+            }
+        }
+        Ok(unanchored_from)
+    }
+
+    /// The span checkpoint `cp` signs: the records after the checkpoint before it up to `cp`,
+    /// checked to link from that checkpoint's signed hash to `cp`'s. Checked once per
+    /// checkpoint and kept, so repeated searches read one checkpoint row per span.
+    async fn signed_span(&self, a: &Anchor, cp: &Checkpoint) -> Result<Span, AuthError> {
+        let cached = a
+            .spans
+            .lock()
+            .ok()
+            .and_then(|spans| spans.get(&(cp.seq, cp.hash.clone())).cloned());
+        if let Some(hashes) = cached {
+            return Ok(Span {
+                from: cp.prev_seq,
+                to: cp.seq,
+                hashes,
+            });
+        }
+        let cluster = &self.config.cluster_name;
+        let key = a.key.public_key();
+        let pool = &self.backend.pool;
+        if !cp.is_signed_by(key, cluster) {
+            return Err(AuthError::Conflict(format!(
+                "audit checkpoint {} is not signed by the checkpoint key: it was forged or altered in the database; run `sallyctl audit verify`",
+                cp.seq
+            )));
+        }
+        let from_hash = if cp.prev_seq == 0 {
+            GENESIS.to_string()
+        } else {
+            let prev = sqlx::query(
+                "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq = $1",
+            )
+            .bind(cp.prev_seq)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| checkpoint_row(&row))
+            .transpose()?;
+            match prev {
+                Some(p) if p.is_signed_by(key, cluster) => p.hash,
+                _ => {
+                    return Err(AuthError::Conflict(format!(
+                        "audit checkpoint {}, which checkpoint {} follows, is missing from the database or not signed: checkpoints were removed; run `sallyctl audit verify`",
+                        cp.prev_seq, cp.seq
+                    )));
+                }
+            }
+        };
+        let hashes = read_span(pool, cp.prev_seq, cp.seq, &from_hash, &cp.hash)
+            .await?
+            .map_err(|why| {
+                let which = if cp.prev_seq + 1 == cp.seq {
+                    format!("audit record {} does", cp.seq)
+                } else {
+                    format!("audit records {} to {} do", cp.prev_seq + 1, cp.seq)
+                };
+                AuthError::Conflict(format!(
+                    "{which} not match the signed checkpoint {} ({why}): the database was changed and the chain re-hashed; run `sallyctl audit verify`",
+                    cp.seq
+                ))
+            })?;
+        let hashes = Arc::new(hashes);
+        if let Ok(mut spans) = a.spans.lock() {
+            spans.insert((cp.seq, cp.hash.clone()), hashes.clone());
+            // Bounded: the oldest spans go first (searches mostly ask for recent records).
+            while spans.values().map(|h| h.len()).sum::<usize>() > SPAN_CACHE_RECORDS
+                && spans.len() > 1
+            {
+                spans.pop_first();
+            }
+        }
+        Ok(Span {
+            from: cp.prev_seq,
+            to: cp.seq,
+            hashes,
+        })
+    }
+
+    /// The records after the last checkpoint, checked to link from it up to the chain head.
+    /// Not kept: the tail grows, and no signature vouches for it yet.
+    async fn unsigned_tail(
+        &self,
+        a: &Anchor,
+        head_seq: i64,
+        head_hash: &str,
+    ) -> Result<Span, AuthError> {
+        let pool = &self.backend.pool;
+        let last = sqlx::query(
+            "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq <= $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(head_seq)
+        .fetch_optional(pool)
+        .await?
+        .map(|row| checkpoint_row(&row))
+        .transpose()?;
+        let (from, from_hash) = match last {
+            Some(cp) if cp.is_signed_by(a.key.public_key(), &self.config.cluster_name) => {
+                (cp.seq, cp.hash)
+            }
+            Some(cp) => {
+                return Err(AuthError::Conflict(format!(
+                    "audit checkpoint {} is not signed by the checkpoint key: it was forged or altered in the database; run `sallyctl audit verify`",
+                    cp.seq
+                )));
+            }
+            None => (0, GENESIS.to_string()),
+        };
+        let hashes = read_span(pool, from, head_seq, &from_hash, head_hash)
+            .await?
+            .map_err(|why| {
+                AuthError::Conflict(format!(
+                    "the audit records after checkpoint {from} do not lead to the chain head ({why}): they were changed in the database; run `sallyctl audit verify`"
+                ))
+            })?;
+        Ok(Span {
+            from,
+            to: head_seq,
+            hashes: Arc::new(hashes),
+        })
     }
 
     pub async fn audit_verify(&self) -> Result<AuditVerify, AuthError> {
@@ -467,6 +800,79 @@ impl AuthServer {
             .try_get(0)?;
         Ok(n.max(0) as u64)
     }
+}
+
+/// What an audit search found: the records, oldest first, and the first of them that no
+/// signed checkpoint covers yet (sent as the [`audit::UNANCHORED_HEADER`] header).
+pub struct AuditSearch {
+    pub records: Vec<Value>,
+    pub unanchored_from: Option<i64>,
+}
+
+/// Checked spans' record hashes by (checkpoint seq, checkpoint hash).
+type SpanCache = BTreeMap<(i64, String), Arc<Vec<[u8; 32]>>>;
+
+/// At most this many record hashes of checked spans are kept (32 bytes each: 32 MiB).
+const SPAN_CACHE_RECORDS: usize = 1 << 20;
+
+/// Records `from + 1 ..= to` of the chain, checked: their hashes, in order.
+struct Span {
+    from: i64,
+    to: i64,
+    hashes: Arc<Vec<[u8; 32]>>,
+}
+
+/// Reads records `from + 1 ..= to` and checks that they link from `from_hash` to `to_hash`;
+/// the outer error is the database's, the inner one what does not hold.
+async fn read_span(
+    pool: &sqlx::AnyPool,
+    from: i64,
+    to: i64,
+    from_hash: &str,
+    to_hash: &str,
+) -> Result<Result<Vec<[u8; 32]>, String>, AuthError> {
+    let rows =
+        sqlx::query("SELECT record FROM audit_events WHERE seq > $1 AND seq <= $2 ORDER BY seq")
+            .bind(from)
+            .bind(to)
+            .fetch_all(pool)
+            .await?;
+    let mut records = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let text: String = r.try_get(0)?;
+        records.push(serde_json::from_str::<Value>(&text).unwrap_or(Value::Null));
+    }
+    let v = audit::verify_from(from, from_hash, &records);
+    if !v.ok {
+        return Ok(Err(v.message));
+    }
+    if v.checked as i64 != to - from {
+        return Ok(Err(format!(
+            "record {} is missing",
+            from + v.checked as i64 + 1
+        )));
+    }
+    let last = records
+        .last()
+        .and_then(|r| r.get("hash"))
+        .and_then(Value::as_str);
+    if to > from && last != Some(to_hash) {
+        return Ok(Err(format!("record {to} does not have the signed hash")));
+    }
+    let mut hashes = Vec::with_capacity(records.len());
+    for r in &records {
+        let mut h = [0u8; 32];
+        // verify_from checked each hash is the SHA-256 it computes: always 64 hex digits.
+        let hex = r.get("hash").and_then(Value::as_str).unwrap_or("");
+        if hex::decode_to_slice(hex, &mut h).is_err() {
+            return Ok(Err(format!(
+                "record {} has no hash",
+                from + hashes.len() as i64 + 1
+            )));
+        }
+        hashes.push(h);
+    }
+    Ok(Ok(hashes))
 }
 
 fn checkpoint_row(r: &sqlx::any::AnyRow) -> Result<Checkpoint, AuthError> {

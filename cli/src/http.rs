@@ -47,6 +47,16 @@ impl Api {
             .await
     }
 
+    /// As [`Api::get`], with the value of the response header `header` if it was sent.
+    pub async fn get_with_header<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        header: &str,
+    ) -> Result<(T, Option<String>)> {
+        self.send_keeping(self.http.get(format!("{}{path}", self.base)), header)
+            .await
+    }
+
     pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
         self.send(self.http.post(format!("{}{path}", self.base)).json(body))
             .await
@@ -91,7 +101,21 @@ impl Api {
     }
 
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
+        Ok(self.send_keeping(req, "").await?.0)
+    }
+
+    /// Sends `req`; returns the answer and the value of its header `header` ("": none).
+    async fn send_keeping<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        header: &str,
+    ) -> Result<(T, Option<String>)> {
         let resp = req.send().await.map_err(|e| self.transport_error(e))?;
+        let kept = (!header.is_empty())
+            .then(|| resp.headers().get(header))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
         if !status.is_success() {
@@ -100,8 +124,9 @@ impl Api {
                 .unwrap_or_else(|_| format!("{} answered {status}", self.what));
             return Err(anyhow!(msg));
         }
-        serde_json::from_slice(&bytes)
-            .map_err(|e| anyhow!("{} sent an unreadable answer: {e}", self.what))
+        let answer = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow!("{} sent an unreadable answer: {e}", self.what))?;
+        Ok((answer, kept))
     }
 
     fn transport_error(&self, e: reqwest::Error) -> anyhow::Error {

@@ -154,6 +154,11 @@ fn bad(checked: u64, seq: i64, message: String) -> crate::api::AuditVerify {
     }
 }
 
+/// The response header of an audit search naming the first result that no signed checkpoint
+/// covers yet (it was checked to link up to the chain head, which a database writer could have
+/// rewritten too). The body stays the plain list of records.
+pub const UNANCHORED_HEADER: &str = "sallyport-audit-unanchored-from";
+
 /// The SSHSIG namespace of checkpoint signatures (`ssh-keygen -Y verify -n ...`).
 pub const CHECKPOINT_NAMESPACE: &str = "sallyport-audit-checkpoint";
 
@@ -299,23 +304,64 @@ pub fn verify_anchored(
         }
         prev_seq = cp.seq;
     }
-    if let Some(last) = remembered
-        && last.seq > prev_seq
-        && last.is_signed_by(key, cluster)
-    {
-        return fail(
-            prev_seq + 1,
-            format!(
-                "checkpoint {} (signed at {}) is missing from the database, whose last checkpoint is {prev_seq}: checkpoints were removed{}",
+    // The last checkpoint auth signed must be in the database exactly as signed, whatever came
+    // after it: a database writer who removes checkpoints and re-hashes the records they covered
+    // leaves a chain that links back to GENESIS, so only this outside copy shows the rewrite.
+    if let Some(last) = remembered.filter(|r| r.is_signed_by(key, cluster)) {
+        match checkpoints.iter().find(|c| c.seq == last.seq) {
+            None => {
+                let first = checkpoints
+                    .iter()
+                    .map(|c| c.seq)
+                    .filter(|&s| s < last.seq)
+                    .max()
+                    .unwrap_or(0);
+                return fail(
+                    first + 1,
+                    format!(
+                        "checkpoint {} (signed at {}) is missing from the database, whose last checkpoint {} {}: checkpoints were removed{}",
+                        last.seq,
+                        when(last.time),
+                        if prev_seq > last.seq {
+                            "before it is"
+                        } else {
+                            "is"
+                        },
+                        first,
+                        if total < last.seq {
+                            format!(" and the log cut back to record {total}")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                );
+            }
+            Some(stored) if stored != last => {
+                return fail(
+                    last.seq,
+                    format!(
+                        "checkpoint {} in the database is not the one auth signed at {} (kept in audit-checkpoint.last): checkpoints were removed and the chain signed again",
+                        last.seq,
+                        when(last.time)
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
+        let actual = records
+            .get((last.seq - 1).max(0) as usize)
+            .and_then(|r| r.get("hash"))
+            .and_then(Value::as_str);
+        if actual != Some(last.hash.as_str()) {
+            return fail(
                 last.seq,
-                when(last.time),
-                if total < last.seq {
-                    format!(" and the log cut back to record {total}")
-                } else {
-                    String::new()
-                }
-            ),
-        );
+                format!(
+                    "record {} does not have the hash auth signed for it at {} (kept in audit-checkpoint.last): the chain was rewritten",
+                    last.seq,
+                    when(last.time)
+                ),
+            );
+        }
     }
     let anchored = prev_seq.max(0) as u64;
     let pending = v.checked.saturating_sub(anchored);
@@ -483,6 +529,32 @@ mod tests {
             7,
         );
         check(&c, &[], cps.last(), "whose last checkpoint is 0", 1);
+        // What auth signed before it compared the database with its own copy: every checkpoint
+        // removed, the chain re-hashed from record 5 and a new checkpoint signed over it from
+        // GENESIS. The chain and the new checkpoint agree; the remembered one does not.
+        let mut c2 = c.clone();
+        rehash_from(&mut c2, 5);
+        let resigned = anchored(&c2, &[9], &k);
+        assert!(verify_anchored(&c2, &resigned, k.public_key(), "example", None).ok);
+        check(
+            &c2,
+            &resigned,
+            cps.last(),
+            "checkpoint 9 in the database is not the one auth signed at 2023-11-14T22:13:20Z (kept in audit-checkpoint.last): checkpoints were removed and the chain signed again",
+            9,
+        );
+        // ...or signed past it once filler records were appended.
+        let mut c3 = c2.clone();
+        c3.extend(chain(12).into_iter().skip(10));
+        rehash_from(&mut c3, 5);
+        let resigned = anchored(&c3, &[12], &k);
+        check(
+            &c3,
+            &resigned,
+            cps.last(),
+            "checkpoint 9 (signed at 2023-11-14T22:13:20Z) is missing from the database, whose last checkpoint before it is 0: checkpoints were removed",
+            1,
+        );
     }
 
     #[test]

@@ -160,15 +160,30 @@ for s, text in c.execute("SELECT seq, record FROM audit_events ORDER BY seq").fe
                   (json.dumps(rec, separators=(",", ":"), ensure_ascii=False), rec["hash"], s))
     prev = rec["hash"]
     last = s
+# Then, optionally, filler records of the writer's own appended past the head, chained.
+for i in range(int(sys.argv[5]) if len(sys.argv) > 5 else 0):
+    last += 1
+    rec = {"event": "user.login", "time": "2026-01-01T00:00:00Z", "uid": "filler-%d" % last,
+           "cluster_name": "test", "user": "filler", "v": 1, "success": True, "seq": last,
+           "prev_hash": prev}
+    rec["hash"] = digest(rec)
+    c.execute("INSERT INTO audit_events (seq, time, event_type, user_name, record, hash) VALUES (?, 0, ?, ?, ?, ?)",
+              (last, rec["event"], rec["user"], json.dumps(rec, separators=(",", ":")), rec["hash"]))
+    prev = rec["hash"]
 c.execute("UPDATE cluster_state SET value = ? WHERE key = 'audit_head'", ("%d:%s" % (last, prev),))
 c.commit()
 "#;
 
 fn rehash(c: &Cluster, seq: i64, old: &str, new: &str) {
+    rehash_and_append(c, seq, old, new, 0);
+}
+
+/// As [`rehash`], then appends `filler` chained records of the writer's own past the head.
+fn rehash_and_append(c: &Cluster, seq: i64, old: &str, new: &str, filler: usize) {
     let out = std::process::Command::new("python3")
         .args(["-c", REHASH])
         .arg(c.data_dir().join("sallyport.db"))
-        .args([&seq.to_string(), old, new])
+        .args([&seq.to_string(), old, new, &filler.to_string()])
         .output()
         .unwrap();
     assert!(
@@ -211,6 +226,20 @@ fn checkpoints_are_signed_with_a_key_outside_the_database() {
         "{out}"
     );
     assert!(pending(&c) >= 3, "{out}");
+    // A search says so too, on stderr: its JSON lines stay what scripts parse.
+    let r = c.sallyctl(&["audit", "search"]).ok();
+    let first = r.stdout.lines().next().unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(first).unwrap()["seq"],
+        1
+    );
+    let n = r.stdout.lines().count();
+    assert_eq!(
+        r.stderr.trim(),
+        format!(
+            "warning: records from seq 1 on ({n} of these) are not yet anchored by a signed checkpoint: they link to the chain head, but a database writer could still rewrite them until auth signs one (within its checkpoint_interval)"
+        )
+    );
 
     // The key is a 0600 OpenSSH Ed25519 key in the data dir, and nowhere in the database.
     let key = c.data_dir().join("audit-checkpoint.key");
@@ -396,6 +425,157 @@ fn removed_checkpoints_and_a_cut_tail_are_found() {
         cut + 1,
     );
     assert!(last > cut);
+}
+
+/// One value from the cluster's SQLite database.
+fn query(c: &Cluster, sql: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchone()[0])",
+        ])
+        .arg(c.data_dir().join("sallyport.db"))
+        .arg(sql)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The seq of the last checkpoint auth signed, from its own copy in the data dir.
+fn remembered_seq(c: &Cluster) -> i64 {
+    let text = std::fs::read_to_string(c.data_dir().join("audit-checkpoint.last")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()["seq"]
+        .as_i64()
+        .unwrap()
+}
+
+/// Long enough for auth's background signer (interval 1s) to have run twice.
+const SIGNER_RAN: Duration = Duration::from_secs(3);
+
+#[test]
+fn auth_does_not_sign_over_removed_checkpoints() {
+    let c = anchored_cluster(1, "1s");
+    c.wait_online("local1");
+    for name in ["w1", "w2", "w3", "w4"] {
+        c.add_user(name, "access", "");
+    }
+    assert_eq!(pending(&c), 0);
+    let seq = seq_of(&c, "w2");
+
+    // The writer removes every checkpoint, rewrites a record and re-hashes the chain to GENESIS,
+    // then gives auth time to sign again. It must not: its last checkpoint is gone.
+    c.sqlite("DELETE FROM audit_checkpoints;");
+    rehash(&c, seq, "\"w2\"", "\"zz\"");
+    std::thread::sleep(SIGNER_RAN);
+    assert_eq!(query(&c, "SELECT COUNT(*) FROM audit_checkpoints"), "0");
+    let removed =
+        "is missing from the database, whose last checkpoint is 0: checkpoints were removed";
+    verify_fails(&c, removed, 1);
+
+    // Nor once the log has grown past the checkpoint auth remembers, by filler or by itself.
+    rehash_and_append(&c, i64::MAX, "", "", 3);
+    c.add_user("w5", "access", "");
+    std::thread::sleep(SIGNER_RAN);
+    assert_eq!(query(&c, "SELECT COUNT(*) FROM audit_checkpoints"), "0");
+    verify_fails(&c, removed, 1);
+}
+
+#[test]
+fn auth_does_not_sign_over_a_cut_tail_with_filler() {
+    let c = anchored_cluster(1, "1s");
+    c.wait_online("local1");
+    for name in ["f1", "f2", "f3", "f4"] {
+        c.add_user(name, "access", "");
+    }
+    assert_eq!(pending(&c), 0);
+    let cut = seq_of(&c, "f2");
+    let head = remembered_seq(&c);
+
+    // The tail and its checkpoints cut, then chained filler appended past where the log ended,
+    // so that nothing is "past the end" any more.
+    c.sqlite(&format!(
+        "DELETE FROM audit_events WHERE seq > {cut};
+         DELETE FROM audit_checkpoints WHERE seq > {cut};
+         UPDATE cluster_state SET value = (SELECT seq || ':' || hash FROM audit_events WHERE seq = {cut})
+           WHERE key = 'audit_head';"
+    ));
+    rehash_and_append(
+        &c,
+        i64::MAX,
+        "",
+        "",
+        usize::try_from(head - cut + 2).unwrap(),
+    );
+    std::thread::sleep(SIGNER_RAN);
+    assert_eq!(
+        query(&c, "SELECT MAX(seq) FROM audit_checkpoints"),
+        cut.to_string(),
+        "no checkpoint signed over the filler"
+    );
+    verify_fails(&c, &format!("checkpoint {head} (signed at "), cut + 1);
+    verify_fails(
+        &c,
+        &format!(
+            "is missing from the database, whose last checkpoint is {cut}: checkpoints were removed"
+        ),
+        cut + 1,
+    );
+}
+
+#[test]
+fn search_results_are_checked_against_the_signed_chain() {
+    let c = anchored_cluster(1, "1h");
+    c.wait_online("local1");
+    for name in ["s1", "s2", "s3", "s4"] {
+        c.add_user(name, "access", "");
+    }
+    assert_eq!(pending(&c), 0);
+    let creates = |name: &str| {
+        query(
+            &c,
+            &format!(
+                "SELECT seq FROM audit_events WHERE json_extract(record, '$.event') = 'user.create' AND json_extract(record, '$.name') = '{name}'"
+            ),
+        )
+        .parse::<i64>()
+        .unwrap()
+    };
+    let (s2, s4) = (creates("s2"), creates("s4"));
+    // Anchored results: no warning. The newest one's span is now checked and kept.
+    let r = c
+        .sallyctl(&["audit", "search", "--type", "user.create", "--limit", "1"])
+        .ok();
+    assert_eq!(r.stdout.lines().count(), 1);
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+
+    // Each record still hashes to its own `hash` after a re-hash; the signed span does not.
+    rehash(&c, s2, "\"s2\"", "\"zz\"");
+    c.sallyctl(&["audit", "search", "--type", "user.create", "--limit", "3"])
+        .fails_with(&format!(
+            "audit record {s2} does not match the signed checkpoint {s2} (record {s2} does not have the signed hash): the database was changed and the chain re-hashed; run `sallyctl audit verify`"
+        ));
+    // A span checked before and kept is no way around it.
+    c.sallyctl(&["audit", "search", "--type", "user.create", "--limit", "1"])
+        .fails_with(&format!(
+            "audit record {s4} is not the one in the checked chain: it was changed in the database; run `sallyctl audit verify`"
+        ));
+    // Nor is the part no checkpoint covers yet: it must lead from the last one to the head.
+    let head_signed = remembered_seq(&c);
+    c.add_user("s5", "access", "");
+    let head: i64 = query(&c, "SELECT MAX(seq) FROM audit_events")
+        .parse()
+        .unwrap();
+    assert!(head > s4);
+    c.sallyctl(&["audit", "search", "--type", "user.create", "--limit", "1"])
+        .fails_with(&format!(
+            "the audit records after checkpoint {head_signed} do not lead to the chain head (record {} does not follow record {head_signed}): they were changed in the database; run `sallyctl audit verify`",
+            head_signed + 1
+        ));
 }
 
 #[test]

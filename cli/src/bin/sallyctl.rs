@@ -605,8 +605,21 @@ async fn audit(api: &Api, cmd: &AuditCommand) -> Result<ExitCode> {
             if let Some(s) = since {
                 query.push(format!("since={s}"));
             }
-            let events: Vec<serde_json::Value> =
-                api.get(&format!("/v1/audit?{}", query.join("&"))).await?;
+            let (events, unanchored_from): (Vec<serde_json::Value>, _) = api
+                .get_with_header(
+                    &format!("/v1/audit?{}", query.join("&")),
+                    sallyport_core::audit::UNANCHORED_HEADER,
+                )
+                .await?;
+            let unanchored = unanchored_from
+                .and_then(|s| s.parse::<i64>().ok())
+                .map(|from| {
+                    let n = events
+                        .iter()
+                        .filter(|e| e["seq"].as_i64().is_some_and(|s| s >= from))
+                        .count();
+                    (from, n)
+                });
             for e in events {
                 if *format == Format::Json {
                     println!("{e}");
@@ -627,6 +640,14 @@ async fn audit(api: &Api, cmd: &AuditCommand) -> Result<ExitCode> {
                         ok
                     );
                 }
+            }
+            // After the records (stdout stays what scripts parse), and only for what the
+            // search returned: checked to link to the chain head, but no signature covers
+            // them yet.
+            if let Some((from, n)) = unanchored {
+                eprintln!(
+                    "warning: records from seq {from} on ({n} of these) are not yet anchored by a signed checkpoint: they link to the chain head, but a database writer could still rewrite them until auth signs one (within its checkpoint_interval)"
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
