@@ -193,3 +193,73 @@ fn a_database_from_before_the_openssh_ca_gets_one_at_start() {
         user
     );
 }
+
+/// sshd runs every command through the login's shell, which the login can make run anything
+/// for `rsync` (a function in ~/.bashrc), and rsync's stream is not held to its protocol: to
+/// an agentless node an rsync is a recorded session, and still works.
+#[test]
+fn an_rsync_to_an_agentless_node_is_a_recorded_session() {
+    let c = Cluster::start();
+    let dir = c.dir.path().join("sshd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = c
+        .sallyctl(&["auth", "export", "--type=openssh"])
+        .ok()
+        .stdout;
+    let port = free_port();
+    let _sshd = start_sshd(&dir, port, &ca, "hostkey");
+    c.sallyctl(&[
+        "nodes",
+        "add",
+        "--name",
+        "plain3",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .ok();
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let file = c.dir.path().join("synced.txt");
+    std::fs::write(&file, "synced through sshd\n").unwrap();
+    let remote = format!("/tmp/sallyport-agentless-rsync-{}", std::process::id());
+    run(
+        Command::new("rsync")
+            .args(["-e", &format!("ssh -F {} -J proxy", cfg.display())])
+            .arg(&file)
+            .arg(format!("root@plain3:{remote}")),
+        "",
+    )
+    .ok();
+    assert_eq!(
+        std::fs::read_to_string(&remote).unwrap(),
+        "synced through sshd\n"
+    );
+    let _ = std::fs::remove_file(&remote);
+    let auditor = c.user("audrey", "auditor", "");
+    // Its session has a recording (a copy's has none).
+    let recorded = || {
+        let list: serde_json::Value = serde_json::from_str(
+            &c.sally(&auditor, &["recordings", "ls", "--format", "json"], "")
+                .ok()
+                .stdout,
+        )
+        .unwrap_or_default();
+        list.as_array().is_some_and(|l| {
+            l.iter().any(|s| {
+                s["command"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("rsync --server") && c.ends_with(&remote))
+                    && s["session_id"].as_str().is_some_and(|id| {
+                        std::fs::metadata(
+                            c.data_dir().join("recordings").join(format!("{id}.cast")),
+                        )
+                        .is_ok_and(|m| m.len() > 0)
+                    })
+            })
+        })
+    };
+    assert!(
+        eventually(std::time::Duration::from_secs(10), recorded),
+        "no recording of the rsync"
+    );
+}

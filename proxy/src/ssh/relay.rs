@@ -1634,7 +1634,7 @@ impl russh::server::Handler for Inner {
             .get(&ch)
             .is_some_and(|r| r.grant.node.kind != "agent");
         let copy = sallyport_core::scp::classify(&cmd)
-            .filter(|c| !(false && agentless && matches!(c, FileCopy::Rsync { .. })));
+            .filter(|c| !(agentless && matches!(c, FileCopy::Rsync { .. })));
         // Refused when it is a copy or only wraps one: what `ssh_file_copy: false` refused
         // before stays refused, though only an exact copy goes unrecorded.
         if let Some(r) = self.chans.get(&ch)
