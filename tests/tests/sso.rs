@@ -607,6 +607,11 @@ fn started_logins_called_back_with_errors_are_counted_and_bounded() {
         said,
         "too many SSO logins started from 127.0.0.1 are waiting for the identity provider (20, at most 20); finish one, or try again when they expire (10 minutes)"
     );
+    // `sally login` says so.
+    let (r, _) = sso_login(&c, &c.dir.path().join("home-capped"), "corp", "alice");
+    r.fails_with(
+        "too many SSO logins started from 127.0.0.1 are waiting for the identity provider",
+    );
     // One comes back (here with an error): a start is taken again.
     call_back(&c, &format!("state={}&error=access_denied", waiting[0]));
     assert_eq!(start_login(&c).0, 200);
