@@ -66,16 +66,48 @@ fn sha256(path: &Path) -> String {
         .to_string()
 }
 
+/// `/etc/pam.d/<name>` that permits everything, removed when dropped.
+struct PamService(String);
+
+impl Drop for PamService {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(Path::new("/etc/pam.d").join(&self.0));
+    }
+}
+
+/// Without PAM (the agent starts the program) and with it (`sallyport session-exec` does).
 #[test]
 fn a_copy_runs_the_real_program_whatever_the_logins_shell_says() {
-    let c = Cluster::start();
-    c.wait_online("local1");
-    let home = c.user("alice", "access", LOGIN);
-    let cfg = c.ssh_config(&home, "alice");
     let login_home = PathBuf::from(format!("/home/{LOGIN}"));
     let id = std::process::id();
     let log = login_home.join(format!(".sallyport-rc-log-{id}"));
     let _rc = hijacking_bashrc(&login_home, &log);
+    let c = Cluster::start();
+    c.wait_online("local1");
+    copies_ignore_the_shell(&c, &login_home, &log, "plain");
+    drop(c);
+    let service = PamService(format!("sallyport-copy-exec-{id}"));
+    std::fs::write(
+        Path::new("/etc/pam.d").join(&service.0),
+        "account required pam_permit.so\nsession required pam_permit.so\n",
+    )
+    .unwrap();
+    let c = Cluster::start_with(Options {
+        ssh_service: vec![format!(
+            "pam: {{enabled: true, service_name: {}}}",
+            service.0
+        )],
+        ..Options::default()
+    });
+    c.wait_online("local1");
+    copies_ignore_the_shell(&c, &login_home, &log, "pam");
+}
+
+fn copies_ignore_the_shell(c: &Cluster, login_home: &Path, log: &Path, tag: &str) {
+    let home = c.user("alice", "access", LOGIN);
+    let cfg = c.ssh_config(&home, "alice");
+    let id = format!("{}-{tag}", std::process::id());
+    let _ = std::fs::remove_file(log);
     let work = c.dir.path().join("files");
     std::fs::create_dir_all(&work).unwrap();
     let file = work.join("data.bin");
@@ -148,7 +180,7 @@ fn a_copy_runs_the_real_program_whatever_the_logins_shell_says() {
         );
     }
     // Not one copy went through the login's shell.
-    let through_shell = std::fs::read_to_string(&log).unwrap_or_default();
+    let through_shell = std::fs::read_to_string(log).unwrap_or_default();
     assert!(
         !through_shell.contains("--server")
             && !through_shell.contains("scp ")
@@ -163,7 +195,7 @@ fn a_copy_runs_the_real_program_whatever_the_logins_shell_says() {
         .ok();
     assert_eq!(r.stdout, "HIJACKED\n");
     assert!(
-        std::fs::read_to_string(&log)
+        std::fs::read_to_string(log)
             .unwrap()
             .contains("rsync --version")
     );
