@@ -435,6 +435,7 @@ async fn status(
         users: auth.user_count().await?,
         roles: auth.role_count().await?,
         audit_events: auth.audit_count().await?,
+        audit_anchoring_stopped: auth.audit_anchoring_stopped(),
     }))
 }
 

@@ -71,6 +71,9 @@ pub(crate) struct Anchor {
     /// Spans searches have checked against their checkpoint, by (checkpoint seq, hash): the
     /// records' hashes, oldest spans first out.
     spans: Mutex<SpanCache>,
+    /// Why the last checkpoint was refused (a rewrite seen), until one is signed again:
+    /// `sallyctl status` shows it, so that stopped anchoring does not go unnoticed.
+    stopped: Mutex<Option<String>>,
 }
 
 impl Anchor {
@@ -117,6 +120,7 @@ impl Anchor {
             remembered: path.with_extension("last"),
             every: i64::try_from(config.audit_checkpoint_every.max(1)).unwrap_or(i64::MAX),
             spans: Mutex::new(BTreeMap::new()),
+            stopped: Mutex::new(None),
         }))
     }
 
@@ -139,9 +143,16 @@ impl Anchor {
         }
     }
 
+    fn set_stopped(&self, why: Option<String>) {
+        if let Ok(mut stopped) = self.stopped.lock() {
+            *stopped = why;
+        }
+    }
+
     /// Remembers `cp` once it is committed (never before: a remembered checkpoint the
     /// database lacks reads as removed).
     fn remember(&self, cp: &Checkpoint) {
+        self.set_stopped(None);
         if self.remembered().is_some_and(|r| r.seq >= cp.seq) {
             return;
         }
@@ -320,9 +331,13 @@ impl AuthServer {
             .check_before_signing(tx, a, last.as_ref(), head_seq, head_hash)
             .await
             .map_err(|e| match e {
-                AuthError::Conflict(why) => AuthError::Conflict(format!(
-                    "not signing an audit checkpoint: {why}; run `sallyctl audit verify`"
-                )),
+                AuthError::Conflict(why) => {
+                    let why = format!(
+                        "not signing an audit checkpoint: {why}; run `sallyctl audit verify`"
+                    );
+                    a.set_stopped(Some(why.clone()));
+                    AuthError::Conflict(why)
+                }
                 other => other,
             })?;
         let cp = Checkpoint::sign(
@@ -791,6 +806,13 @@ impl AuthServer {
             }
         }
         Ok(v)
+    }
+
+    /// Why auth stopped signing audit checkpoints, if it did (see [`Anchor`]).
+    pub fn audit_anchoring_stopped(&self) -> Option<String> {
+        self.audit_anchor
+            .as_ref()
+            .and_then(|a| a.stopped.lock().ok().and_then(|s| s.clone()))
     }
 
     pub async fn audit_count(&self) -> Result<u64, AuthError> {

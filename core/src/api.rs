@@ -135,6 +135,10 @@ pub struct Status {
     pub users: u64,
     pub roles: u64,
     pub audit_events: u64,
+    /// Why auth stopped signing audit checkpoints (the chain in the database no longer
+    /// matches the last checkpoint it signed), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_anchoring_stopped: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

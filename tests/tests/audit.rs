@@ -476,6 +476,15 @@ fn auth_does_not_sign_over_removed_checkpoints() {
     let removed =
         "is missing from the database, whose last checkpoint is 0: checkpoints were removed";
     verify_fails(&c, removed, 1);
+    // ...and `sallyctl status` says that anchoring stopped, without running verify.
+    let status = c.sallyctl(&["status"]).ok().stdout;
+    assert!(
+        status.contains(&format!(
+            "Audit anchor:  STOPPED: not signing an audit checkpoint: checkpoint {}, the last this server signed, is missing from the database: checkpoints were removed; run `sallyctl audit verify`",
+            remembered_seq(&c)
+        )),
+        "{status}"
+    );
 
     // Nor once the log has grown past the checkpoint auth remembers, by filler or by itself.
     rehash_and_append(&c, i64::MAX, "", "", 3);

@@ -356,6 +356,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("Users:         {}", s.users);
                 println!("Roles:         {}", s.roles);
                 println!("Audit events:  {}", s.audit_events);
+                if let Some(why) = &s.audit_anchoring_stopped {
+                    println!("Audit anchor:  STOPPED: {why}");
+                }
             }
         }
         Command::Users { command } => users(&api, command).await?,
