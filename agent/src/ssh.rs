@@ -1133,6 +1133,28 @@ mod tests {
     use super::*;
     use sallyport_core::sshcert::{self, Transport};
 
+    /// A session's pid is forgotten once the process has exited and before it is reaped, so
+    /// a later signal or hang-up cannot reach a process that reuses the number.
+    #[tokio::test]
+    async fn a_sessions_pid_is_forgotten_between_exit_and_reap() {
+        let mut child = tokio::process::Command::new("true")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pid = child.id().unwrap_or_else(|| panic!("no pid"));
+        let slot = PidSlot::default();
+        slot.set(Some(pid));
+        exited(pid).await;
+        // Exited, not yet reaped: the number is still this zombie's.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(stat.contains(") Z "), "{stat}");
+        let status = reap(&mut child, &slot)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(status.success());
+        assert_eq!(slot.0.lock().map(|p| *p).ok(), Some(None));
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+
     /// Only the proxy can reach this server (through the tunnel), so `ssh-audit` cannot: what
     /// it would see is checked here instead. It is the list every SSH server here offers.
     #[test]
