@@ -227,7 +227,9 @@ enum AuthCommand {
 
 #[derive(Subcommand)]
 enum AuditCommand {
-    /// Audit events, oldest first, as JSON lines (or a table with --format text).
+    /// Audit events, oldest first, as JSON lines (or a table with --format text). Each result
+    /// is checked against the signed chain first (a rewritten one fails the search); results
+    /// no checkpoint covers yet are named in a warning on stderr.
     Search {
         #[arg(long = "type")]
         event_type: Option<String>,
