@@ -248,12 +248,14 @@ impl Recorder {
         self.send(Ev::Resize(cols, rows));
     }
 
-    /// Waits until everything queued is written, flushed and synced.
-    pub fn finish(mut self) {
+    /// Waits until everything queued is written, flushed and synced; answers whether the
+    /// recording reached its size limit (the writer may find so only now).
+    pub fn finish(mut self) -> bool {
         self.tx = None;
         if let Some(t) = self.thread.take() {
             let _ = tokio::task::block_in_place(|| t.join());
         }
+        self.is_full()
     }
 }
 

@@ -1363,8 +1363,11 @@ async fn node_to_user(
     }
     // The recording is complete on disk before the person sees the session end.
     let finished = rec.lock().ok().and_then(|mut r| r.take());
-    if let Some(r) = finished {
-        r.finish();
+    if let Some(r) = finished
+        && r.finish()
+    {
+        // The session ended before the loop saw the limit (the writer reached it late).
+        recording_limit_reached(&grant, &events, max_recording).await;
     }
     let _ = user.close(ch).await;
     let _ = conn
@@ -1406,6 +1409,12 @@ async fn recording_full(
         return false;
     };
     full.finish();
+    recording_limit_reached(grant, events, max_bytes).await
+}
+
+/// Audits a recording that reached `max_recording_size`; answers whether the session must end
+/// (`strict`).
+async fn recording_limit_reached(grant: &SessionGrant, events: &EventSink, max_bytes: u64) -> bool {
     let strict = grant.record == "strict";
     tracing::warn!(session = %grant.session_id, max_bytes, strict, "recording reached max_recording_size");
     let action = if strict {
