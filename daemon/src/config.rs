@@ -269,6 +269,10 @@ pub struct ProxyService {
     /// `strict` session ends and a `best_effort` one goes on unrecorded, audited.
     #[serde(default = "default_max_recording_size")]
     pub max_recording_size: ByteSize,
+    /// Connections to nodes (`ssh -J` jumps, direct-tcpip channels) one SSH connection to the
+    /// proxy may carry at once; each costs a key exchange.
+    #[serde(default = "default_max_jumps_per_connection")]
+    pub max_jumps_per_connection: usize,
 }
 
 /// A size in bytes, written as a number or with a unit: `512KiB`, `64MiB`, `1GiB` (or
@@ -329,6 +333,10 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+fn default_max_jumps_per_connection() -> usize {
+    sallyport_proxy::ssh::DEFAULT_MAX_JUMPS_PER_CONNECTION
+}
+
 fn default_max_recording_size() -> ByteSize {
     ByteSize(sallyport_proxy::record::DEFAULT_MAX_RECORDING_SIZE)
 }
@@ -373,6 +381,7 @@ impl Default for ProxyService {
             max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
             max_connection_rate_per_address: default_connection_rate(),
             max_recording_size: default_max_recording_size(),
+            max_jumps_per_connection: default_max_jumps_per_connection(),
         }
     }
 }
@@ -507,6 +516,9 @@ impl Config {
         if p.max_recording_size.0 < 4096 {
             return Err("proxy_service.max_recording_size: at least 4KiB".into());
         }
+        if p.max_jumps_per_connection == 0 {
+            return Err("proxy_service.max_jumps_per_connection: at least 1".into());
+        }
         let service = &cfg.ssh_service.pam.service_name;
         if service.is_empty()
             || service.starts_with('.')
@@ -588,6 +600,8 @@ proxy_service:
                                         # burst of max_unauthenticated_per_address
   max_recording_size: 1GiB              # a session recording past this size ends the session
                                         # (record_session: strict) or stops, audited (best_effort)
+  max_jumps_per_connection: 10          # connections to nodes one SSH connection to the proxy
+                                        # carries at once (a ControlMaster's ssh -J / -W)
 
 ssh_service:
   enabled: true
@@ -710,6 +724,21 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn max_jumps_per_connection_defaults_to_ten_and_is_at_least_one() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proxy_service.max_jumps_per_connection, 10);
+        let c = Config::parse("version: v1\nproxy_service: {}\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proxy_service.max_jumps_per_connection, 10);
+        let c = Config::parse("version: v1\nproxy_service:\n  max_jumps_per_connection: 3\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proxy_service.max_jumps_per_connection, 3);
+        let e = Config::parse("version: v1\nproxy_service:\n  max_jumps_per_connection: 0\n")
+            .err()
+            .unwrap_or_default();
+        assert_eq!(e, "proxy_service.max_jumps_per_connection: at least 1");
     }
 
     #[test]

@@ -224,7 +224,8 @@ pub async fn run(
         tunnels,
         dir.join("recordings"),
     )
-    .with_max_recording_size(p.max_recording_size.0);
+    .with_max_recording_size(p.max_recording_size.0)
+    .with_max_jumps_per_connection(p.max_jumps_per_connection);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
     let admission = sallyport_proxy::ssh::accept::Admission {

@@ -979,3 +979,95 @@ fn a_large_recording_plays_back_whole_as_it_streams() {
         file.len()
     );
 }
+
+#[test]
+fn one_connection_to_the_proxy_carries_at_most_ten_jumps_at_once() {
+    use std::io::BufRead;
+    use std::process::{Child, Stdio};
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("jo", "access", "root");
+    let cfg = c.ssh_config(&home, "jo");
+    let control = c.dir.path().join("cm-jumps");
+    let log = c.dir.path().join("master.log");
+    let control_path = format!("ControlPath={}", control.display());
+    // A master connection to the proxy itself; every `ssh -W` below is a direct-tcpip
+    // channel on it, an inner connection to the node.
+    let mut master = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-N", "-o", "ControlMaster=yes", "-o", &control_path, "-E"])
+        .arg(&log)
+        .arg("proxy")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let jump = || {
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-o", &control_path, "-W", "local1:22", "proxy"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // A jump is open when the node's side greets (the inner server's version line).
+    let greeted = |child: &mut Child| {
+        let mut line = String::new();
+        let out = child.stdout.as_mut().unwrap();
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+        line.starts_with("SSH-2.0-")
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || control.exists()),
+        "the master never listened"
+    );
+    let mut open: Vec<Child> = Vec::new();
+    for i in 0..10 {
+        let mut j = jump();
+        assert!(greeted(&mut j), "jump {i} was not opened");
+        open.push(j);
+    }
+    // The eleventh at once is refused; the master is told why (OpenSSH's mux client only says
+    // the peer refused).
+    let mut extra = jump();
+    assert!(!greeted(&mut extra));
+    let out = extra.wait_with_output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused by peer"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reason = "this connection to the proxy already carries 10 connections to nodes, the most allowed (proxy_service.max_jumps_per_connection: 10); open another connection to the proxy";
+    assert!(
+        eventually(Duration::from_secs(5), || std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(reason)),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // One ends: there is room for one more on the same connection.
+    let mut first = open.remove(0);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(eventually(Duration::from_secs(10), || {
+        let mut j = jump();
+        let ok = greeted(&mut j);
+        if ok {
+            open.push(j);
+        } else {
+            let _ = j.kill();
+            let _ = j.wait();
+        }
+        ok
+    }));
+    for mut j in open {
+        let _ = j.kill();
+        let _ = j.wait();
+    }
+    let _ = master.kill();
+    let _ = master.wait();
+}

@@ -1,10 +1,12 @@
 //! The outer connection on port 3023: admit it under the door's caps and per-address rate
 //! (`sallyport_core::door`; refused with a reason before any key exchange), hold it to
 //! `ssh_login_grace`, authenticate the user certificate, then serve only `direct-tcpip`
-//! channels, each handed to [`super::relay`] as an inner SSH connection.
+//! channels, each handed to [`super::relay`] as an inner SSH connection, at most
+//! `max_jumps_per_connection` of them open at once per outer connection.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use russh::keys::ssh_key::Certificate;
@@ -82,6 +84,7 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admis
                 refusal: None,
                 pending,
                 attempts: crate::failed_auth::SshAttempts::new(addr),
+                jumps: Arc::new(AtomicUsize::new(0)),
             };
             if let Err(e) = door::serve_ssh(config, tcp, conn, login, admission.login_grace).await {
                 tracing::debug!(peer = %addr, error = %e, "ssh connection ended");
@@ -104,6 +107,24 @@ struct Outer {
     pending: door::Pending,
     /// Reported to auth's audit if the connection ends without authenticating.
     attempts: crate::failed_auth::SshAttempts,
+    /// Inner connections open on this one (`max_jumps_per_connection`).
+    jumps: Arc<AtomicUsize>,
+}
+
+/// One inner connection counted on its outer connection until it ends.
+struct Jump(Arc<AtomicUsize>);
+
+impl Drop for Jump {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why a jump past `max_jumps_per_connection` is refused.
+pub fn max_jumps_refusal(max: usize) -> String {
+    format!(
+        "this connection to the proxy already carries {max} connections to nodes, the most allowed (proxy_service.max_jumps_per_connection: {max}); open another connection to the proxy"
+    )
 }
 
 impl Drop for Outer {
@@ -213,20 +234,39 @@ impl russh::server::Handler for Outer {
                 .await;
             return Ok(());
         }
+        // Each inner connection costs a key exchange and a task: one outer connection (a
+        // ControlMaster, say) carries only so many at once, counted until each ends.
+        let max = self.state.max_jumps_per_connection;
+        if self.jumps.load(Ordering::Relaxed) >= max {
+            tracing::info!(%user, peer = %self.addr, max, "proxy jump refused: too many on one connection");
+            reply
+                .reject(ChannelOpenFailure::Other {
+                    code: 1,
+                    reason: max_jumps_refusal(max),
+                })
+                .await;
+            return Ok(());
+        }
+        self.jumps.fetch_add(1, Ordering::Relaxed);
+        let jump = Jump(self.jumps.clone());
         match self.state.node_identity(host).await {
             Ok((cert, node)) => {
                 self.state.track(self.id, &user, _session.handle());
                 reply.accept().await;
                 let state = self.state.clone();
                 let addr = self.addr;
-                tokio::spawn(super::relay::serve_inner(
-                    state,
-                    sallyport_core::flow::Decoupled::new(channel.into_stream()),
-                    user,
-                    node,
-                    cert,
-                    addr,
-                ));
+                tokio::spawn(async move {
+                    super::relay::serve_inner(
+                        state,
+                        sallyport_core::flow::Decoupled::new(channel.into_stream()),
+                        user,
+                        node,
+                        cert,
+                        addr,
+                    )
+                    .await;
+                    drop(jump);
+                });
             }
             Err(reason) => {
                 tracing::info!(%user, host, error = %reason, "proxy jump refused");

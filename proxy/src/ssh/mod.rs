@@ -44,6 +44,8 @@ pub struct SshState {
     live: Mutex<HashMap<u64, (String, russh::server::Handle)>>,
     /// `max_recording_size`: the largest a recording may grow.
     pub max_recording_size: u64,
+    /// `max_jumps_per_connection`: inner connections one outer connection may carry at once.
+    pub max_jumps_per_connection: usize,
     /// Open inner (node) connections: their user by the order they authenticated in, for the
     /// roles' `max_connections`.
     inner: Mutex<std::collections::BTreeMap<u64, String>>,
@@ -62,6 +64,11 @@ impl Drop for InnerConnection {
         }
     }
 }
+
+/// `max_jumps_per_connection` when the configuration does not say: OpenSSH's `MaxSessions`.
+/// Each inner connection costs the proxy a key exchange, so one outer connection must not
+/// carry any number of them.
+pub const DEFAULT_MAX_JUMPS_PER_CONNECTION: usize = 10;
 
 static NEXT_INNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -96,6 +103,7 @@ impl SshState {
             locked: RwLock::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             max_recording_size: crate::record::DEFAULT_MAX_RECORDING_SIZE,
+            max_jumps_per_connection: DEFAULT_MAX_JUMPS_PER_CONNECTION,
             inner: Mutex::new(Default::default()),
         }
     }
@@ -103,6 +111,12 @@ impl SshState {
     /// `max_recording_size` from the configuration.
     pub fn with_max_recording_size(mut self, bytes: u64) -> Self {
         self.max_recording_size = bytes;
+        self
+    }
+
+    /// `max_jumps_per_connection` from the configuration.
+    pub fn with_max_jumps_per_connection(mut self, n: usize) -> Self {
+        self.max_jumps_per_connection = n;
         self
     }
 
