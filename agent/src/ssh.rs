@@ -284,37 +284,43 @@ async fn reap(
     child: &mut tokio::process::Child,
     slot: &PidSlot,
 ) -> std::io::Result<std::process::ExitStatus> {
-    if let Some(pid) = child.id() {
-        exited(pid).await;
+    if let Some(fd) = child.id().and_then(pidfd)
+        && exited(fd).await
+    {
+        slot.set(None);
+        return child.wait().await;
     }
+    // No pidfd (Linux before 5.3): cleared just after the reap instead.
+    let status = child.wait().await;
     slot.set(None);
-    child.wait().await
+    status
 }
 
-/// Resolves once process `pid` (this agent's child) has exited, without reaping it: its
-/// pidfd turns readable. Without pidfds (Linux before 5.3) at once: the slot is then cleared
-/// just before the reap instead of between exit and reap.
-async fn exited(pid: u32) {
+/// A pidfd for process `pid`, or None where the kernel has none.
+fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
     use nix::libc;
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no
     // memory is passed.
     #[allow(unsafe_code)]
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return;
-    }
-    // SAFETY: the descriptor was just returned by pidfd_open and nothing else owns it.
+    // SAFETY: a descriptor just returned by pidfd_open, owned by nothing else.
     #[allow(unsafe_code)]
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Waits until the process of pidfd `fd` (this agent's child) has exited, without reaping
+/// it: the pidfd turns readable. False if it could not wait.
+async fn exited(fd: std::os::fd::OwnedFd) -> bool {
     // SAFETY: the AsyncFd owns the OwnedFd, which stays open, the same descriptor, until the
     // AsyncFd is dropped.
     #[allow(unsafe_code)]
     let registered = unsafe {
         tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
     };
-    if let Ok(fd) = registered {
-        let _ = fd.readable().await;
+    match registered {
+        Ok(fd) => fd.readable().await.is_ok(),
+        Err(_) => false,
     }
 }
 
@@ -1143,7 +1149,7 @@ mod tests {
         let pid = child.id().unwrap_or_else(|| panic!("no pid"));
         let slot = PidSlot::default();
         slot.set(Some(pid));
-        exited(pid).await;
+        assert!(exited(pidfd(pid).unwrap_or_else(|| panic!("no pidfd"))).await);
         // Exited, not yet reaped: the number is still this zombie's.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         assert!(stat.contains(") Z "), "{stat}");
