@@ -33,45 +33,56 @@ const WAITING_PER_SLOT: usize = 32;
 /// allocating 19 MiB per check left that much behind in every malloc arena the blocking
 /// threads touched (measured: 537 MiB after 200 logins with only two checks at a time).
 pub struct PasswordChecks {
-    slots: tokio::sync::Semaphore,
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
     max_waiting: usize,
     waiting: std::sync::atomic::AtomicUsize,
-    memory: std::sync::Mutex<Vec<Vec<Block>>>,
+    memory: Pool,
 }
 
-/// A password check slot, with its working memory.
-struct CheckSlot<'a> {
-    _permit: tokio::sync::SemaphorePermit<'a>,
+type Pool = std::sync::Arc<std::sync::Mutex<Vec<Vec<Block>>>>;
+
+/// A password check slot, with its working memory. It is owned, not borrowed: the check runs
+/// on a blocking thread that outlives the login when the client hangs up, and the slot goes
+/// with it, so a check in progress keeps its slot (and its memory) until it has finished.
+struct CheckSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
     memory: Option<Vec<Block>>,
-    pool: &'a std::sync::Mutex<Vec<Vec<Block>>>,
+    pool: Pool,
 }
 
-impl Drop for CheckSlot<'_> {
+impl Drop for CheckSlot {
     fn drop(&mut self) {
+        // The memory goes back before the permit (dropped after this), so whoever takes the
+        // permit next finds it.
         if let (Some(m), Ok(mut pool)) = (self.memory.take(), self.pool.lock()) {
             pool.push(m);
         }
     }
 }
 
-impl CheckSlot<'_> {
-    /// Checks `password` against a PHC argon2 hash in this slot's memory, on a blocking thread.
-    async fn verify(&mut self, password: String, hash: String) -> bool {
-        let mut memory = self.memory.take().unwrap_or_default();
-        let checked = tokio::task::spawn_blocking(move || {
-            let ok = verify_in(password.as_bytes(), &hash, &mut memory);
+/// One login waiting in line for a slot; leaves the line however the wait ends, a client that
+/// hung up included (otherwise every cancelled wait would shorten the line for good).
+struct InLine<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl CheckSlot {
+    /// Checks `password` against a PHC argon2 hash in this slot's memory, on a blocking thread
+    /// that owns the slot until the check is over.
+    async fn verify(mut self, password: String, hash: String) -> bool {
+        tokio::task::spawn_blocking(move || {
+            let memory = self.memory.get_or_insert_with(Vec::new);
+            let ok = verify_in(password.as_bytes(), &hash, memory);
             // What the check left in memory is derived from the password.
             memory.iter_mut().for_each(|b| *b = Block::new());
-            (ok, memory)
+            ok
         })
-        .await;
-        match checked {
-            Ok((ok, memory)) => {
-                self.memory = Some(memory);
-                ok
-            }
-            Err(_) => false,
-        }
+        .await
+        .unwrap_or(false)
     }
 }
 
@@ -112,28 +123,31 @@ fn verify_in(password: &[u8], phc: &str, memory: &mut Vec<Block>) -> bool {
 
 impl PasswordChecks {
     pub fn new() -> Self {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self::with_slots(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    }
+
+    fn with_slots(slots: usize) -> Self {
         PasswordChecks {
-            slots: tokio::sync::Semaphore::new(cores),
-            max_waiting: cores * WAITING_PER_SLOT,
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(slots)),
+            max_waiting: slots * WAITING_PER_SLOT,
             waiting: std::sync::atomic::AtomicUsize::new(0),
-            memory: std::sync::Mutex::new(vec![]),
+            memory: Pool::default(),
         }
     }
 
-    async fn slot(&self) -> Result<CheckSlot<'_>, AuthError> {
+    async fn slot(&self) -> Result<CheckSlot, AuthError> {
         use std::sync::atomic::Ordering;
         let busy = || AuthError::Busy(BUSY.into());
-        let permit = match self.slots.try_acquire() {
+        let permit = match self.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_waiting {
-                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                let in_line = self.waiting.fetch_add(1, Ordering::AcqRel);
+                let _leaves = InLine(&self.waiting);
+                if in_line >= self.max_waiting {
                     return Err(busy());
                 }
-                let permit = tokio::time::timeout(CHECK_QUEUE, self.slots.acquire()).await;
-                self.waiting.fetch_sub(1, Ordering::AcqRel);
-                match permit {
+                let acquire = self.slots.clone().acquire_owned();
+                match tokio::time::timeout(CHECK_QUEUE, acquire).await {
                     Ok(Ok(p)) => p,
                     _ => return Err(busy()),
                 }
@@ -144,7 +158,7 @@ impl PasswordChecks {
         Ok(CheckSlot {
             _permit: permit,
             memory: Some(memory.unwrap_or_default()),
-            pool: &self.memory,
+            pool: self.memory.clone(),
         })
     }
 }
@@ -217,6 +231,47 @@ struct Refusal<'a> {
     reason: &'a str,
 }
 
+/// A reserved attempt not yet checked; see [`AuthServer::unchecked`].
+struct Unchecked {
+    pool: Option<sqlx::AnyPool>,
+    user: String,
+    max: i64,
+}
+
+impl Unchecked {
+    /// The password check has started: the attempt counts.
+    fn checked(mut self) {
+        self.pool = None;
+    }
+}
+
+impl Drop for Unchecked {
+    fn drop(&mut self) {
+        let Some(pool) = self.pool.take() else {
+            return;
+        };
+        // Drop cannot wait: the give-back runs on its own (a dropped login is not awaited).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (user, max) = (std::mem::take(&mut self.user), self.max);
+        runtime.spawn(async move {
+            let given_back = sqlx::query(
+                "UPDATE login_attempts SET failures = failures - 1,
+                    locked_until = CASE WHEN failures - 1 < $2 THEN 0 ELSE locked_until END
+                 WHERE user_name = $1 AND failures > 0",
+            )
+            .bind(&user)
+            .bind(max)
+            .execute(&pool)
+            .await;
+            if let Err(e) = given_back {
+                tracing::warn!(error = %e, "could not give back an unchecked login attempt");
+            }
+        });
+    }
+}
+
 /// What reserving an attempt found.
 enum Attempt {
     /// Go ahead; `Some(until)` when a failure of this attempt locks the account until then.
@@ -283,19 +338,15 @@ impl AuthServer {
         })
     }
 
-    /// Gives back an attempt that was never checked (the server was too busy to check it).
-    async fn release_attempt(&self, user: &str) -> Result<(), AuthError> {
-        let max = i64::from(self.config.max_login_attempts.max(1));
-        sqlx::query(
-            "UPDATE login_attempts SET failures = failures - 1,
-                locked_until = CASE WHEN failures - 1 < $2 THEN 0 ELSE locked_until END
-             WHERE user_name = $1 AND failures > 0",
-        )
-        .bind(user)
-        .bind(max)
-        .execute(&self.backend.pool)
-        .await?;
-        Ok(())
+    /// An attempt just reserved, given back unless [`Unchecked::checked`] is called: a login
+    /// that never reached its password check (the server was too busy, or the client hung up
+    /// while waiting in line) is not a failed guess.
+    fn unchecked(&self, user: &str) -> Unchecked {
+        Unchecked {
+            pool: Some(self.backend.pool.clone()),
+            user: user.into(),
+            max: i64::from(self.config.max_login_attempts.max(1)),
+        }
     }
 
     async fn clear_attempts(&self, user: &str) -> Result<(), AuthError> {
@@ -401,21 +452,17 @@ impl AuthServer {
             };
             self.refuse(refusal(reason), err)
         };
+        let unchecked = self.unchecked(user);
         let hash = record.as_ref().and_then(|r| r.password_hash.clone());
-        let ok = {
-            let mut slot = match self.password_checks.slot().await {
-                Ok(s) => s,
-                Err(busy) => {
-                    self.release_attempt(user).await?;
-                    return Err(busy);
-                }
-            };
-            slot.verify(
+        // Busy: `unchecked` gives the attempt back as it goes.
+        let slot = self.password_checks.slot().await?;
+        unchecked.checked();
+        let ok = slot
+            .verify(
                 req.password.clone(),
                 hash.clone().unwrap_or_else(|| self.dummy_hash.clone()),
             )
-            .await
-        };
+            .await;
         let record = match (record.clone(), hash, ok) {
             (Some(r), Some(_), true) => r,
             (None, _, _) => return Err(wrong("unknown user").await),
@@ -584,6 +631,7 @@ impl AuthServer {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -612,5 +660,59 @@ mod tests {
         }
         // The memory is kept for the next check, not allocated again.
         assert_eq!(memory.len(), Params::default().block_count());
+    }
+
+    /// A login whose client hangs up during its check (its future dropped) leaves the check
+    /// running in its slot and memory: the slot is free, and the memory back, only when the
+    /// check has ended. Otherwise every hang-up would start one more 19 MiB check.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_check_keeps_its_slot_when_its_login_is_dropped() {
+        let hash = hash_password("correct horse".into())
+            .await
+            .unwrap_or_default();
+        let checks = PasswordChecks::with_slots(1);
+        let slot = checks.slot().await.unwrap();
+        let check = slot.verify("wrong horse".into(), hash);
+        // Started, then dropped, as a login is when its client hangs up.
+        assert!(
+            tokio::time::timeout(Duration::from_micros(1), check)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            checks.slots.available_permits(),
+            0,
+            "the slot left with the login"
+        );
+        let busy = tokio::time::timeout(Duration::from_millis(1), checks.slot()).await;
+        assert!(busy.is_err(), "a second check started beside the first");
+        // The check ends on its own; then the slot and its memory are back.
+        let next = tokio::time::timeout(Duration::from_secs(10), checks.slot()).await;
+        let next = next.unwrap().unwrap();
+        assert_eq!(
+            next.memory.as_ref().map(Vec::len),
+            Some(Params::default().block_count()),
+            "the slot's memory was not kept"
+        );
+    }
+
+    /// Logins cancelled while waiting in line leave it: the line is not left full for good
+    /// (which answered every later login that found the slots busy with "too many logins").
+    #[tokio::test]
+    async fn logins_cancelled_in_line_leave_it() {
+        let checks = PasswordChecks::with_slots(1);
+        let held = checks.slot().await.unwrap();
+        for _ in 0..3 * WAITING_PER_SLOT {
+            let waited = tokio::time::timeout(Duration::from_millis(1), checks.slot()).await;
+            assert!(waited.is_err(), "a slot was free");
+        }
+        assert_eq!(checks.waiting.load(std::sync::atomic::Ordering::Acquire), 0);
+        // A login that finds the slot busy waits for it, rather than being told to come back.
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(held);
+        };
+        let (next, ()) = tokio::join!(checks.slot(), release);
+        assert!(next.is_ok(), "a login found the line full");
     }
 }

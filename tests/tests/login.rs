@@ -480,13 +480,36 @@ fn lockout_holds_under_sixty_concurrent_guesses() {
         .fails_with("account dora is locked after 5 failed logins");
 }
 
+/// The daemon's resident memory; panics when it cannot be read, so that a bound on it cannot
+/// pass by reading nothing.
 fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb / 1024)
+        .map(|kb| kb / 1024)
+        .unwrap()
+}
+
+/// Samples the daemon's resident memory every 20 ms while `work` runs: (its result, peak MiB).
+fn peak_rss_during<T>(pid: u32, work: impl FnOnce() -> T) -> (T, u64) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_mib(pid));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            peak
+        });
+        let out = work();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let peak = sampler.join().unwrap();
+        assert!(peak > 0, "the daemon's memory was never read");
+        (out, peak)
+    })
 }
 
 #[test]
@@ -498,27 +521,18 @@ fn password_checks_are_bounded_under_two_hundred_parallel_logins() {
     c.wait_online("local1");
     let home = c.user("erin", "access", "root");
     let pid = c.pid().unwrap();
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let (answers, peak, served) = std::thread::scope(|s| {
-        let sampler = s.spawn(|| {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_mib(pid));
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            peak
-        });
-        // A logged-in user keeps being served while the flood runs.
-        let user = s.spawn(|| {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            let ls = c.sally(&home, &["ls"], "");
-            let ssh = c.sally(&home, &["ssh", "root@local1", "echo still-served"], "");
-            (ls, ssh)
-        });
-        let answers = parallel_logins(&c, 200, |i| (format!("nobody-{i}"), "guess".into()));
-        let served = user.join().unwrap();
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        (answers, sampler.join().unwrap(), served)
+    let ((answers, served), peak) = peak_rss_during(pid, || {
+        std::thread::scope(|s| {
+            // A logged-in user keeps being served while the flood runs.
+            let user = s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                let ls = c.sally(&home, &["ls"], "");
+                let ssh = c.sally(&home, &["ssh", "root@local1", "echo still-served"], "");
+                (ls, ssh)
+            });
+            let answers = parallel_logins(&c, 200, |i| (format!("nobody-{i}"), "guess".into()));
+            (answers, user.join().unwrap())
+        })
     });
     let busy = answers.iter().filter(|(s, _)| *s == 503).count();
     eprintln!("peak RSS {peak} MiB; {busy} of 200 told to come back");
@@ -538,6 +552,75 @@ fn password_checks_are_bounded_under_two_hundred_parallel_logins() {
         }
     }
     assert!(answers.iter().any(|(s, _)| *s == 401), "{answers:?}");
+}
+
+/// `n` logins (users `{who}-0`...) by one curl running `parallel` at a time, each hanging up
+/// `ms.0` to `ms.1` ms after it started (--max-time): some while their TLS handshake is under way,
+/// some waiting in line for a password check, some during it. A login is answered in ~60 ms
+/// when nothing else runs.
+fn cancelled_logins(c: &Cluster, who: &str, n: usize, parallel: usize, ms: (usize, usize)) {
+    let mut config = String::new();
+    for i in 0..n {
+        let body = serde_json::json!({
+            "user": format!("{who}-{i}"),
+            "password": "guess",
+            "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKdXuhsuZQ3K1Z0Bq3YQ6pN3cT0ZLd6lnF1wbZlCsl1f x",
+        });
+        let after_ms = ms.0 + (i * 37) % (ms.1 - ms.0);
+        config += &format!(
+            "url = \"https://{}/v1/webapi/login\"\ndata = {}\nheader = \"content-type: application/json\"\ninsecure\nsilent\noutput = /dev/null\nmax-time = {}.{:03}\nnext\n",
+            c.proxy,
+            serde_json::to_string(&body.to_string()).unwrap(),
+            after_ms / 1000,
+            after_ms % 1000,
+        );
+    }
+    let file = c.dir.path().join("cancelled-logins.curl");
+    std::fs::write(&file, config).unwrap();
+    // curl exits 28 (timed out): that is the point.
+    run(
+        Command::new("curl")
+            .args(["--parallel", "--parallel-immediate", "--parallel-max"])
+            .arg(parallel.to_string())
+            .arg("-K")
+            .arg(&file),
+        "",
+    );
+}
+
+/// Hanging up does not free a password check: the check runs on to its end in its slot and
+/// memory, so logins cancelled mid-way cannot run argon2 (19 MiB each) without bound (it
+/// reached 757 MiB here); and a login cancelled while waiting in line leaves the line, so the
+/// line does not stay full (every login found busy slots was answered 503 at once).
+#[test]
+fn logins_cancelled_by_their_clients_stay_bounded_and_leave_the_line() {
+    let c = Cluster::start_with(Options {
+        proxy_service: wide_open_doors(),
+        ..Options::default()
+    });
+    let pid = c.pid().unwrap();
+    let ((), peak) = peak_rss_during(pid, || {
+        // 10 at a time: many are cancelled during their check.
+        cancelled_logins(&c, "gone", 200, 10, (40, 140));
+        // 100 at a time: many are cancelled while waiting in line.
+        cancelled_logins(&c, "queued", 200, 100, (100, 400));
+        // The checks the cancelled logins started run on; they end within a few seconds.
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    });
+    eprintln!("peak RSS {peak} MiB under 400 cancelled logins");
+    assert!(peak < 512, "the daemon reached {peak} MiB");
+    // More logins at once than there are slots: the rest wait in line and are answered, not
+    // told the line is full.
+    let started = std::time::Instant::now();
+    let answers = parallel_logins(&c, 12, |i| (format!("after-{i}"), "guess".into()));
+    for (status, body) in &answers {
+        assert_eq!(*status, 401, "{body}");
+        assert!(body.contains("invalid user name or password"), "{body}");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    // A real user logs in at once.
+    let home = c.user("erin", "access", "root");
+    c.sally(&home, &["status"], "").ok();
 }
 
 #[test]
