@@ -15,9 +15,12 @@
 //! A proxy whose report queue overflowed says how many reports it dropped (reason
 //! [`DROPPED_REASON`], with their `count`), so those are counted too.
 //!
-//! The address is keyed without its port: every connection has a new port. User names that
-//! are not users (anyone can type one) are not part of the key, and the table of keys is
-//! bounded: past [`MAX_KEYS`] new keys share one overflow key per door.
+//! The address is keyed as the doors count their sources ([`sallyport_core::door::source_of`]):
+//! without its port (every connection has a new one), an IPv6 address by its /64 (one
+//! subscriber holds a whole /64, so a new /128 per connection is the same source) and an
+//! IPv4-mapped one as IPv4. User names that are not users (anyone can type one) are not part
+//! of the key, and the table of keys is bounded: past [`MAX_KEYS`] new keys share one overflow
+//! key per door, so a flood from many sources is at most that many records a minute.
 //!
 //! This module never decides whether something failed, and never sees a password or code.
 
@@ -32,8 +35,10 @@ use crate::AuthServer;
 
 /// How long one aggregation window lasts.
 pub const WINDOW: Duration = Duration::from_secs(60);
-/// Keys tracked at once; beyond this, new keys are counted under an overflow key.
-pub const MAX_KEYS: usize = 10_000;
+/// Keys tracked at once; beyond this, new keys are counted under an overflow key. Each key
+/// can write an event as its window opens and one as it closes, so this bounds the records a
+/// flood from many sources writes a minute.
+pub const MAX_KEYS: usize = 1_000;
 /// Failures in one report from a proxy.
 pub const MAX_BATCH: usize = 1000;
 /// Longest text kept from a reported field, and most fields of what was presented.
@@ -179,7 +184,7 @@ impl Failure {
         Key {
             event: self.event.into(),
             door: self.door.clone(),
-            address: address_of(&self.remote_addr),
+            address: source_key(&self.remote_addr),
             reason: self.reason.clone(),
             user: self.user.clone().filter(|_| self.user_exists),
         }
@@ -200,6 +205,23 @@ pub(crate) fn address_of(remote: &str) -> String {
     match remote.parse::<std::net::SocketAddr>() {
         Ok(a) => a.ip().to_string(),
         Err(_) => remote.to_string(),
+    }
+}
+
+/// The source an address is counted under, as the doors count it (`2001:db8:0:1::/64`,
+/// `10.0.0.1`); text that is not an address is its own source.
+fn source_key(remote: &str) -> String {
+    use std::net::IpAddr;
+    let ip = match remote.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip(),
+        Err(_) => match remote.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => return remote.to_string(),
+        },
+    };
+    match sallyport_core::door::source_of(ip) {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("{v6}/64"),
     }
 }
 
@@ -499,6 +521,64 @@ mod tests {
         assert!(f.admit(&dropped, 0, t0).is_none());
         let closed = f.close(t0 + WINDOW);
         assert_eq!(closed.iter().map(count).collect::<Vec<_>>(), vec![301]);
+    }
+
+    #[test]
+    fn addresses_are_keyed_by_the_source_the_doors_count() {
+        let f = Failures::default();
+        let t = Instant::now();
+        let cases = [
+            ("[2001:db8:0:1::1]:1000", true),
+            // Every address of the same /64 is the same source...
+            ("[2001:db8:0:1::2]:1001", false),
+            ("[2001:db8:0:1:ffff:ffff:ffff:ffff]:1002", false),
+            ("2001:db8:0:1:1234::9", false),
+            // ...another /64 is another.
+            ("[2001:db8:0:2::1]:1003", true),
+            ("10.0.0.1:1", true),
+            ("[::ffff:10.0.0.1]:2", false),
+            ("not an address", true),
+            ("not an address", false),
+        ];
+        for (addr, emitted) in cases {
+            assert_eq!(
+                f.admit(&failure(addr, "x", None, false), 1, t).is_some(),
+                emitted,
+                "{addr}"
+            );
+        }
+        // A new /128 for each of a thousand connections: one record now, one with the count.
+        for i in 0..1000u32 {
+            let addr = format!("[2001:db8:0:3:{:x}:{:x}::1]:{}", i >> 8, i & 255, 2000 + i);
+            let emitted = f.admit(&failure(&addr, "x", None, false), 1, t);
+            assert_eq!(emitted.is_some(), i == 0, "{addr}");
+        }
+        let closed = f.close(t + WINDOW);
+        let from_3 = closed.iter().find(|e| {
+            e.fields
+                .get("remote_addr")
+                .and_then(|v| v.as_str())
+                .is_some_and(|a| a.starts_with("[2001:db8:0:3:"))
+        });
+        assert_eq!(from_3.map(count), Some(999));
+    }
+
+    /// A flood from more sources than keys (many /64s, or many IPv4 addresses) writes at most
+    /// about [`MAX_KEYS`] records a minute, not one per source.
+    #[test]
+    fn a_flood_from_many_sources_writes_a_bounded_number_of_records() {
+        let f = Failures::default();
+        let t = Instant::now();
+        let emitted = (0..5000u32)
+            .filter(|i| {
+                let addr = format!("[2001:db8:{:x}:{:x}::1]:22", i >> 16, i & 0xffff);
+                f.admit(&failure(&addr, "x", None, false), 1, t).is_some()
+            })
+            .count();
+        assert!(emitted <= 1001, "{emitted} records at once");
+        let closed = f.close(t + WINDOW);
+        assert!(closed.len() <= 1, "{} records at the close", closed.len());
+        assert_eq!(closed.iter().map(count).sum::<u64>(), 5000 - emitted as u64);
     }
 
     #[test]
