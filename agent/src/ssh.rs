@@ -209,7 +209,13 @@ fn copy_argv(
             .find(|p| executable(p))
             .map(|p| p.display().to_string())
     }
-    .ok_or_else(|| format!("{name} is not installed (searched {system})"))?;
+    .ok_or_else(|| {
+        if name.starts_with('/') {
+            format!("{name} is not installed")
+        } else {
+            format!("{name} is not installed in the system PATH ({system})")
+        }
+    })?;
     let mut argv = vec![program];
     argv.extend(copy.args(&login.home.display().to_string()));
     Ok(argv)

@@ -179,6 +179,13 @@ fn copies_ignore_the_shell(c: &Cluster, login_home: &Path, log: &Path, tag: &str
             "{command:?} ran the login's function: {r:?}"
         );
     }
+    // A copy program the node does not have is refused, not looked for in the login's PATH.
+    c.ssh(
+        &cfg,
+        &[&format!("{LOGIN}@local1"), "/usr/libexec/sftp-server"],
+        "",
+    )
+    .fails_with("sallyport: /usr/libexec/sftp-server is not installed on node local1");
     // Not one copy went through the login's shell.
     let through_shell = std::fs::read_to_string(log).unwrap_or_default();
     assert!(
