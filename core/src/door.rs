@@ -9,6 +9,11 @@
 //! throttled; what stays throttled is what never logs in. An SSH connection that has not
 //! authenticated within its login grace is told why and cut ([`serve_ssh`]).
 //!
+//! Where authenticating proves little (at the HTTPS door any request, an anonymous `ping`
+//! included, takes a connection out of the unauthenticated caps), a door also caps every open
+//! connection, globally and per source ([`OpenLimits`]): a connection leaves the
+//! unauthenticated caps with [`Unauthenticated::requested`] and stays counted until it closes.
+//!
 //! This module never decides who someone is: the door's own checks do, and call
 //! [`Pending::authenticated`] when they are satisfied.
 
@@ -46,6 +51,17 @@ const MAX_TELLING: usize = 16;
 /// How long a refused peer gets to read why.
 const TELLING_TIME: Duration = Duration::from_secs(3);
 
+/// Open connections at a door where any request leaves the unauthenticated caps (the proxy's
+/// HTTPS door), all addresses together. Each costs a socket, a task and TLS buffers; 4096 is
+/// well within a 2-core proxy's memory and the default 1024-descriptor limit raised by systemd.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Open connections at such a door from one source (an IPv4 address or an IPv6 /64): far above
+/// what browsers and `sally` open (a handful each), even many users behind one NAT.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
+/// How long an open connection at such a door may go without a request or a byte of a request
+/// or response body before it is asked to close (then dropped after as long again).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A door's limits on connections that have not authenticated.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -53,6 +69,28 @@ pub struct Limits {
     /// `None` where one address speaks for many people (auth's door, whose clients are the
     /// proxies): capping it there would let one person's flood through a proxy lock out everyone.
     pub per_address: Option<PerAddress>,
+    /// Caps on every open connection, where authenticating proves little; `None` where it
+    /// proves who the peer is (SSH, tunnels, auth's mutual TLS).
+    pub open: Option<OpenLimits>,
+}
+
+/// Caps on all open connections at a door; see the module doc.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenLimits {
+    pub max_connections: usize,
+    pub max_per_address: usize,
+    /// Without request activity for this long, a connection is asked to close.
+    pub idle_timeout: Duration,
+}
+
+impl Default for OpenLimits {
+    fn default() -> Self {
+        OpenLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +107,7 @@ impl Default for Limits {
                 max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
                 new_per_second: DEFAULT_NEW_PER_SECOND_PER_ADDRESS,
             }),
+            open: None,
         }
     }
 }
@@ -79,6 +118,8 @@ pub enum Refusal {
     Busy { max: usize },
     Address { source: String, max: usize },
     Rate { source: String, per_second: u32 },
+    Open { max: usize },
+    OpenAddress { source: String, max: usize },
 }
 
 impl fmt::Display for Refusal {
@@ -95,6 +136,14 @@ impl fmt::Display for Refusal {
             Refusal::Rate { source, per_second } => write!(
                 f,
                 "too many new connections from {source} (more than {per_second} a second that do not log in); try again later"
+            ),
+            Refusal::Open { max } => write!(
+                f,
+                "too many connections to this server (max_connections: {max}); try again later"
+            ),
+            Refusal::OpenAddress { source, max } => write!(
+                f,
+                "too many connections from {source} (max_connections_per_address: {max}); close some and try again"
             ),
         }
     }
@@ -115,12 +164,15 @@ const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 struct State {
     total: usize,
+    /// Open connections (under [`Limits::open`]), authenticated or not.
+    open: usize,
     sources: HashMap<IpAddr, Source>,
     swept: Instant,
 }
 
 struct Source {
     pending: usize,
+    open: usize,
     tokens: f64,
     at: Instant,
 }
@@ -134,8 +186,11 @@ impl Source {
         self.at = now;
     }
 
-    fn idle(&self, per: &PerAddress) -> bool {
-        self.pending == 0 && self.tokens >= per.max_unauthenticated as f64
+    /// Nothing counted and the bucket full (or no bucket): the source can be forgotten.
+    fn idle(&self, per: Option<&PerAddress>) -> bool {
+        self.pending == 0
+            && self.open == 0
+            && per.is_none_or(|p| self.tokens >= p.max_unauthenticated as f64)
     }
 }
 
@@ -168,6 +223,7 @@ impl Door {
             limits,
             state: Mutex::new(State {
                 total: 0,
+                open: 0,
                 sources: HashMap::new(),
                 swept: Instant::now(),
             }),
@@ -214,34 +270,49 @@ impl Door {
                 max: self.limits.max_unauthenticated,
             });
         };
-        if let Some(per) = &self.limits.per_address {
+        let per = self.limits.per_address;
+        if per.is_some() || self.limits.open.is_some() {
             // Sources that went quiet leave the table; swept at most once a second, and only
             // when it is large, so a flood of addresses costs amortized constant time.
-            if state.sources.len() > 2 * self.limits.max_unauthenticated + 1024
+            let open_max = self.limits.open.map_or(0, |o| o.max_connections);
+            if state.sources.len() > 2 * (self.limits.max_unauthenticated + open_max) + 1024
                 && now.duration_since(state.swept) > Duration::from_secs(1)
             {
                 state.sources.retain(|_, s| {
-                    s.refill(now, per);
-                    !s.idle(per)
+                    if let Some(per) = &per {
+                        s.refill(now, per);
+                    }
+                    !s.idle(per.as_ref())
                 });
                 state.swept = now;
             }
             let entry = state.sources.entry(source).or_insert(Source {
                 pending: 0,
-                tokens: per.max_unauthenticated as f64,
+                open: 0,
+                tokens: per.map_or(0.0, |p| p.max_unauthenticated as f64),
                 at: now,
             });
-            entry.refill(now, per);
-            if entry.pending >= per.max_unauthenticated {
-                return Err(Refusal::Address {
-                    source: shown(source),
-                    max: per.max_unauthenticated,
-                });
+            if let Some(per) = &per {
+                entry.refill(now, per);
+                if entry.pending >= per.max_unauthenticated {
+                    return Err(Refusal::Address {
+                        source: shown(source),
+                        max: per.max_unauthenticated,
+                    });
+                }
+                if entry.tokens < 1.0 {
+                    return Err(Refusal::Rate {
+                        source: shown(source),
+                        per_second: per.new_per_second,
+                    });
+                }
             }
-            if entry.tokens < 1.0 {
-                return Err(Refusal::Rate {
+            if let Some(open) = &self.limits.open
+                && entry.open >= open.max_per_address
+            {
+                return Err(Refusal::OpenAddress {
                     source: shown(source),
-                    per_second: per.new_per_second,
+                    max: open.max_per_address,
                 });
             }
         }
@@ -250,35 +321,70 @@ impl Door {
                 max: self.limits.max_unauthenticated,
             });
         }
+        if let Some(open) = &self.limits.open
+            && state.open >= open.max_connections
+        {
+            return Err(Refusal::Open {
+                max: open.max_connections,
+            });
+        }
         state.total += 1;
+        let open = self.limits.open.is_some();
+        if open {
+            state.open += 1;
+        }
         if let Some(s) = state.sources.get_mut(&source) {
             s.pending += 1;
-            s.tokens -= 1.0;
+            if per.is_some() {
+                s.tokens -= 1.0;
+            }
+            if open {
+                s.open += 1;
+            }
         }
         Ok(Unauthenticated {
             door: self.clone(),
             source,
             done: false,
+            open,
         })
     }
 
-    fn release(&self, source: IpAddr, authenticated: bool) {
+    /// A connection leaves the unauthenticated count (its token given back when it
+    /// authenticated) and, when `open`, the open count.
+    fn release(&self, source: IpAddr, pending: bool, authenticated: bool, open: bool) {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
-        state.total = state.total.saturating_sub(1);
-        if let Some(per) = self.limits.per_address
-            && let Some(s) = state.sources.get_mut(&source)
-        {
-            s.pending = s.pending.saturating_sub(1);
-            s.refill(Instant::now(), &per);
-            if authenticated {
-                s.tokens = (s.tokens + 1.0).min(per.max_unauthenticated as f64);
+        if pending {
+            state.total = state.total.saturating_sub(1);
+        }
+        if open {
+            state.open = state.open.saturating_sub(1);
+        }
+        let per = self.limits.per_address;
+        if let Some(s) = state.sources.get_mut(&source) {
+            if pending {
+                s.pending = s.pending.saturating_sub(1);
             }
-            if s.idle(&per) {
+            if open {
+                s.open = s.open.saturating_sub(1);
+            }
+            if let Some(per) = &per {
+                s.refill(Instant::now(), per);
+                if authenticated {
+                    s.tokens = (s.tokens + 1.0).min(per.max_unauthenticated as f64);
+                }
+            }
+            if s.idle(per.as_ref()) {
                 state.sources.remove(&source);
             }
         }
+    }
+
+    /// Open connections counted now (for tests and logs).
+    pub fn open(&self) -> usize {
+        self.state.lock().map(|s| s.open).unwrap_or(0)
     }
 
     /// Connections counted now (for tests and logs).
@@ -292,20 +398,50 @@ pub struct Unauthenticated {
     door: Arc<Door>,
     source: IpAddr,
     done: bool,
+    /// Also counted under the door's [`OpenLimits`].
+    open: bool,
 }
 
 impl Unauthenticated {
     /// The peer proved who it is: it leaves the caps and its token is given back.
     pub fn authenticated(mut self) {
         self.done = true;
-        self.door.release(self.source, true);
+        self.door.release(self.source, true, true, self.open);
+    }
+
+    /// The peer sent a request, which proves little: it leaves the unauthenticated caps and
+    /// its token is given back (people using the service are not throttled), but it stays
+    /// counted under the door's open caps for as long as the returned guard lives.
+    pub fn requested(mut self) -> Open {
+        self.done = true;
+        self.door.release(self.source, true, true, false);
+        Open {
+            door: self.door.clone(),
+            source: self.source,
+            open: self.open,
+        }
     }
 }
 
 impl Drop for Unauthenticated {
     fn drop(&mut self) {
         if !self.done {
-            self.door.release(self.source, false);
+            self.door.release(self.source, true, false, self.open);
+        }
+    }
+}
+
+/// A connection counted under its door's open caps until it is dropped.
+pub struct Open {
+    door: Arc<Door>,
+    source: IpAddr,
+    open: bool,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if self.open {
+            self.door.release(self.source, false, false, true);
         }
     }
 }
@@ -543,6 +679,7 @@ mod tests {
                 max_unauthenticated: per,
                 new_per_second: rate,
             }),
+            open: None,
         }
     }
 
@@ -635,6 +772,7 @@ mod tests {
             Limits {
                 max_unauthenticated: 3,
                 per_address: None,
+                open: None,
             },
         );
         let held: Vec<_> = (0..3).map(|_| door.admit(ip("127.0.0.1"))).collect();
@@ -682,5 +820,69 @@ mod tests {
             u32::from_be_bytes([packet[6], packet[7], packet[8], packet[9]]),
             12
         );
+    }
+
+    /// A request takes a connection out of the unauthenticated caps (and gives its token back)
+    /// but not out of the open caps: a flood of connections that each sent a `ping` is still
+    /// refused, per source and in all, with the key to raise named.
+    #[test]
+    fn requests_leave_the_unauthenticated_caps_but_not_the_open_ones() {
+        let open = OpenLimits {
+            max_connections: 5,
+            max_per_address: 3,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        };
+        let door = Door::new(
+            "https",
+            Limits {
+                open: Some(open),
+                ..limits(100, 2, 1)
+            },
+        );
+        let mut held = vec![];
+        for _ in 0..3 {
+            let c = door.admit(ip("10.0.0.1")).map(Unauthenticated::requested);
+            held.push(c.unwrap_or_else(|r| panic!("refused under the caps: {r}")));
+        }
+        assert_eq!((door.unauthenticated(), door.open()), (0, 3));
+        let refused = door.admit(ip("10.0.0.1")).err();
+        assert_eq!(
+            refused,
+            Some(Refusal::OpenAddress {
+                source: "10.0.0.1".into(),
+                max: 3
+            })
+        );
+        assert!(
+            refused
+                .map(|r| r.to_string())
+                .unwrap_or_default()
+                .contains("(max_connections_per_address: 3)")
+        );
+        // The same /64 is the same source.
+        held.extend((1..=3).filter_map(|i| {
+            door.admit(ip(&format!("2001:db8::{i}")))
+                .ok()
+                .map(Unauthenticated::requested)
+        }));
+        assert_eq!(held.len(), 5);
+        // Every address together: the global cap.
+        let refused = door.admit(ip("10.0.0.9")).err();
+        assert_eq!(refused, Some(Refusal::Open { max: 5 }));
+        assert!(
+            refused
+                .map(|r| r.to_string())
+                .unwrap_or_default()
+                .contains("(max_connections: 5)")
+        );
+        // Closing connections makes room.
+        held.clear();
+        assert_eq!(door.open(), 0);
+        assert!(door.admit(ip("10.0.0.1")).is_ok());
+        // An unauthenticated connection counts under both, and leaves both when dropped.
+        let pending = door.admit(ip("10.0.0.2"));
+        assert_eq!((door.unauthenticated(), door.open()), (1, 1));
+        drop(pending);
+        assert_eq!((door.unauthenticated(), door.open()), (0, 0));
     }
 }

@@ -2,12 +2,17 @@
 //! attached to every request, so handlers authorize from what the handshake proved — never
 //! from a header.
 //!
-//! Bounded under abuse: a connection counts against its door's caps (`crate::door`) until its
-//! first request arrives, and beyond them is answered 429 (or closed, when many are being
-//! refused at once); the TLS handshake must finish within [`HANDSHAKE_TIMEOUT`], request headers
-//! arrive within [`HEADER_READ_TIMEOUT`] (which also closes idle HTTP/1.1 keep-alives), and a
-//! connection that moves no byte for [`IDLE_TIMEOUT`] is asked to close (HTTP/2 GOAWAY), then
-//! dropped after as long again.
+//! Bounded under abuse: a connection counts against its door's unauthenticated caps
+//! (`crate::door`) until its first request arrives, and against the door's caps on all open
+//! connections (when it has them: the proxy's door) until it closes, since any request, an
+//! anonymous `ping` too, takes it out of the first; beyond the caps it is answered 429 (or
+//! closed, when many are being refused at once). The TLS handshake must finish within
+//! [`HANDSHAKE_TIMEOUT`], request headers arrive within [`HEADER_READ_TIMEOUT`] (which also
+//! closes idle HTTP/1.1 keep-alives), and a connection without request activity (a request
+//! starting, a byte of a request or response body; not HTTP/2 PINGs or other frames a client
+//! can send for free) for the idle timeout ([`IDLE_TIMEOUT`] unless the door's
+//! [`door::OpenLimits`] say otherwise) is asked to close (HTTP/2 GOAWAY), then dropped after as
+//! long again.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,8 +43,8 @@ pub struct RemoteAddr(pub SocketAddr);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's own default, which it applies only when given a timer (we had none before).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// No byte either way for this long: the connection is asked to close.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// No request activity for this long: the connection is asked to close.
+pub const IDLE_TIMEOUT: Duration = door::DEFAULT_IDLE_TIMEOUT;
 
 /// Connections whose TLS ClientHello offers `alpn` are not terminated here: their bytes are
 /// piped unchanged to `target`, so mutual TLS runs end to end between the client and `target`
@@ -60,6 +65,7 @@ pub async fn serve(
     limits: door::Limits,
 ) {
     let passthrough = passthrough.map(Arc::new);
+    let idle = limits.open.map_or(IDLE_TIMEOUT, |o| o.idle_timeout);
     let door = Door::new("https", limits);
     loop {
         let (tcp, addr) = match listener.accept().await {
@@ -92,7 +98,7 @@ pub async fn serve(
             .await
             {
                 Ok(Ok(Handshake::Done(stream))) => {
-                    serve_connection(*stream, addr, router, counted).await
+                    serve_connection(*stream, addr, router, counted, idle).await
                 }
                 Ok(Ok(Handshake::Passthrough {
                     client,
@@ -226,11 +232,22 @@ async fn refuse(
     .await;
 }
 
+/// Where a connection stands in its door's count.
+enum Count {
+    /// No request yet: under the unauthenticated caps.
+    Waiting(door::Unauthenticated),
+    /// Under the open caps only, until the connection closes.
+    /// Held for its drop.
+    Requested(#[allow(dead_code)] door::Open),
+    Gone,
+}
+
 async fn serve_connection(
     tls: Stream,
     addr: SocketAddr,
     router: axum::Router,
     counted: door::Unauthenticated,
+    idle: Duration,
 ) {
     let peer = PeerCertificates(Arc::new(
         tls.get_ref()
@@ -239,17 +256,39 @@ async fn serve_connection(
             .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
             .unwrap_or_default(),
     ));
-    // The first request is what takes a connection out of the door's count: a peer that has
-    // sent one is no longer holding a connection open for nothing.
-    let counted = Arc::new(std::sync::Mutex::new(Some(counted)));
-    let pending = counted.clone();
+    // The first request takes a connection out of the door's unauthenticated count: a peer that
+    // has sent one is no longer holding a connection open for nothing. It stays counted as an
+    // open connection (the guard lives as long as this function).
+    let count = Arc::new(std::sync::Mutex::new(Count::Waiting(counted)));
+    let waiting = |count: &std::sync::Mutex<Count>| {
+        count
+            .lock()
+            .map(|c| matches!(*c, Count::Waiting(_)))
+            .unwrap_or(false)
+    };
+    let last = Arc::new(AtomicU64::new(crate::unix_now_ms()));
+    let (pending, active) = (count.clone(), last.clone());
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-        if let Some(c) = pending.lock().ok().and_then(|mut c| c.take()) {
-            c.authenticated();
+        if let Ok(mut c) = pending.lock()
+            && let Count::Waiting(u) = std::mem::replace(&mut *c, Count::Gone)
+        {
+            *c = Count::Requested(u.requested());
         }
+        active.store(crate::unix_now_ms(), Ordering::Relaxed);
         req.extensions_mut().insert(peer.clone());
         req.extensions_mut().insert(RemoteAddr(addr));
-        router.clone().oneshot(req.map(axum::body::Body::new))
+        let last = active.clone();
+        let req = req.map(|b| {
+            axum::body::Body::new(Active {
+                inner: b,
+                last: last.clone(),
+            })
+        });
+        let answer = router.clone().oneshot(req);
+        async move {
+            let resp = answer.await?;
+            Ok::<_, std::convert::Infallible>(resp.map(|b| Active { inner: b, last }))
+        }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -257,17 +296,12 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
     builder.http2().timer(TokioTimer::new());
-    let last = Arc::new(AtomicU64::new(crate::unix_now_ms()));
-    let io = Watched {
-        inner: tls,
-        last: last.clone(),
-    };
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
     tokio::pin!(conn);
     let first_request_by = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
     let mut asked_to_close = false;
     loop {
-        let waiting = counted.lock().map(|c| c.is_some()).unwrap_or(false);
+        let before_first = waiting(&count);
         tokio::select! {
             ended = conn.as_mut() => {
                 if let Err(e) = ended {
@@ -276,19 +310,19 @@ async fn serve_connection(
                 return;
             }
             // HTTP/2 has no header timeout of its own: no first request in time, no connection.
-            () = tokio::time::sleep_until(first_request_by), if waiting => {
-                if counted.lock().map(|c| c.is_some()).unwrap_or(false) {
+            () = tokio::time::sleep_until(first_request_by), if before_first => {
+                if waiting(&count) {
                     tracing::debug!(peer = %addr, "no request in time");
                     return;
                 }
             }
-            () = tokio::time::sleep(IDLE_TIMEOUT / 4) => {
+            () = tokio::time::sleep(idle / 4) => {
                 let quiet = crate::unix_now_ms().saturating_sub(last.load(Ordering::Relaxed));
-                if quiet >= 2 * IDLE_TIMEOUT.as_millis() as u64 {
+                if quiet >= 2 * idle.as_millis() as u64 {
                     tracing::debug!(peer = %addr, "idle connection dropped");
                     return;
                 }
-                if quiet >= IDLE_TIMEOUT.as_millis() as u64 && !asked_to_close {
+                if quiet >= idle.as_millis() as u64 && !asked_to_close {
                     asked_to_close = true;
                     conn.as_mut().graceful_shutdown();
                 }
@@ -297,62 +331,35 @@ async fn serve_connection(
     }
 }
 
-/// A stream that notes when a byte last moved either way.
-struct Watched<S> {
-    inner: S,
+/// A request or response body that notes when a frame of it last moved: that is request
+/// activity, which keeps a connection open; bytes a client can send for free (HTTP/2 PINGs,
+/// SETTINGS, WINDOW_UPDATE) are not.
+struct Active<B> {
+    inner: B,
     last: Arc<AtomicU64>,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.last.store(crate::unix_now_ms(), Ordering::Relaxed);
-        }
-        r
-    }
-}
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Active<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
+    fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = &r
-            && *n > 0
-        {
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
             self.last.store(crate::unix_now_ms(), Ordering::Relaxed);
         }
-        r
+        polled
     }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = &r
-            && *n > 0
-        {
-            self.last.store(crate::unix_now_ms(), Ordering::Relaxed);
-        }
-        r
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

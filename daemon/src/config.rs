@@ -265,6 +265,17 @@ pub struct ProxyService {
     /// `max_unauthenticated_per_address` (the DHEat throttle).
     #[serde(default = "default_connection_rate")]
     pub max_connection_rate_per_address: u32,
+    /// Open connections to the web door (`web_listen_addr`), authenticated or not, all
+    /// addresses together: any request takes a connection out of the unauthenticated caps.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// The same from one address (an IPv6 /64 counts as one).
+    #[serde(default = "default_max_connections_per_address")]
+    pub max_connections_per_address: usize,
+    /// A web connection without a request (or a byte of one, or of a response) for this long
+    /// is asked to close; HTTP/2 PINGs do not count.
+    #[serde(default = "default_web_idle_timeout")]
+    pub web_idle_timeout: HumanDuration,
     /// The largest a session recording may grow (`1GiB`, `64MiB`, or bytes): past it a
     /// `strict` session ends and a `best_effort` one goes on unrecorded, audited.
     #[serde(default = "default_max_recording_size")]
@@ -350,8 +361,36 @@ impl ProxyService {
                 max_unauthenticated: self.max_unauthenticated_per_address,
                 new_per_second: self.max_connection_rate_per_address,
             }),
+            open: None,
         }
     }
+
+    /// The web door's limits: those of every door, and caps on all its open connections (never
+    /// below the unauthenticated ones: a connection waiting for its first request is open too).
+    pub fn web_door_limits(&self) -> sallyport_core::door::Limits {
+        sallyport_core::door::Limits {
+            open: Some(sallyport_core::door::OpenLimits {
+                max_connections: self
+                    .max_connections
+                    .max(self.max_unauthenticated_connections),
+                max_per_address: self
+                    .max_connections_per_address
+                    .max(self.max_unauthenticated_per_address),
+                idle_timeout: self.web_idle_timeout.0,
+            }),
+            ..self.door_limits()
+        }
+    }
+}
+
+fn default_max_connections() -> usize {
+    sallyport_core::door::DEFAULT_MAX_CONNECTIONS
+}
+fn default_max_connections_per_address() -> usize {
+    sallyport_core::door::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+}
+fn default_web_idle_timeout() -> HumanDuration {
+    HumanDuration(sallyport_core::door::DEFAULT_IDLE_TIMEOUT)
 }
 
 fn default_login_grace() -> HumanDuration {
@@ -380,6 +419,9 @@ impl Default for ProxyService {
             max_unauthenticated_connections: default_max_unauthenticated(),
             max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
             max_connection_rate_per_address: default_connection_rate(),
+            max_connections: default_max_connections(),
+            max_connections_per_address: default_max_connections_per_address(),
+            web_idle_timeout: default_web_idle_timeout(),
             max_recording_size: default_max_recording_size(),
             max_jumps_per_connection: default_max_jumps_per_connection(),
         }
@@ -513,6 +555,20 @@ impl Config {
         if p.max_connection_rate_per_address == 0 {
             return Err("proxy_service.max_connection_rate_per_address: at least 1".into());
         }
+        if p.max_connections == 0 {
+            return Err("proxy_service.max_connections: at least 1".into());
+        }
+        if p.max_connections_per_address == 0 || p.max_connections_per_address > p.max_connections {
+            return Err(
+                "proxy_service.max_connections_per_address: at least 1 and at most max_connections"
+                    .into(),
+            );
+        }
+        if p.web_idle_timeout.0 < Duration::from_secs(1)
+            || p.web_idle_timeout.0 > Duration::from_secs(3600)
+        {
+            return Err("proxy_service.web_idle_timeout: between 1s and 1h".into());
+        }
         if p.max_recording_size.0 < 4096 {
             return Err("proxy_service.max_recording_size: at least 4KiB".into());
         }
@@ -598,6 +654,12 @@ proxy_service:
   max_unauthenticated_per_address: 16   # the same from one address (an IPv6 /64)
   max_connection_rate_per_address: 5    # new connections a second that do not log in, beyond a
                                         # burst of max_unauthenticated_per_address
+  # Every open web connection (any request, even anonymous, ends "unauthenticated"):
+  max_connections: 4096                 # to web_listen_addr, all addresses together
+  max_connections_per_address: 128      # the same from one address (an IPv6 /64); neither is
+                                        # ever below its max_unauthenticated_ counterpart
+  web_idle_timeout: 60s                 # no request for this long: asked to close (PINGs
+                                        # do not count)
   max_recording_size: 1GiB              # a session recording past this size ends the session
                                         # (record_session: strict) or stops, audited (best_effort)
   max_jumps_per_connection: 10          # connections to nodes one SSH connection to the proxy
@@ -680,7 +742,24 @@ mod tests {
             .per_address
             .unwrap_or_else(|| panic!("per-address limits"));
         assert_eq!((per.max_unauthenticated, per.new_per_second), (16, 5));
+        assert!(
+            l.open.is_none(),
+            "the SSH and tunnel doors have no open caps"
+        );
+        let open = c
+            .proxy_service
+            .web_door_limits()
+            .open
+            .unwrap_or_else(|| panic!("the web door's open caps"));
+        assert_eq!((open.max_connections, open.max_per_address), (4096, 128));
+        assert_eq!(open.idle_timeout, Duration::from_secs(60));
         let cases = [
+            ("max_connections: 0", "max_connections"),
+            (
+                "max_connections_per_address: 5000",
+                "max_connections_per_address",
+            ),
+            ("web_idle_timeout: 0s", "web_idle_timeout"),
             ("ssh_login_grace: 0s", "ssh_login_grace"),
             (
                 "max_unauthenticated_connections: 0",

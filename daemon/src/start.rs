@@ -186,7 +186,7 @@ pub async fn run(
         Arc::new(web_tls),
         sallyport_proxy::web::router(client.clone(), doors),
         Some(passthrough),
-        p.door_limits(),
+        p.web_door_limits(),
     ));
     // Agents' door: only a node certificate from the host CA opens a tunnel.
     let mut tunnel_tls = server_config(

@@ -414,3 +414,179 @@ fn ssh_audit_passes_the_proxy_and_the_server_it_runs_for_each_node() {
         assert_eq!(door[section], inner[section], "{section} differs");
     }
 }
+
+/// A connection that has sent a request (an anonymous `ping` will do) leaves the
+/// unauthenticated caps but is still counted among the web door's open connections, per
+/// address and in all: keep-alive connections cannot pile up without bound.
+#[test]
+fn https_connections_that_sent_a_request_stay_under_the_open_caps() {
+    let c = cluster(&[
+        "max_unauthenticated_connections: 8",
+        "max_unauthenticated_per_address: 4",
+        "max_connections: 10",
+        "max_connections_per_address: 6",
+    ]);
+    let port = c.proxy.rsplit(':').next().unwrap().to_string();
+    // Keep-alive connections from `source`, each having had one `ping` answered, held open
+    // until stdin closes; then one more connection's answer (status line and body).
+    let script = r#"
+import socket, ssl, sys
+port, plan = int(sys.argv[1]), sys.argv[2:]
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(["http/1.1"])
+def conn(source):
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), source_address=(source, 0)))
+    s.settimeout(10)
+    s.sendall(b"GET /v1/webapi/ping HTTP/1.1\r\nHost: proxy\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        d = s.recv(4096)
+        if not d:
+            break
+        answer += d
+    return s, answer
+held = []
+for step in plan:
+    source, n = step.split("=")
+    for _ in range(int(n)):
+        s, answer = conn(source)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        held.append(s)
+print("holding", len(held), flush=True)
+sys.stdin.read()
+"#;
+    let probe = |source: &str| {
+        run(
+            Command::new("curl").args([
+                "-sk",
+                "--interface",
+                source,
+                "-w",
+                "\n%{http_code}",
+                &format!("https://127.0.0.1:{port}/v1/webapi/ping"),
+            ]),
+            "",
+        )
+        .stdout
+    };
+    let hold = |plan: &[&str]| {
+        let mut child = Command::new("python3")
+            .args(["-c", script, &port])
+            .args(plan)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(line.starts_with("holding"), "{line:?}");
+        child
+    };
+    // Six from 127.0.0.1 fill its share: a seventh is refused, with the key to raise.
+    let mut six = hold(&["127.0.0.1=6"]);
+    let refused = probe("127.0.0.1");
+    assert!(refused.ends_with("\n429"), "{refused}");
+    assert!(
+        refused.contains(
+            "too many connections from 127.0.0.1 (max_connections_per_address: 6); close some and try again"
+        ),
+        "{refused}"
+    );
+    // Another address is served, until the door holds ten in all.
+    assert!(probe("127.0.0.2").ends_with("\n200"));
+    let mut four = hold(&["127.0.0.2=4"]);
+    let refused = probe("127.0.0.3");
+    assert!(refused.ends_with("\n429"), "{refused}");
+    assert!(
+        refused
+            .contains("too many connections to this server (max_connections: 10); try again later"),
+        "{refused}"
+    );
+    // Closed connections leave the count.
+    for child in [&mut six, &mut four] {
+        drop(child.stdin.take());
+        child.wait().unwrap();
+    }
+    assert!(eventually(Duration::from_secs(5), || probe("127.0.0.1")
+        .ends_with("\n200")));
+}
+
+/// Only request activity keeps a web connection open: an HTTP/2 connection that sent one
+/// request and then only PINGs (which cost a client nothing) is asked to close (GOAWAY) after
+/// `web_idle_timeout`, and closed.
+#[test]
+fn an_http2_connection_sending_only_pings_is_closed_when_idle() {
+    let c = cluster(&["web_idle_timeout: 3s"]);
+    let script = r#"
+import socket, ssl, struct, sys, time
+port = int(sys.argv[1])
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(["h2"])
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)))
+s.settimeout(0.5)
+def frame(kind, flags, stream, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+def literal(index, value):
+    return bytes([index]) + bytes([len(value)]) + value
+s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0))
+# GET /v1/webapi/ping: :method GET (2), :scheme https (7), :path and :authority as literals.
+block = b"\x82\x87" + literal(0x04, b"/v1/webapi/ping") + literal(0x01, b"proxy")
+s.sendall(frame(1, 0x05, 1, block))
+buf, answered, goaway, start = b"", False, False, None
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        d = s.recv(65536)
+    except socket.timeout:
+        d = None
+    except (OSError, ssl.SSLError):
+        break
+    if d == b"":
+        break
+    if d:
+        buf += d
+    while len(buf) >= 9:
+        length = int.from_bytes(buf[:3], "big")
+        if len(buf) < 9 + length:
+            break
+        kind, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7fffffff
+        buf = buf[9 + length:]
+        if kind == 4 and not flags & 1:
+            try:
+                s.sendall(frame(4, 1, 0))
+            except (OSError, ssl.SSLError):
+                break
+        if stream == 1 and flags & 1 and kind in (0, 1) and not answered:
+            answered, start = True, time.time()
+            print("answered", flush=True)
+        if kind == 7:
+            goaway = True
+    if answered:
+        try:
+            s.sendall(frame(6, 0, 0, b"12345678"))
+        except (OSError, ssl.SSLError):
+            break
+print("goaway" if goaway else "no goaway")
+print("closed after", round(time.time() - start, 1) if start else None)
+"#;
+    let port = c.proxy.rsplit(':').next().unwrap();
+    let r = run(Command::new("python3").args(["-c", script, port]), "").ok();
+    assert!(r.stdout.contains("answered"), "{r:?}");
+    assert!(r.stdout.contains("\ngoaway\n"), "{r:?}");
+    let secs: f64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("closed after "))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::MAX);
+    // Asked to close between 3 s and 3 s plus a check period (0.75 s), with some slack.
+    assert!((2.9..=6.0).contains(&secs), "closed after {secs} s: {r:?}");
+}
