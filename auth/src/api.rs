@@ -68,6 +68,29 @@ impl IntoResponse for AuthError {
 #[derive(Clone)]
 struct Unauthenticated(String);
 
+/// The client's address as the proxy forwarded it, for a refusal of a request the proxy made
+/// on the client's behalf (a response extension, never sent): the refusal is the client's, not
+/// the proxy's.
+#[derive(Clone)]
+struct ForwardedFor(String);
+
+/// `result` as a response, carrying the forwarded client address when it is a refusal.
+fn for_client<T: serde::Serialize>(
+    result: Result<T, AuthError>,
+    remote: Option<String>,
+) -> Response {
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => {
+            let mut resp = e.into_response();
+            if let Some(r) = remote.filter(|r| !r.is_empty()) {
+                resp.extensions_mut().insert(ForwardedFor(r));
+            }
+            resp
+        }
+    }
+}
+
 /// Audits every request this API refused as unauthenticated (`auth.failed`, door `api`, with
 /// the client certificate it presented), aggregated. The login endpoint audits its own
 /// refusals as unsuccessful `user.login` events, so it is left out here.
@@ -87,6 +110,10 @@ async fn audit_refusals(
     if let Some(Unauthenticated(reason)) = resp.extensions().get::<Unauthenticated>()
         && path != "/v1/login"
     {
+        let remote = resp
+            .extensions()
+            .get::<ForwardedFor>()
+            .map_or(remote, |f| f.0.clone());
         let mut presented = serde_json::Map::new();
         if let Some(s) = peer
             .as_ref()
@@ -346,10 +373,13 @@ async fn oidc_finish(
 async fn signup_start(
     State(auth): Auth,
     Extension(peer): Extension<PeerCertificates>,
-    Json(req): Json<SignupStart>,
-) -> Result<Json<SignupStarted>, AuthError> {
+    Json(req): Json<Forwarded<SignupStart>>,
+) -> Result<Response, AuthError> {
     require_proxy(&auth, &peer).await?;
-    Ok(Json(auth.signup_start(&req).await?))
+    Ok(for_client(
+        auth.signup_start(&req.body).await,
+        req.remote_addr,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -364,11 +394,13 @@ async fn signup_finish(
     State(auth): Auth,
     Extension(peer): Extension<PeerCertificates>,
     Json(req): Json<Forwarded<SignupFinish>>,
-) -> Result<Json<serde_json::Value>, AuthError> {
+) -> Result<Response, AuthError> {
     require_proxy(&auth, &peer).await?;
-    auth.signup_finish(&req.body, req.remote_addr.as_deref().unwrap_or(""))
-        .await?;
-    Ok(Json(serde_json::json!({})))
+    let done = auth
+        .signup_finish(&req.body, req.remote_addr.as_deref().unwrap_or(""))
+        .await
+        .map(|()| serde_json::json!({}));
+    Ok(for_client(done, req.remote_addr))
 }
 
 async fn login(

@@ -123,8 +123,19 @@ async fn join(
     .await
 }
 
-async fn signup_start(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
-    forward(&web.auth, Method::POST, "/v1/signup/start", Some(body)).await
+/// Auth audits a refused sign-up token under the client's address, so it is told the address.
+async fn signup_start(
+    State(web): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    forward(
+        &web.auth,
+        Method::POST,
+        "/v1/signup/start",
+        Some(with_remote(body, remote)),
+    )
+    .await
 }
 
 async fn signup_finish(

@@ -623,6 +623,49 @@ fn logins_cancelled_by_their_clients_stay_bounded_and_leave_the_line() {
     c.sally(&home, &["status"], "").ok();
 }
 
+/// A sign-up token refused at either step is audited under the client's address (the proxy
+/// forwards it), not the proxy's own.
+#[test]
+fn refused_signup_tokens_are_audited_under_the_clients_address() {
+    let c = Cluster::start();
+    let port = c.proxy.rsplit(':').next().unwrap();
+    for (step, source, body) in [
+        ("start", "127.0.0.2", r#"{"token":"deadbeef"}"#),
+        (
+            "finish",
+            "127.0.0.3",
+            r#"{"token":"deadbeef","password":"correct horse battery"}"#,
+        ),
+    ] {
+        let r = run(
+            Command::new("curl").args([
+                "-sk",
+                "--interface",
+                source,
+                "-H",
+                "content-type: application/json",
+                "--data",
+                body,
+                "-w",
+                "\n%{http_code}",
+                &format!("https://127.0.0.1:{port}/v1/webapi/signup/{step}"),
+            ]),
+            "",
+        );
+        assert!(r.stdout.ends_with("\n401"), "{r:?}");
+        assert!(r.stdout.contains("sign-up token not found"), "{r:?}");
+        let path = format!("/v1/signup/{step}");
+        let audited: Vec<_> = c
+            .events("auth.failed")
+            .into_iter()
+            .filter(|e| e["path"] == path.as_str())
+            .collect();
+        assert_eq!(audited.len(), 1, "{audited:?}");
+        let addr = audited[0]["remote_addr"].as_str().unwrap_or_default();
+        assert!(addr.starts_with(&format!("{source}:")), "{audited:?}");
+    }
+}
+
 #[test]
 fn signup_with_a_pin_saves_the_trust_its_login_needs() {
     let c = Cluster::start();
