@@ -200,17 +200,9 @@ fn clip(s: &str) -> String {
     s[..end].to_string()
 }
 
-/// The address without its port (`127.0.0.1:5555` → `127.0.0.1`, `[::1]:5555` → `::1`).
-pub(crate) fn address_of(remote: &str) -> String {
-    match remote.parse::<std::net::SocketAddr>() {
-        Ok(a) => a.ip().to_string(),
-        Err(_) => remote.to_string(),
-    }
-}
-
 /// The source an address is counted under, as the doors count it (`2001:db8:0:1::/64`,
 /// `10.0.0.1`); text that is not an address is its own source.
-fn source_key(remote: &str) -> String {
+pub(crate) fn source_key(remote: &str) -> String {
     use std::net::IpAddr;
     let ip = match remote.parse::<std::net::SocketAddr>() {
         Ok(a) => a.ip(),

@@ -554,7 +554,9 @@ impl AuthServer {
             .execute(&self.backend.pool)
             .await?;
         let state_hash = token_hash(&state);
-        let addr = crate::failures::address_of(req.remote_addr.as_deref().unwrap_or_default());
+        // Counted by source as the doors count (an IPv6 /64 as one): a client that changes its
+        // address within its /64 is still one client.
+        let addr = crate::failures::source_key(req.remote_addr.as_deref().unwrap_or_default());
         self.oidc_pending.reserve(&state_hash, &addr, now)?;
         let stored = sqlx::query(
             "INSERT INTO oidc_requests (state_hash, connector, nonce, pkce_verifier, client_redirect, client_key_hash, ssh_public_key, ttl_secs, expires)
