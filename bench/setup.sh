@@ -10,16 +10,23 @@ B=$PWD/target/release
 dir=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 auth=$(port); web=$(port); sshp=$(port); tun=$(port); sshd_port=$(port)
+# PAM=1: both sides run PAM's account and session stacks (the agent with the shipped
+# config/pam.d/sallyport, sshd with UsePAM yes and Debian's /etc/pam.d/sshd).
+pam_cfg=""; use_pam=no
+if [ "${PAM:-0}" = 1 ]; then
+  cp config/pam.d/sallyport /etc/pam.d/sallyport-bench
+  pam_cfg=", pam: {enabled: true, service_name: sallyport-bench}"; use_pam=yes
+fi
 cat > "$dir/sallyport.yaml" <<CFG
 version: v1
 sallyport: {data_dir: $dir/data, nodename: node1, log: {severity: warn}}
 auth_service: {listen_addr: 127.0.0.1:$auth, cluster_name: bench, authentication: {second_factor: off}}
 proxy_service: {web_listen_addr: 127.0.0.1:$web, ssh_listen_addr: 127.0.0.1:$sshp, tunnel_listen_addr: 127.0.0.1:$tun, kube_listen_addr: 127.0.0.1:$(port)}
-ssh_service: {enabled: true, labels: {env: bench}}
+ssh_service: {enabled: true, labels: {env: bench}$pam_cfg}
 CFG
 $B/sallyport start --config "$dir/sallyport.yaml" > "$dir/out" 2> "$dir/err" &
 pid=$!
-cleanup() { kill $pid 2>/dev/null; [ -f "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null; rm -rf "$dir"; }
+cleanup() { kill $pid 2>/dev/null; [ -f "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null; rm -rf "$dir"; [ -n "$pam_cfg" ] && rm -f /etc/pam.d/sallyport-bench; true; }
 trap cleanup EXIT
 for _ in $(seq 1 100); do grep -q "CA pin" "$dir/out" && break; sleep 0.1; done
 pin=$(awk '/CA pin/ {print $3}' "$dir/out")
@@ -41,7 +48,7 @@ PidFile $dir/sshd.pid
 AuthorizedKeysFile none
 PasswordAuthentication no
 PermitRootLogin yes
-UsePAM no
+UsePAM $use_pam
 StrictModes no
 Subsystem sftp /usr/lib/openssh/sftp-server
 CFG

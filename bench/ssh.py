@@ -3,8 +3,9 @@
 
 Started by bench/ssh.sh, which brings up a release all-in-one cluster (one local agent), a plain
 OpenSSH sshd on loopback trusting the cluster's user CA, and a logged-in user. Prints medians
-and ratios for (a) `echo foo` session set-up and (b) 32 MiB through `cat` and back, the clients
-taking turns run after run.
+and ratios for (a) `echo foo` session set-up, (b) a login session's set-up with a pty (`-tt
+true`: the groups, utmp/wtmp/lastlog, motd, and PAM under PAM=1) and (c) 32 MiB through `cat`
+and back, the clients taking turns run after run.
 """
 import os, statistics, subprocess, sys, time
 
@@ -45,11 +46,18 @@ def main():
     blob = env["BLOB"]
     size = os.path.getsize(blob) / (1 << 20)
     rows = []
-    for workload, args, stdin, n in [
-        ("`echo foo` set-up", ["echo", "foo"], None, runs),
-        (f"{size:.0f} MiB through cat and back", ["cat"], blob, max(5, runs // 2)),
+    def with_pty(name, cmd):
+        # A terminal although stdin is not one: OpenSSH wants -tt before the host, sally -t.
+        if name == "sally ssh":
+            return cmd[:2] + ["-t"] + cmd[2:]
+        return cmd[:-1] + ["-tt"] + cmd[-1:]
+    plain = lambda name, cmd: cmd
+    for workload, opts, args, stdin, n in [
+        ("`echo foo` set-up", plain, ["echo", "foo"], None, runs),
+        ("pty login set-up (`-tt true`)", with_pty, ["true"], None, runs),
+        (f"{size:.0f} MiB through cat and back", plain, ["cat"], blob, max(5, runs // 2)),
     ]:
-        medians = interleaved([(name, cmd + args) for name, cmd in clients], stdin, n)
+        medians = interleaved([(name, opts(name, cmd) + args) for name, cmd in clients], stdin, n)
         base = medians["direct OpenSSH"]
         for name, _ in clients:
             rows.append((workload, name, medians[name], medians[name] / base))
