@@ -10,6 +10,12 @@ B=$PWD/target/release
 dir=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 auth=$(port); web=$(port); sshp=$(port); tun=$(port); sshd_port=$(port)
+# BENCH_LOGIN: the node login every client uses (root by default). Both sshd and the agent run
+# the login's shell rc files for a command (bash reads ~/.bashrc when SSH_CLIENT is set), so a
+# login with a heavy ~/.bashrc measures that file as much as the path to it.
+login=${BENCH_LOGIN:-root}
+# A bench login is made if missing, unlocked ('*': no password, which sshd's UsePAM no accepts).
+id "$login" >/dev/null 2>&1 || useradd -m -s /bin/bash -p '*' "$login"
 # PAM=1: both sides run PAM's account and session stacks (the agent with the shipped
 # config/pam.d/sallyport, sshd with UsePAM yes and Debian's /etc/pam.d/sshd).
 pam_cfg=""; use_pam=no
@@ -31,7 +37,7 @@ trap cleanup EXIT
 for _ in $(seq 1 100); do grep -q "CA pin" "$dir/out" && break; sleep 0.1; done
 pin=$(awk '/CA pin/ {print $3}' "$dir/out")
 export SALLY_HOME=$dir/home
-token=$($B/sallyctl --data-dir "$dir/data" users add bench --roles access --logins root --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+token=$($B/sallyctl --data-dir "$dir/data" users add bench --roles access --logins "root,$login" --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
 printf 'benchmark-password\n' | $B/sally signup --proxy 127.0.0.1:$web --token "$token" --ca-pin "$pin" 2>/dev/null
 printf 'benchmark-password\n' | $B/sally login --proxy 127.0.0.1:$web --user bench --ca-pin "$pin" > /dev/null
 keys=$SALLY_HOME/keys/127.0.0.1_$web
@@ -58,7 +64,7 @@ cat > "$dir/direct_cfg" <<CFG
 Host direct
   HostName 127.0.0.1
   Port $sshd_port
-  User root
+  User $login
   IdentityFile $keys/bench
   CertificateFile $keys/bench-cert.pub
   IdentitiesOnly yes
@@ -81,4 +87,4 @@ Host *
   BatchMode yes
 CFG
 { cat "$dir/proxy_cfg"; echo "  Ciphers aes256-gcm@openssh.com,aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-ctr"; } > "$dir/proxy_aes_cfg"
-for _ in $(seq 1 100); do $B/sally ssh root@node1 true 2>/dev/null && break; sleep 0.2; done
+for _ in $(seq 1 100); do $B/sally ssh "$login@node1" true 2>/dev/null && break; sleep 0.2; done

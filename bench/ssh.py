@@ -33,9 +33,9 @@ def interleaved(clients, stdin=None, runs=15):
 def main():
     env = os.environ
     direct = ["ssh", "-F", env["DIRECT_CFG"], "direct"]
-    proxied = ["ssh", "-F", env["PROXY_CFG"], "-J", "proxy", "root@" + env["NODE"]]
-    proxied_aes = ["ssh", "-F", env["PROXY_AES_CFG"], "-J", "proxy", "root@" + env["NODE"]]
-    sally = [env["SALLY"], "ssh", "root@" + env["NODE"]]
+    proxied = ["ssh", "-F", env["PROXY_CFG"], "-J", "proxy", env.get("LOGIN", "root") + "@" + env["NODE"]]
+    proxied_aes = ["ssh", "-F", env["PROXY_AES_CFG"], "-J", "proxy", env.get("LOGIN", "root") + "@" + env["NODE"]]
+    sally = [env["SALLY"], "ssh", env.get("LOGIN", "root") + "@" + env["NODE"]]
     runs = int(env.get("RUNS", "15"))
     clients = [
         ("direct OpenSSH", direct),
