@@ -126,9 +126,9 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
     if grant.mode == HostUserMode::Off {
         return Ok((None, None));
     }
-    if !valid_host_name(login) {
+    if !creatable_login(login) {
         return Err(format!(
-            "could not be created: {login:?} is not a valid user name on this node"
+            "could not be created: {login:?} is not a name this agent creates (a lower-case letter or `_`, then lower-case letters, digits, `_` or `-`, at most 32); nothing was created"
         ));
     }
     let groups: Vec<String> = grant
@@ -174,7 +174,10 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
         return Err(format!("could not be created: {e}"));
     }
     let sudoers_file = match staged {
-        Some(s) => match s.install() {
+        Some(s) => match crate::passwd::lookup(login)
+            .ok_or_else(|| format!("{login} vanished right after useradd"))
+            .and_then(|l| s.install(l.uid))
+        {
             Ok(path) => Some(path),
             Err(e) => {
                 // Half a login (no sudo it was granted) would be a surprise later: none at all.
@@ -363,6 +366,30 @@ fn admin(args: &[&str]) -> Result<(), String> {
     Err(last)
 }
 
+/// True for a login this agent may create: `^[a-z_][a-z0-9_-]{0,31}$`. Stricter than
+/// `valid_host_name` on purpose: an upper-case name such as `ALL` or a User_Alias would mean
+/// something else to sudo, and a name from a user-controlled trait must never be one of those.
+fn creatable_login(login: &str) -> bool {
+    let mut chars = login.chars();
+    login.len() <= 32
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'))
+}
+
+/// The drop-in's text: every line's user is `#UID`, never the name, so no name (`ALL`, an
+/// alias) can make a line mean more than this one account.
+fn sudoers_text(login: &str, uid: u32, lines: &[String]) -> String {
+    let mut text = format!(
+        "# Created by sallyport for login {login} (create_host_user_mode); removed with it.\n"
+    );
+    for l in lines {
+        text.push_str(&format!("#{uid} {l}\n"));
+    }
+    text
+}
+
 /// The drop-in for `login`: `sallyport-` and the name with every byte sudo would skip (`.`)
 /// or that could collide (`_`) written as `_XX`, so two logins never share one.
 fn sudoers_path(login: &str) -> PathBuf {
@@ -381,7 +408,12 @@ fn sudoers_path(login: &str) -> PathBuf {
 struct Staged {
     tmp: PathBuf,
     dest: PathBuf,
+    login: String,
+    lines: Vec<String>,
 }
+
+/// The uid the staged drop-in is checked with before useradd assigns the real one.
+const STAND_IN_UID: u32 = 65534;
 
 impl Staged {
     fn new(login: &str, lines: &[String]) -> Result<Self, String> {
@@ -399,12 +431,9 @@ impl Staged {
                 .unwrap_or_default(),
             std::process::id()
         ));
-        let mut text = format!(
-            "# Created by sallyport for login {login} (create_host_user_mode); removed with it.\n"
-        );
-        for l in lines {
-            text.push_str(&format!("{login} {l}\n"));
-        }
+        // Checked with a stand-in uid (not yet assigned); install writes the real one, and
+        // a different number cannot change whether a line parses.
+        let text = sudoers_text(login, STAND_IN_UID, lines);
         let _ = std::fs::remove_file(&tmp);
         let written = std::fs::OpenOptions::new()
             .write(true)
@@ -415,7 +444,12 @@ impl Staged {
                 f.write_all(text.as_bytes())?;
                 f.sync_all()
             });
-        let staged = Staged { tmp, dest };
+        let staged = Staged {
+            tmp,
+            dest,
+            login: login.to_string(),
+            lines: lines.to_vec(),
+        };
         if let Err(e) = written {
             return Err(format!(
                 "could not be created: cannot write its sudoers file in {SUDOERS_DIR}: {e}"
@@ -448,7 +482,17 @@ impl Staged {
     }
 
     /// Moves the checked file into place (a rename: sudo sees all of it or none).
-    fn install(self) -> Result<String, String> {
+    fn install(self, uid: u32) -> Result<String, String> {
+        let text = sudoers_text(&self.login, uid, &self.lines);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&self.tmp)
+            .and_then(|mut f| {
+                f.write_all(text.as_bytes())?;
+                f.sync_all()
+            })
+            .map_err(|e| format!("cannot write {}: {e}", self.tmp.display()))?;
         std::fs::rename(&self.tmp, &self.dest)
             .map_err(|e| format!("cannot install {}: {e}", self.dest.display()))?;
         Ok(self.dest.display().to_string())
@@ -465,6 +509,29 @@ impl Drop for Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_lower_case_logins_are_created_and_drop_ins_name_the_uid() {
+        for ok in ["alice", "_svc", "a-b_9", &"a".repeat(32)] {
+            assert!(creatable_login(ok), "{ok}");
+        }
+        for bad in [
+            "ALL",
+            "Alice",
+            "ADMINS",
+            "a.b",
+            "-x",
+            "9a",
+            "",
+            &"a".repeat(33),
+            "a b",
+        ] {
+            assert!(!creatable_login(bad), "{bad}");
+        }
+        let text = sudoers_text("alice", 1234, &["ALL=(root) NOPASSWD: /bin/true".into()]);
+        let rules: Vec<&str> = text.lines().filter(|l| !l.starts_with("# ")).collect();
+        assert_eq!(rules, ["#1234 ALL=(root) NOPASSWD: /bin/true"]);
+    }
 
     #[test]
     fn every_login_gets_its_own_drop_in_that_sudo_reads() {

@@ -50,6 +50,11 @@ fn exists(login: &str) -> bool {
         .unwrap_or(false)
 }
 
+fn uid(login: &str) -> String {
+    let out = Command::new("id").args(["-u", login]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// The agent's drop-in for a login (names here have only letters and digits).
 fn sudoers_file(login: &str) -> String {
     format!("/etc/sudoers.d/sallyport-{login}")
@@ -142,7 +147,15 @@ fn keep_creates_the_login_with_its_groups_and_sudo_and_keeps_it() {
         .fails_with("a password is required");
     let installed = std::fs::read_to_string(sudoers_file(&login.name)).unwrap();
     assert!(
-        installed.contains(&format!("{} ALL=(ALL) NOPASSWD: /usr/bin/true", login.name)),
+        installed.contains(&format!(
+            "\n#{} ALL=(ALL) NOPASSWD: /usr/bin/true\n",
+            uid(&login.name)
+        )),
+        "{installed}"
+    );
+    // The drop-in names the uid, never the login: no name can widen a line.
+    assert!(
+        !installed.contains(&format!("{} ALL", login.name)),
         "{installed}"
     );
     let mode = std::fs::metadata(sudoers_file(&login.name)).unwrap();
@@ -301,6 +314,42 @@ fn a_sudoers_line_visudo_rejects_refuses_the_session_and_installs_nothing() {
         "{:?}",
         sudoers_mentioning(&login.name)
     );
+    assert!(host_user_events(&c).is_empty());
+}
+
+#[test]
+fn an_upper_case_login_such_as_all_is_never_created() {
+    // `ALL` (or any upper-case name sudo could read as a User_Alias) from a trait the user
+    // controls must never become a login, let alone a sudoers line for every account. A unique
+    // upper-case name stands in for `ALL` so parallel tests never share it.
+    let name = format!("HUALL{}", std::process::id() % 100_000);
+    assert!(!exists(&name));
+    let c = Cluster::start();
+    c.wait_online("local1");
+    create_role(
+        &c,
+        "caps",
+        "create_host_user_mode: keep",
+        &name,
+        "    host_sudoers: ['ALL=(root) NOPASSWD: /usr/bin/true']\n",
+    );
+    let home = c.user("alice", "caps", "");
+    let cfg = c.ssh_config(&home, "alice");
+    let target = format!("{name}@local1");
+    let refused = c.ssh(&cfg, &[&target, "true"], "");
+    let made = exists(&name);
+    if made {
+        let _ = Command::new("userdel").args(["-r", &name]).output();
+    }
+    let files = sudoers_mentioning(&name);
+    for f in &files {
+        let _ = std::fs::remove_file(Path::new("/etc/sudoers.d").join(f));
+    }
+    refused.fails_with(&format!(
+        "login {name} on node local1 could not be created: \"{name}\" is not a name this agent creates (a lower-case letter or `_`, then lower-case letters, digits, `_` or `-`, at most 32); nothing was created"
+    ));
+    assert!(!made);
+    assert!(files.is_empty(), "{files:?}");
     assert!(host_user_events(&c).is_empty());
 }
 
