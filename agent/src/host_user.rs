@@ -33,6 +33,11 @@ const SUDOERS_DIR: &str = "/etc/sudoers.d";
 /// run `useradd`, and a removal must not race a session that is just reusing the login.
 static ADMIN: Mutex<()> = Mutex::new(());
 
+/// The highest uid this agent process has created: useradd is told to start above it, so a
+/// dropped login's uid is never handed to the next new login (a file, cron job or connection
+/// left with that uid would become the new login's). In memory only: an agent restart forgets.
+static UID_HIGH_WATER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Live sessions of each login this agent created under `insecure-drop`.
 static DROPS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
 
@@ -155,23 +160,33 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
     }
     let mut member_of = vec![MANAGED_GROUP.to_string()];
     member_of.extend(groups.iter().cloned());
-    if let Err(e) = admin(&[
-        "useradd",
+    let member_list = member_of.join(",");
+    let high = UID_HIGH_WATER.load(std::sync::atomic::Ordering::SeqCst);
+    let uid_min = format!("UID_MIN={}", high.saturating_add(1));
+    let mut useradd = vec!["useradd"];
+    if high > 0 {
+        useradd.extend(["-K", uid_min.as_str()]);
+    }
+    useradd.extend([
         "-m",
         "-k",
         "/etc/skel",
         "-s",
         "/bin/bash",
         "-G",
-        &member_of.join(","),
+        &member_list,
         "--",
         login,
-    ]) {
+    ]);
+    if let Err(e) = admin(&useradd) {
         // Made meanwhile by something other than this agent: it is not ours to report or drop.
         if crate::passwd::lookup(login).is_some() {
             return Ok((None, None));
         }
         return Err(format!("could not be created: {e}"));
+    }
+    if let Some(made) = crate::passwd::lookup(login) {
+        UID_HIGH_WATER.fetch_max(made.uid, std::sync::atomic::Ordering::SeqCst);
     }
     let sudoers_file = match staged {
         Some(s) => match crate::passwd::lookup(login)
@@ -277,48 +292,61 @@ fn remove(login: &str) {
         );
         return;
     }
-    // The session's process group got SIGHUP; what outlives it (nohup, a daemon) would keep
-    // userdel from removing the login, and a dropped login leaves nothing running.
+    // Its sudo goes first and whatever happens next: a login that outlives a failed userdel
+    // must not keep root's rights.
+    let _ = std::fs::remove_file(sudoers_path(login));
+    // A dropped login leaves nothing running: what outlived the session (nohup, a daemon)
+    // is killed before userdel, which would otherwise refuse. Bounded: the node lock is held.
     let mut result = Err(String::new());
-    for attempt in 0..20 {
+    for _ in 0..8 {
+        for _ in 0..10 {
+            if kill_processes_of(user.uid) == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         result = admin(&["userdel", "-r", "--", login]);
-        match &result {
-            Ok(()) => break,
-            Err(_) if attempt >= 2 => kill_processes_of(user.uid),
-            Err(_) => {}
+        if result.is_ok() {
+            break;
         }
         std::thread::sleep(Duration::from_millis(250));
     }
     match result {
         Ok(()) => {
-            let _ = std::fs::remove_file(sudoers_path(login));
             tracing::info!(login, "removed a host user (insecure-drop)");
         }
         Err(e) => tracing::warn!(login, error = %e, "could not remove a host user"),
     }
 }
 
-fn kill_processes_of(uid: u32) {
+/// SIGKILLs every process with `uid` as its real, effective, saved or file-system uid;
+/// returns how many it found.
+fn kill_processes_of(uid: u32) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
+        return 0;
     };
+    let mut found = 0;
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
         let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
-        let real = status
+        let runs_as = status
             .lines()
             .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<u32>().ok());
-        if real == Some(uid) {
+            .is_some_and(|v| {
+                v.split_whitespace()
+                    .any(|u| u.parse::<u32>().ok() == Some(uid))
+            });
+        if runs_as {
+            found += 1;
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
     }
+    found
 }
 
 /// Creates group `name` unless it exists.

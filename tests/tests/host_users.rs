@@ -208,10 +208,15 @@ fn insecure_drop_removes_the_login_when_its_last_session_ends() {
     let target = format!("{}@local1", login.name);
 
     let out = c
-        .ssh(&cfg, &[&target, "id -un; sudo -n true && echo sudo-ok"], "")
+        .ssh(
+            &cfg,
+            &[&target, "id -un; id -u; sudo -n true && echo sudo-ok"],
+            "",
+        )
         .ok()
         .stdout;
     assert!(out.starts_with(&login.name), "{out}");
+    let first_uid: u32 = out.lines().nth(1).unwrap().trim().parse().unwrap();
     assert!(out.contains("sudo-ok"), "{out}");
     assert!(
         eventually(Duration::from_secs(10), || !exists(&login.name)
@@ -240,8 +245,14 @@ fn insecure_drop_removes_the_login_when_its_last_session_ends() {
         .spawn()
         .unwrap();
     assert!(eventually(Duration::from_secs(10), || exists(&login.name)));
-    let out = c.ssh(&cfg, &[&target, "id -un"], "").ok().stdout;
-    assert_eq!(out.trim(), login.name);
+    let out = c.ssh(&cfg, &[&target, "id -un; id -u"], "").ok().stdout;
+    assert_eq!(out.lines().next().unwrap_or(""), login.name);
+    // The dropped login's uid is never handed out again: what it left would be the new one's.
+    let second_uid: u32 = out.lines().nth(1).unwrap().trim().parse().unwrap();
+    assert!(
+        second_uid > first_uid,
+        "{first_uid} reissued as {second_uid}"
+    );
     std::thread::sleep(Duration::from_secs(1));
     assert!(exists(&login.name), "removed while a session still ran");
     assert!(long.wait().unwrap().success());
