@@ -400,6 +400,7 @@ impl Conn {
         session: &mut Session,
     ) -> Result<(), String> {
         let login = self.login.clone().ok_or("not authenticated")?;
+        still_the_same(&login, &self.srv.nodename)?;
         let chan = self.channels.get(&ch).ok_or("no such channel")?;
         if let Some(e) = &chan.env_refused {
             return Err(e.clone());
@@ -741,6 +742,15 @@ impl russh::server::Handler for Conn {
                 "login {} does not exist on node {}",
                 login.name, self.srv.nodename
             );
+            reply
+                .reject(ChannelOpenFailure::Other { code: 1, reason })
+                .await;
+            return Ok(());
+        }
+        // The uid seen at authentication must still be this login's: a login removed and made
+        // again (insecure-drop, or by hand) may now be someone else's uid.
+        if let Err(reason) = still_the_same(login, &self.srv.nodename) {
+            tracing::warn!(login = %login.name, %reason, "session refused");
             reply
                 .reject(ChannelOpenFailure::Other { code: 1, reason })
                 .await;
@@ -1138,6 +1148,18 @@ fn refuse(ch: ChannelId, why: &str, session: &mut Session) -> Result<(), russh::
     session.exit_status_request(ch, 1)?;
     session.eof(ch)?;
     session.close(ch)
+}
+
+/// Refuses when `login` (as looked up at authentication) no longer has the same uid and gid:
+/// a connection never runs anything as whoever holds that uid now.
+fn still_the_same(login: &Login, node: &str) -> Result<(), String> {
+    match passwd::lookup(&login.name) {
+        Some(now) if now.uid == login.uid && now.gid == login.gid => Ok(()),
+        _ => Err(format!(
+            "login {} on node {node} changed since this connection authenticated; reconnect",
+            login.name
+        )),
+    }
 }
 
 #[cfg(test)]
