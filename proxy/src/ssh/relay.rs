@@ -181,10 +181,17 @@ fn copy_aborted(why: &str) -> (&'static str, serde_json::Value) {
 /// An agent's report of what it did for a session (`api::AGENT_EVENT_EXT`): only from an agent
 /// node (only the agent writes SSH messages there; an sshd never sends these) and only the
 /// events an agent may report.
-async fn agent_event(grant: &SessionGrant, events: &EventSink, data: &[u8]) {
+async fn agent_event(grant: &SessionGrant, events: &EventSink, data: &[u8], reported: &mut bool) {
     if grant.node.kind != "agent" {
         return;
     }
+    // Not taken on trust: one report per session, small, and only when the grant let the agent
+    // create a login at all.
+    if !agent_event_allowed(grant.host_user.is_some(), *reported, data.len()) {
+        tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event this session's grant does not allow");
+        return;
+    }
+    *reported = true;
     match serde_json::from_slice::<sallyport_core::api::SessionEvent>(data) {
         Ok(e) if sallyport_core::api::AGENT_EVENTS.contains(&e.event.as_str()) => {
             events
@@ -195,6 +202,15 @@ async fn agent_event(grant: &SessionGrant, events: &EventSink, data: &[u8]) {
             tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event that is not one an agent may report")
         }
     }
+}
+
+/// The largest agent report taken (a `host_user.create` is a few hundred bytes).
+const AGENT_EVENT_MAX: usize = 4096;
+
+/// Whether an agent's report may be taken: the grant carries a host-user decision, none was
+/// taken yet in this session, and it is at most [`AGENT_EVENT_MAX`] bytes.
+fn agent_event_allowed(grant_has_host_user: bool, already: bool, len: usize) -> bool {
+    grant_has_host_user && !already && len <= AGENT_EVENT_MAX
 }
 
 async fn send_all(events: &EventSink, list: Vec<(&'static str, serde_json::Value)>) {
@@ -1243,6 +1259,7 @@ async fn node_to_user(
     };
     let mut exit_code: Option<i64> = None;
     let mut bytes_out = 0u64;
+    let mut agent_reported = false;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     // How many leading bytes of `data` the recording takes: under `strict` near the limit,
     // fewer than all, and the person is shown only those before the session ends.
@@ -1323,7 +1340,7 @@ async fn node_to_user(
             ChannelMsg::ExtendedData { data, ext }
                 if ext == sallyport_core::api::AGENT_EVENT_EXT =>
             {
-                agent_event(&grant, &events, &data).await;
+                agent_event(&grant, &events, &data, &mut agent_reported).await;
             }
             ChannelMsg::ExtendedData { mut data, ext } => {
                 bytes_out += data.len() as u64;
@@ -2026,5 +2043,25 @@ impl russh::server::Handler for Inner {
             let _ = r.node.close().await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod agent_event_tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_report_is_taken_once_small_and_only_with_a_host_user_grant() {
+        assert!(agent_event_allowed(true, false, 300));
+        assert!(agent_event_allowed(true, false, AGENT_EVENT_MAX));
+        assert!(
+            !agent_event_allowed(false, false, 300),
+            "no host-user grant"
+        );
+        assert!(!agent_event_allowed(true, true, 300), "a second report");
+        assert!(
+            !agent_event_allowed(true, false, AGENT_EVENT_MAX + 1),
+            "too big"
+        );
     }
 }
