@@ -125,6 +125,9 @@ fn signals() -> SigSet {
 pub fn main(spec_fd: RawFd) -> ! {
     // Before anything else, so a hang-up during PAM's setup is passed on, not lost.
     let _ = signals().thread_block();
+    // A root process must never dump core: a client's ABRT/SEGV request would otherwise write
+    // a root core file each time (a disk filler). Also keeps other users from ptrace/proc peeks.
+    let _ = nix::sys::prctl::set_dumpable(false);
     let outcome = becomes::inherited_pipe(spec_fd)
         .map_err(|e| format!("session-exec: no session on descriptor {spec_fd}: {e}"))
         .and_then(|f| {
