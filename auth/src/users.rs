@@ -226,19 +226,34 @@ impl AuthServer {
         if !legacy {
             return Ok(());
         }
-        let rows = sqlx::query(
-            "SELECT record FROM audit_events WHERE event_type = 'user.login' AND user_name = $1 ORDER BY seq DESC",
-        )
-        .bind(name)
-        .fetch_all(&self.backend.pool)
-        .await?;
-        let last = rows.iter().find_map(|r| {
-            let text: String = r.try_get("record").ok()?;
-            let e: serde_json::Value = serde_json::from_str(&text).ok()?;
-            (e["success"] == true && e["method"] == "oidc")
-                .then(|| e["connector"].as_str().map(str::to_string))
-                .flatten()
-        });
+        // The newest successful OIDC login names the connector. Read newest first in bounded
+        // pages (keyset on seq) and stop at the first match: a user with years of logins must
+        // not make every sign-in load its whole login history.
+        const PAGE: i64 = 100;
+        let mut before = i64::MAX;
+        let last = loop {
+            let rows = sqlx::query(
+                "SELECT seq, record FROM audit_events WHERE event_type = 'user.login' AND user_name = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+            )
+            .bind(name)
+            .bind(before)
+            .bind(PAGE)
+            .fetch_all(&self.backend.pool)
+            .await?;
+            let found = rows.iter().find_map(|r| {
+                let text: String = r.try_get("record").ok()?;
+                let e: serde_json::Value = serde_json::from_str(&text).ok()?;
+                (e["success"] == true && e["method"] == "oidc")
+                    .then(|| e["connector"].as_str().map(str::to_string))
+                    .flatten()
+            });
+            let next = rows.last().and_then(|r| r.try_get::<i64, _>("seq").ok());
+            match (found, next) {
+                (Some(c), _) => break Some(c),
+                (None, Some(seq)) if rows.len() as i64 == PAGE => before = seq,
+                _ => break None,
+            }
+        };
         match last {
             Some(last) if last != connector => Err(AuthError::Conflict(format!(
                 "user {name} signs in through connector {last}, not {connector}; ask an admin to remove user {name} (`sallyctl users rm {name}`) if connector {connector} should have it"

@@ -194,6 +194,10 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
     auth.emit(login("corp2", true)).await.unwrap();
     // A failed attempt through another connector later on changes nothing.
     auth.emit(login("corp", false)).await.unwrap();
+    // Even behind more failed attempts than one page of the (bounded, paged) audit read.
+    for _ in 0..120 {
+        auth.emit(login("corp", false)).await.unwrap();
+    }
     let e = auth
         .upsert_sso_user("legacy@x.io", &id("corp", "s10"), &roles, &traits)
         .await
