@@ -103,11 +103,18 @@ pub fn spawn(
 }
 
 /// The signals passed on to the shell (and SIGCHLD, to know it ended); blocked here and read
-/// with sigwait, so no handler runs.
+/// with sigwait, so no handler runs. Every signal the agent maps from a client's request is
+/// here (ssh.rs `signal_number`), so none of them ends this root process instead of the shell
+/// (SIGKILL, which cannot be caught, still can).
 fn signals() -> SigSet {
     let mut set = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
+        Signal::SIGABRT,
+        Signal::SIGFPE,
+        Signal::SIGILL,
+        Signal::SIGSEGV,
+        Signal::SIGPIPE,
         Signal::SIGHUP,
         Signal::SIGINT,
         Signal::SIGQUIT,
@@ -280,4 +287,31 @@ fn die_by(sig: Signal) -> ! {
     // A signal whose default is to be ignored (or that Rust ignores, SIGPIPE): as a shell
     // reports it.
     std::process::exit(128 + sig as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every catchable signal a client may request (ssh.rs `signal_number`) reaches the shell:
+    /// none of them may end (or dump the core of) this root process instead.
+    #[test]
+    fn every_catchable_client_signal_is_forwarded_to_the_shell() {
+        let set = signals();
+        for s in [
+            Signal::SIGHUP,
+            Signal::SIGINT,
+            Signal::SIGQUIT,
+            Signal::SIGTERM,
+            Signal::SIGUSR1,
+            Signal::SIGALRM,
+            Signal::SIGPIPE,
+            Signal::SIGABRT,
+            Signal::SIGFPE,
+            Signal::SIGILL,
+            Signal::SIGSEGV,
+        ] {
+            assert!(set.contains(s), "{s} is not forwarded");
+        }
+    }
 }
