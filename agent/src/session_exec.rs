@@ -40,11 +40,41 @@ impl PamExec {
         pam::check(service)?;
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find the sallyport executable for PAM sessions: {e}"))?;
+        check_exe(&exe)?;
         Ok(PamExec {
             service: service.to_string(),
             exe,
         })
     }
+}
+
+/// The executable every PAM session starts as root, by path: it must be root's and writable by
+/// no one else, in a directory others cannot write (or swap it in), and still be there.
+fn check_exe(exe: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = exe.display();
+    if exe.to_string_lossy().ends_with(" (deleted)") {
+        return Err(format!(
+            "ssh_service.pam: the sallyport executable {shown} was replaced or removed since the agent started; restart the agent"
+        ));
+    }
+    let m = std::fs::metadata(exe).map_err(|e| format!("ssh_service.pam: {shown}: {e}"))?;
+    if m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "ssh_service.pam: {shown} runs PAM sessions as root, so it must be owned by root and writable by no one else"
+        ));
+    }
+    if let Some(dir) = exe.parent() {
+        let d = std::fs::metadata(dir)
+            .map_err(|e| format!("ssh_service.pam: {}: {e}", dir.display()))?;
+        if d.mode() & 0o002 != 0 {
+            return Err(format!(
+                "ssh_service.pam: {shown} runs PAM sessions as root, but its directory {} is writable by others",
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What the agent tells session-exec.
@@ -313,5 +343,37 @@ mod tests {
         ] {
             assert!(set.contains(s), "{s} is not forwarded");
         }
+    }
+
+    #[test]
+    fn the_session_exec_binary_must_be_roots_and_unwritable_by_others() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("sallyport-exe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = dir.join("sallyport");
+        std::fs::write(&exe, b"").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = nix::unistd::Uid::effective().is_root();
+        assert_eq!(check_exe(&exe).is_ok(), root);
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o757)).unwrap();
+        let e = check_exe(&exe).unwrap_err();
+        assert!(
+            e.ends_with("must be owned by root and writable by no one else"),
+            "{e}"
+        );
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if root {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            let e = check_exe(&exe).unwrap_err();
+            assert!(e.contains("is writable by others"), "{e}");
+        }
+        let gone = dir.join("sallyport (deleted)");
+        let e = check_exe(&gone).unwrap_err();
+        assert!(
+            e.ends_with("since the agent started; restart the agent"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
