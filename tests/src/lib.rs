@@ -27,7 +27,27 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// A loopback port nothing listens on, from below the kernel's ephemeral range (32768 and up
+/// here): a port the kernel hands out for `bind(0)` can be taken again, between this call and
+/// the daemon's bind, as the source port of any of the many client connections the tests make,
+/// and the daemon then fails with "Address already in use". Ports are picked pseudo-randomly per
+/// process (nextest runs each test in its own) and checked by binding.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let x = (seed ^ n.wrapping_mul(0xbf58_476d_1ce4_e5b9)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let port = 12000 + ((x >> 33) % 20000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
