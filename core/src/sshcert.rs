@@ -360,17 +360,6 @@ const SERVER_CIPHERS: &[russh::cipher::Name] = &[
     russh::cipher::AES_128_CTR,
 ];
 
-/// The same behind `none`, inside the tunnel only.
-const TUNNEL_SERVER_CIPHERS: &[russh::cipher::Name] = &[
-    russh::cipher::NONE,
-    russh::cipher::AES_256_GCM,
-    russh::cipher::AES_128_GCM,
-    russh::cipher::CHACHA20_POLY1305,
-    russh::cipher::AES_256_CTR,
-    russh::cipher::AES_192_CTR,
-    russh::cipher::AES_128_CTR,
-];
-
 /// Encrypt-then-MAC only (the AEAD ciphers above need no MAC at all); SHA-1 never.
 const SERVER_MACS: &[russh::mac::Name] =
     &[russh::mac::HMAC_SHA512_ETM, russh::mac::HMAC_SHA256_ETM];
@@ -385,10 +374,13 @@ const SERVER_COMPRESSION: &[russh::compression::Name] =
 pub fn server_preferred(transport: Transport) -> russh::Preferred {
     russh::Preferred {
         kex: std::borrow::Cow::Borrowed(SERVER_KEX),
-        cipher: std::borrow::Cow::Borrowed(match transport {
-            Transport::Open => SERVER_CIPHERS,
-            Transport::InsideTunnel => TUNNEL_SERVER_CIPHERS,
-        }),
+        cipher: match transport {
+            Transport::Open => std::borrow::Cow::Borrowed(SERVER_CIPHERS),
+            // The same list behind `none`, inside the tunnel only (built once per agent).
+            Transport::InsideTunnel => std::iter::once(russh::cipher::NONE)
+                .chain(SERVER_CIPHERS.iter().copied())
+                .collect(),
+        },
         mac: std::borrow::Cow::Borrowed(SERVER_MACS),
         compression: std::borrow::Cow::Borrowed(SERVER_COMPRESSION),
         ..Default::default()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use axum::{Extension, Json, Router};
 use reqwest::Method;
 use sallyport_core::api::ErrorBody;
@@ -27,11 +27,11 @@ pub struct Doors {
 pub fn router(auth: AuthClient, doors: Doors) -> Router {
     Router::new()
         .route("/v1/webapi/ping", get(ping))
-        .route("/v1/webapi/join", post(join))
-        .route("/v1/webapi/signup/start", post(signup_start))
-        .route("/v1/webapi/signup/finish", post(signup_finish))
-        .route("/v1/webapi/login", post(login))
-        .route("/v1/webapi/oidc/login/start", post(oidc_start))
+        .route("/v1/webapi/join", for_client("/v1/join"))
+        .route("/v1/webapi/signup/start", for_client("/v1/signup/start"))
+        .route("/v1/webapi/signup/finish", for_client("/v1/signup/finish"))
+        .route("/v1/webapi/login", for_client("/v1/login"))
+        .route("/v1/webapi/oidc/login/start", for_client("/v1/oidc/start"))
         .route("/v1/webapi/oidc/callback", get(oidc_callback))
         .route("/v1/webapi/oidc/login/finish", post(oidc_finish))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
@@ -109,76 +109,23 @@ async fn ping(State(web): Auth) -> Response {
     }
 }
 
-async fn join(
-    State(web): Auth,
-    Extension(remote): Extension<RemoteAddr>,
-    Json(body): Json<serde_json::Value>,
-) -> Response {
-    forward(
-        &web.auth,
-        Method::POST,
-        "/v1/join",
-        Some(with_remote(body, remote)),
+/// A route whose request the proxy forwards to auth's `path` for a client. Auth audits and
+/// bounds these by the client's address (sign-up tokens, logins, joins, SSO starts), so every one
+/// carries it, in place of whatever `remote_addr` the client sent.
+fn for_client(path: &'static str) -> MethodRouter<Arc<Web>> {
+    post(
+        move |State(web): Auth,
+              Extension(remote): Extension<RemoteAddr>,
+              Json(body): Json<serde_json::Value>| async move {
+            forward(
+                &web.auth,
+                Method::POST,
+                path,
+                Some(with_remote(body, remote)),
+            )
+            .await
+        },
     )
-    .await
-}
-
-/// Auth audits a refused sign-up token under the client's address, so it is told the address.
-async fn signup_start(
-    State(web): Auth,
-    Extension(remote): Extension<RemoteAddr>,
-    Json(body): Json<serde_json::Value>,
-) -> Response {
-    forward(
-        &web.auth,
-        Method::POST,
-        "/v1/signup/start",
-        Some(with_remote(body, remote)),
-    )
-    .await
-}
-
-async fn signup_finish(
-    State(auth): Auth,
-    Extension(remote): Extension<RemoteAddr>,
-    Json(body): Json<serde_json::Value>,
-) -> Response {
-    forward(
-        &auth.auth,
-        Method::POST,
-        "/v1/signup/finish",
-        Some(with_remote(body, remote)),
-    )
-    .await
-}
-
-async fn login(
-    State(auth): Auth,
-    Extension(remote): Extension<RemoteAddr>,
-    Json(body): Json<serde_json::Value>,
-) -> Response {
-    forward(
-        &auth.auth,
-        Method::POST,
-        "/v1/login",
-        Some(with_remote(body, remote)),
-    )
-    .await
-}
-
-/// Auth bounds the logins waiting at the provider per client address, so it is told the address.
-async fn oidc_start(
-    State(web): Auth,
-    Extension(remote): Extension<RemoteAddr>,
-    Json(body): Json<serde_json::Value>,
-) -> Response {
-    forward(
-        &web.auth,
-        Method::POST,
-        "/v1/oidc/start",
-        Some(with_remote(body, remote)),
-    )
-    .await
 }
 
 async fn oidc_finish(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
