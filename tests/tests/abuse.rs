@@ -230,6 +230,7 @@ fn the_global_cap_counts_every_address() {
         "max_unauthenticated_connections: 4",
         "max_unauthenticated_per_address: 3",
     ]);
+    c.wait_online("local1");
     // Three from 127.0.0.1 and one from 127.0.0.2 fill the door; 127.0.0.3 is refused with
     // the global reason (loopback answers from any 127.x address).
     let script = format!(
@@ -264,6 +265,9 @@ print(data.split(b"\r\n")[0].decode())
 #[test]
 fn https_beyond_the_per_address_cap_is_answered_429_with_the_reason() {
     let c = cluster(&["max_unauthenticated_per_address: 3"]);
+    // The node agent joins through this door from 127.0.0.1 as the daemon starts: wait until
+    // it is done, or its connection takes one of the address's three places.
+    c.wait_online("local1");
     // Three connections that never start TLS hold the address's share.
     let port: u16 = c.proxy.rsplit(':').next().unwrap().parse().unwrap();
     let held: Vec<TcpStream> = (0..3)
@@ -426,6 +430,7 @@ fn https_connections_that_sent_a_request_stay_under_the_open_caps() {
         "max_connections: 10",
         "max_connections_per_address: 6",
     ]);
+    c.wait_online("local1");
     let port = c.proxy.rsplit(':').next().unwrap().to_string();
     // Keep-alive connections from `source`, each having had one `ping` answered, held open
     // until stdin closes; then one more connection's answer (status line and body).
