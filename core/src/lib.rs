@@ -17,6 +17,7 @@ pub mod names;
 pub mod oidc;
 pub mod resource;
 pub mod role;
+pub mod routes;
 pub mod scp;
 pub mod sftp;
 pub mod sshcert;
