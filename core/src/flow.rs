@@ -1,10 +1,16 @@
 //! A per-channel inbox between an SSH session loop and the task that consumes its data.
 //!
-//! russh hands channel data to the handler on the session's only task and re-opens the window
-//! as soon as data arrives. A handler that waits for a slow consumer stalls that task — and with
-//! it the output path the consumer may itself be waiting on (`cat` both ways deadlocks). So the
-//! handler never waits: it queues, and a channel whose consumer falls [`HIGH_WATER`] bytes behind
-//! is closed (a flood closes the channel; it never stalls the connection).
+//! russh hands channel data to the handler on the session's only task. A handler that waits for
+//! a slow consumer stalls that task — and with it the output path the consumer may itself be
+//! waiting on (`cat` both ways deadlocks). So the handler never waits: it queues.
+//!
+//! What bounds the queue is the channel window. Under russh's own `WindowPolicy::Auto` the window
+//! is re-opened as data arrives, so nothing does but a flood cap: a channel whose consumer falls
+//! [`HIGH_WATER`] bytes behind is closed ([`inbox`]). Under `WindowPolicy::Consumed` (our patch
+//! of russh, `vendor/russh/PATCHES.md`) the window is given back only as the consumer hands
+//! bytes on ([`windowed_inbox`]): a slow consumer slows the peer, as between OpenSSH peers, and
+//! the queue never holds more than the window — a peer that sends beyond it ignored flow
+//! control, and its channel is closed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -35,50 +41,103 @@ pub enum Input {
     Resize { cols: u32, rows: u32 },
 }
 
+/// Tells the session that bytes of a channel were consumed (handed on): under russh's
+/// `WindowPolicy::Consumed`, a closure over `Handle::consumed(channel, n)`, which gives them
+/// back to the peer as window.
+pub type Credit = Arc<dyn Fn(usize) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Sender {
     tx: mpsc::UnboundedSender<Input>,
     queued: Arc<AtomicUsize>,
+    /// Data beyond this is refused: [`HIGH_WATER`], or the window the peer was given.
+    limit: usize,
 }
 
 pub struct Receiver {
     rx: mpsc::UnboundedReceiver<Input>,
     queued: Arc<AtomicUsize>,
+    credit: Option<Credit>,
+    /// Bytes of the data last handed out, reported consumed at the next [`Receiver::recv`].
+    in_hand: usize,
 }
 
+/// An inbox for a channel whose window russh re-opens by itself (`WindowPolicy::Auto`): only
+/// the flood cap, [`HIGH_WATER`], bounds it.
 pub fn inbox() -> (Sender, Receiver) {
+    new_inbox(HIGH_WATER, None)
+}
+
+/// An inbox for a channel under `WindowPolicy::Consumed` whose peer was given `window` bytes:
+/// what its consumer hands on is reported to `credit`, and only that re-opens the window, so a
+/// peer that keeps to its window never has more than `window` bytes here. One that sends beyond
+/// it ignored flow control: [`Sender::send`] refuses, and the caller closes the channel.
+pub fn windowed_inbox(window: u32, credit: Credit) -> (Sender, Receiver) {
+    new_inbox(window as usize, Some(credit))
+}
+
+fn new_inbox(limit: usize, credit: Option<Credit>) -> (Sender, Receiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
     (
         Sender {
             tx,
             queued: queued.clone(),
+            limit,
         },
-        Receiver { rx, queued },
+        Receiver {
+            rx,
+            queued,
+            credit,
+            in_hand: 0,
+        },
     )
 }
 
 impl Sender {
-    /// Queues `input` without waiting. Returns false when the consumer is gone or more than
-    /// [`HIGH_WATER`] bytes are already queued: the caller closes the channel.
+    /// Queues `input` without waiting. Returns false when the consumer is gone or the data
+    /// would take the queue past its limit ([`HIGH_WATER`] for a flood; the window for a
+    /// [`windowed_inbox`], which a peer keeping to flow control never reaches): the caller
+    /// closes the channel.
     pub async fn send(&self, input: Input) -> bool {
         if let Input::Data(d) = &input {
-            if self.queued.load(Ordering::Acquire) > HIGH_WATER {
+            let queued = self.queued.fetch_add(d.len(), Ordering::AcqRel);
+            if queued.saturating_add(d.len()) > self.limit {
+                self.queued.fetch_sub(d.len(), Ordering::AcqRel);
                 return false;
             }
-            self.queued.fetch_add(d.len(), Ordering::AcqRel);
         }
         self.tx.send(input).is_ok()
+    }
+
+    /// Bytes queued and not yet taken by the consumer.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 }
 
 impl Receiver {
+    /// The next input. The data the previous call handed out is reported consumed first (to a
+    /// [`windowed_inbox`]'s credit): a consumer asks for more only once it has written the last
+    /// on, so what it holds plus what waits here stays within the window, and its loop needs
+    /// nothing more than `while let Some(i) = rx.recv().await { write i on }`.
     pub async fn recv(&mut self) -> Option<Input> {
+        self.report();
         let item = self.rx.recv().await?;
         if let Input::Data(d) = &item {
             self.queued.fetch_sub(d.len(), Ordering::AcqRel);
+            self.in_hand = d.len();
         }
         Some(item)
+    }
+
+    fn report(&mut self) {
+        let n = std::mem::take(&mut self.in_hand);
+        if n > 0
+            && let Some(credit) = &self.credit
+        {
+            credit(n);
+        }
     }
 }
 
@@ -88,8 +147,9 @@ impl Receiver {
 /// russh reads and writes its transport on one task. When both peers of a connection are russh
 /// (agent ↔ proxy over the tunnel, the inner connections of ProxyJump, `sally ssh`) and both
 /// directions are saturated, each can block writing while the other blocks writing too, and
-/// neither reads again. Decoupling the writes removes that cycle. What is queued is what the
-/// peer produced, which its own channels' inboxes bound ([`HIGH_WATER`]).
+/// neither reads again. Decoupling the writes removes that cycle. What is queued is what this
+/// side produced, which the peer's channel windows bound (and, under russh's `Auto` windows,
+/// its inboxes' flood cap, [`HIGH_WATER`]).
 ///
 /// Both directions are driven by the same task on purpose: a yamux stream shares one command
 /// queue between its reads (window updates) and its writes, and parks only one waiting task on
@@ -373,6 +433,47 @@ mod tests {
         ) -> std::task::Poll<std::io::Result<()>> {
             std::task::Poll::Ready(Ok(()))
         }
+    }
+
+    #[tokio::test]
+    async fn a_windowed_inbox_reports_data_once_the_consumer_asks_for_more() {
+        let reported = Arc::new(AtomicUsize::new(0));
+        let r = reported.clone();
+        let (tx, mut rx) = windowed_inbox(
+            10,
+            Arc::new(move |n| {
+                r.fetch_add(n, Ordering::SeqCst);
+            }),
+        );
+        assert!(tx.send(Input::Data(vec![1; 4].into())).await);
+        assert!(tx.send(Input::Eof).await);
+        assert!(tx.send(Input::Data(vec![2; 6].into())).await);
+        assert_eq!(tx.queued(), 10);
+        assert!(matches!(rx.recv().await, Some(Input::Data(d)) if d.len() == 4));
+        // Taken, not yet written on: not consumed.
+        assert_eq!(reported.load(Ordering::SeqCst), 0);
+        assert_eq!(tx.queued(), 6);
+        assert!(matches!(rx.recv().await, Some(Input::Eof)));
+        assert_eq!(reported.load(Ordering::SeqCst), 4);
+        assert!(matches!(rx.recv().await, Some(Input::Data(d)) if d.len() == 6));
+        drop(tx);
+        assert!(rx.recv().await.is_none());
+        assert_eq!(reported.load(Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test]
+    async fn a_peer_sending_beyond_its_window_is_refused() {
+        let (tx, mut rx) = windowed_inbox(10, Arc::new(|_| {}));
+        assert!(tx.send(Input::Data(vec![0; 8].into())).await);
+        // 8 + 3 > 10: the peer ignored the window it was given; the caller closes the channel.
+        assert!(!tx.send(Input::Data(vec![0; 3].into())).await);
+        assert_eq!(tx.queued(), 8, "the refused data is not counted");
+        assert!(tx.send(Input::Data(vec![0; 2].into())).await);
+        assert!(matches!(rx.recv().await, Some(Input::Data(d)) if d.len() == 8));
+        assert!(tx.send(Input::Data(vec![0; 8].into())).await);
+        // Without a window, only a flood is refused.
+        let (tx, _rx) = inbox();
+        assert!(tx.send(Input::Data(vec![0; 1 << 20].into())).await);
     }
 
     #[tokio::test]
