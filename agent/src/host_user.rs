@@ -62,7 +62,9 @@ impl Created {
             "sudoers_file": self.sudoers_file,
         });
         sallyport_core::api::SessionEvent {
-            event: "host_user.create".into(),
+            event: sallyport_core::audit::EventType::HostUserCreate
+                .name()
+                .into(),
             fields: match fields {
                 serde_json::Value::Object(m) => m,
                 _ => serde_json::Map::new(),

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use russh::keys::ssh_key::{Algorithm, LineEnding, PrivateKey};
 use sallyport_core::api::{AuditQuery, AuditVerify};
-use sallyport_core::audit::{self, Checkpoint, Event, GENESIS};
+use sallyport_core::audit::{self, Checkpoint, Event, EventType, GENESIS};
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
 
@@ -52,13 +52,16 @@ const HEAD: &str = "audit_head";
 // Searches read the fields of the record itself. Record times are RFC 3339 in UTC
 // ("…T18:10:28.123Z"): compared as bytes (PostgreSQL: the "C" collation) with the same form cut
 // before the fraction ($3), a record of the very second `since` names counts.
+//
+// An event renamed by the catalogue is searched under both names ($1 today's, $5 the former
+// one or ''): records written before the rename keep the old name, hashed into the chain.
 const SEARCH_SQLITE: &str = "SELECT seq, record FROM audit_events
-     WHERE ($1 = '' OR json_extract(record, '$.event') = $1)
+     WHERE ($1 = '' OR json_extract(record, '$.event') IN ($1, $5))
        AND ($2 = '' OR json_extract(record, '$.user') = $2)
        AND ($3 = '' OR json_extract(record, '$.time') >= $3)
      ORDER BY seq DESC LIMIT $4";
 const SEARCH_POSTGRES: &str = "SELECT seq, record FROM audit_events
-     WHERE ($1 = '' OR (record::jsonb ->> 'event') = $1)
+     WHERE ($1 = '' OR (record::jsonb ->> 'event') IN ($1, $5))
        AND ($2 = '' OR (record::jsonb ->> 'user') = $2)
        AND ($3 = '' OR (record::jsonb ->> 'time') COLLATE \"C\" >= $3)
      ORDER BY seq DESC LIMIT $4";
@@ -229,7 +232,7 @@ impl AuthServer {
         sqlx::query("INSERT INTO audit_events (seq, time, event_type, user_name, record, hash) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(seq + 1)
             .bind(now.unix_timestamp())
-            .bind(&event.event)
+            .bind(event.event.name())
             .bind(event.user.clone())
             .bind(record.to_string())
             .bind(&hash)
@@ -261,7 +264,7 @@ impl AuthServer {
     /// Emits an event, logging (not failing) when the log cannot be written: used where the
     /// caller's answer must not depend on the audit write, e.g. refusing a login.
     pub async fn emit_logged(&self, event: Event) {
-        let name = event.event.clone();
+        let name = event.event;
         if let Err(e) = self.emit(event).await {
             tracing::error!(event = %name, error = %e, "audit event could not be written");
         }
@@ -508,11 +511,27 @@ impl AuthServer {
             .filter(|s| *s > 0)
             .map(since_text)
             .unwrap_or_default();
+        // A type is looked up under today's and former names, so that a saved query goes on
+        // finding new records and an old name finds old ones; a name that never was an event
+        // is a mistake worth saying rather than an empty answer.
+        let event_type = match q.event_type.as_deref().filter(|t| !t.is_empty()) {
+            None => None,
+            Some(name) => Some(EventType::find(name).ok_or_else(|| {
+                AuthError::BadRequest(
+                    audit::catalogue::UnknownEventType { name: name.into() }.to_string(),
+                )
+            })?),
+        };
         let rows = sqlx::query(sql)
-            .bind(q.event_type.clone().unwrap_or_default())
+            .bind(event_type.map(EventType::name).unwrap_or_default())
             .bind(q.user.clone().unwrap_or_default())
             .bind(since)
             .bind(limit)
+            .bind(
+                event_type
+                    .and_then(EventType::former_name)
+                    .unwrap_or_default(),
+            )
             .fetch_all(&self.backend.pool)
             .await?;
         let mut records = Vec::with_capacity(rows.len());

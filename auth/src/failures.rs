@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use sallyport_core::api::AuthFailure;
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 
 use crate::AuthServer;
 
@@ -53,7 +53,7 @@ const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
-    event: String,
+    event: EventType,
     door: String,
     address: String,
     reason: String,
@@ -123,9 +123,9 @@ pub struct Failures {
 
 /// One failure as the doors describe it.
 pub struct Failure {
-    /// `auth.failed`, or `user.login` for the login endpoints (which audit their failures as
-    /// unsuccessful logins, as they always have).
-    pub event: &'static str,
+    /// `auth.fail`, or `user.login` for the login endpoints (which audit their failures as
+    /// unsuccessful logins, as they always have), or `node.join` for refused joins.
+    pub event: EventType,
     pub door: String,
     pub remote_addr: String,
     pub reason: String,
@@ -147,7 +147,7 @@ impl Failure {
             .map(|(k, v)| (clip(k), clip(v).into()))
             .collect();
         Failure {
-            event: "auth.failed",
+            event: EventType::AuthFail,
             door: clip(&r.door),
             remote_addr: clip(&r.remote_addr),
             reason: clip(&r.reason),
@@ -162,7 +162,7 @@ impl Failure {
             .with("door", self.door.clone())
             .with("remote_addr", self.remote_addr.clone())
             .with("reason", self.reason.clone());
-        if self.event == "user.login" {
+        if self.event == EventType::UserLogin {
             e = e.with("success", false);
         }
         for (k, v) in &self.event_fields {
@@ -182,7 +182,7 @@ impl Failure {
 
     fn key(&self) -> Key {
         Key {
-            event: self.event.into(),
+            event: self.event,
             door: self.door.clone(),
             address: source_key(&self.remote_addr),
             reason: self.reason.clone(),
@@ -301,7 +301,7 @@ impl AuthServer {
 
     /// Audits `times` failures like `failure` at once (a proxy's count of reports it dropped).
     pub async fn auth_failed_times(&self, failure: Failure, times: u64) {
-        if failure.event == "auth.failed" {
+        if failure.event == EventType::AuthFail {
             tracing::info!(door = %failure.door, peer = %failure.remote_addr, reason = %failure.reason, times, "authentication failed");
         }
         if let Some(e) = self.failures.admit(&failure, times, Instant::now()) {
@@ -352,7 +352,7 @@ mod tests {
 
     fn failure(addr: &str, reason: &str, user: Option<&str>, exists: bool) -> Failure {
         Failure {
-            event: "auth.failed",
+            event: EventType::AuthFail,
             door: "ssh".into(),
             remote_addr: addr.into(),
             reason: reason.into(),

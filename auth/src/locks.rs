@@ -3,7 +3,7 @@
 //! door, where the user's live connections are also ended.
 
 use sallyport_core::api::{AddLock, LockInfo};
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 use sqlx::Row;
 
 use crate::users::rfc3339;
@@ -50,7 +50,7 @@ impl AuthServer {
             .execute(&self.backend.pool)
             .await?;
         self.emit(
-            Event::new("lock.created", Some(by))
+            Event::new(EventType::LockCreate, Some(by))
                 .with("lock_id", id.clone())
                 .with("target_user", req.user.clone())
                 .with("message", message.clone())
@@ -98,7 +98,7 @@ impl AuthServer {
         if done.rows_affected() == 0 {
             return Err(AuthError::NotFound(format!("lock {id} does not exist")));
         }
-        self.emit(Event::new("lock.deleted", Some(by)).with("lock_id", id))
+        self.emit(Event::new(EventType::LockDelete, Some(by)).with("lock_id", id))
             .await?;
         Ok(())
     }

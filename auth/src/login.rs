@@ -7,7 +7,7 @@ use argon2::password_hash::PasswordHasher;
 use argon2::{Algorithm, Argon2, Block, Params, Version};
 use russh::keys::ssh_key::PublicKey;
 use sallyport_core::api::{Certs, LoginRequest};
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 use sallyport_core::sshcert::{self, Permits, UserCertRequest};
 use sallyport_core::x509::{Subject, ed25519_spki};
 use sqlx::Row;
@@ -393,7 +393,7 @@ impl AuthServer {
     /// Audits a refused login (aggregated: see [`crate::failures`]) and returns `err`.
     async fn refuse(&self, r: Refusal<'_>, err: AuthError) -> AuthError {
         self.auth_failed(Failure {
-            event: "user.login",
+            event: EventType::UserLogin,
             door: "api".into(),
             remote_addr: r.remote.into(),
             reason: r.reason.into(),
@@ -510,7 +510,7 @@ impl AuthServer {
         }
         let certs = self.issue_user_certs(&record, req).await?;
         self.emit(
-            Event::new("user.login", Some(user))
+            Event::new(EventType::UserLogin, Some(user))
                 .with("success", true)
                 .with("method", "local")
                 .with("remote_addr", remote)

@@ -3,7 +3,7 @@
 //! to, no built-in label.
 
 use sallyport_core::api::{AddNode, NodeInfo};
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -74,7 +74,7 @@ impl AuthServer {
             )));
         }
         self.emit(
-            Event::new("node.create", Some(by))
+            Event::new(EventType::NodeCreate, Some(by))
                 .with("name", req.name.clone())
                 .with("addr", req.addr.clone()),
         )
@@ -112,7 +112,7 @@ impl AuthServer {
                 "node {name_or_id} does not exist"
             )));
         }
-        self.emit(Event::new("node.delete", Some(by)).with("name", name_or_id))
+        self.emit(Event::new(EventType::NodeDelete, Some(by)).with("name", name_or_id))
             .await
     }
 

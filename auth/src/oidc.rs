@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use sallyport_core::api::{Certs, LoginRequest};
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 use sallyport_core::oidc::{OidcConnector, map_roles, merge_userinfo};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -479,9 +479,9 @@ impl AuthServer {
         self.emit(
             Event::new(
                 if exists {
-                    "connector.updated"
+                    EventType::ConnectorUpdate
                 } else {
-                    "connector.created"
+                    EventType::ConnectorCreate
                 },
                 Some(by),
             )
@@ -526,7 +526,7 @@ impl AuthServer {
                 "connector {name} does not exist"
             )));
         }
-        self.emit(Event::new("connector.deleted", Some(by)).with("connector", name))
+        self.emit(Event::new(EventType::ConnectorDelete, Some(by)).with("connector", name))
             .await?;
         Ok(())
     }
@@ -613,7 +613,7 @@ impl AuthServer {
         if claimed.rows_affected() != 1 {
             // No identity is claimed here, so anyone can send these: aggregated, not one each.
             self.auth_failed(crate::failures::Failure {
-                event: "user.login",
+                event: EventType::UserLogin,
                 door: "api".into(),
                 remote_addr: cb.remote_addr.clone().unwrap_or_default(),
                 reason: "unknown, expired or reused login state".into(),
@@ -649,7 +649,7 @@ impl AuthServer {
                 // No identity is verified yet, and anyone can get this far (start, then call
                 // back with an error or a made-up code): aggregated like a forged state.
                 self.auth_failed(crate::failures::Failure {
-                    event: "user.login",
+                    event: EventType::UserLogin,
                     door: "api".into(),
                     remote_addr: cb.remote_addr.clone().unwrap_or_default(),
                     reason,
@@ -679,7 +679,7 @@ impl AuthServer {
                     .execute(&self.backend.pool)
                     .await?;
                 self.emit(
-                    Event::new("user.login", Some(&user))
+                    Event::new(EventType::UserLogin, Some(&user))
                         .with("success", true)
                         .with("method", "oidc")
                         .with("connector", connector.clone())
@@ -704,7 +704,7 @@ impl AuthServer {
                     .execute(&self.backend.pool)
                     .await?;
                 self.emit_logged(
-                    Event::new("user.login", user.as_deref())
+                    Event::new(EventType::UserLogin, user.as_deref())
                         .with("success", false)
                         .with("method", "oidc")
                         .with("connector", connector)
@@ -880,7 +880,7 @@ impl AuthServer {
         if sso.adopted {
             // A user from before identities were stored: say which identity now owns it.
             self.emit(
-                Event::new("user.sso_linked", Some(&name))
+                Event::new(EventType::UserSsoLink, Some(&name))
                     .with("connector", connector)
                     .with("issuer", d.issuer.clone())
                     .with("subject", subject.clone()),

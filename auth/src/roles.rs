@@ -1,7 +1,7 @@
 //! Role storage. Roles are stored as JSON of the validated resource; the evaluator lives in
 //! `sallyport_core::role`.
 
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 use sallyport_core::identity::Traits;
 use sallyport_core::role::{Role, RoleSet, presets};
 use sqlx::Row;
@@ -116,9 +116,9 @@ impl AuthServer {
                 .await?;
         }
         let event = if created {
-            "role.created"
+            EventType::RoleCreate
         } else {
-            "role.updated"
+            EventType::RoleUpdate
         };
         self.emit(Event::new(event, Some(by)).with("name", name))
             .await?;
@@ -148,7 +148,7 @@ impl AuthServer {
         if r.rows_affected() == 0 {
             return Err(AuthError::NotFound(format!("role {name} does not exist")));
         }
-        self.emit(Event::new("role.deleted", Some(by)).with("name", name))
+        self.emit(Event::new(EventType::RoleDelete, Some(by)).with("name", name))
             .await
     }
 }

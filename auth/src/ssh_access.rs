@@ -6,7 +6,8 @@ use std::time::Duration;
 use base64::Engine;
 use russh::keys::ssh_key::PublicKey;
 use sallyport_core::api::*;
-use sallyport_core::audit::Event;
+use sallyport_core::audit::catalogue::Source;
+use sallyport_core::audit::{Event, EventType};
 use sallyport_core::sshcert::{self, Permits, UserCertRequest};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -66,7 +67,7 @@ impl AuthServer {
         .execute(&self.backend.pool)
         .await?;
         self.emit(
-            Event::new("token.create", Some(by))
+            Event::new(EventType::TokenCreate, Some(by))
                 .with("type", req.kind.clone())
                 .with("expires", rfc3339(expires)),
         )
@@ -160,7 +161,7 @@ impl AuthServer {
         let tls_cert_pem =
             self.issue_service_cert(&spki, &id, "node", vec![], HOST_CERT_TTL, false)?;
         self.emit(
-            Event::new("node.join", None)
+            Event::new(EventType::NodeJoin, None)
                 .with("success", true)
                 .with("node_id", id.clone())
                 .with("nodename", req.nodename.clone())
@@ -197,7 +198,7 @@ impl AuthServer {
             .take(sallyport_core::names::MAX_NAME + 1)
             .collect();
         self.auth_failed(crate::failures::Failure {
-            event: "node.join",
+            event: EventType::NodeJoin,
             door: "join".into(),
             remote_addr: remote.into(),
             reason: why.into(),
@@ -303,7 +304,7 @@ impl AuthServer {
     /// per-session key for exactly that login and records the session's start.
     pub async fn session_grant(&self, req: &SessionRequest) -> Result<SessionGrant, AuthError> {
         let reject = |why: String| {
-            Event::new("session.rejected", Some(&req.user))
+            Event::new(EventType::SessionReject, Some(&req.user))
                 .with("login", req.login.clone())
                 .with("node", req.node.clone())
                 .with("reason", why)
@@ -389,7 +390,7 @@ impl AuthServer {
             sallyport_core::role::RecordMode::BestEffort => "best_effort",
         };
         self.emit(
-            Event::new("session.start", Some(&user.name))
+            Event::new(EventType::SessionStart, Some(&user.name))
                 .with("session_id", id.clone())
                 .with("login", req.login.clone())
                 .with("node", node.hostname.clone())
@@ -491,7 +492,7 @@ impl AuthServer {
             .await?;
         if let Some(cmd) = &end.command {
             self.emit(
-                Event::new("exec", Some(&s.user))
+                Event::new(EventType::Exec, Some(&s.user))
                     .with("session_id", id)
                     .with("login", s.login.clone())
                     .with("node", s.node.clone())
@@ -501,7 +502,7 @@ impl AuthServer {
             .await?;
         }
         self.emit(
-            Event::new("session.end", Some(&s.user))
+            Event::new(EventType::SessionEnd, Some(&s.user))
                 .with("session_id", id)
                 .with("login", s.login)
                 .with("node", s.node)
@@ -554,21 +555,22 @@ impl AuthServer {
                 "too many events in one report".into(),
             ));
         }
-        if let Some(bad) = events
+        let types = events
             .iter()
-            .find(|e| !sallyport_core::api::SESSION_EVENTS.contains(&e.event.as_str()))
-        {
-            return Err(AuthError::BadRequest(format!(
-                "{:?} is not a session event",
-                bad.event
-            )));
-        }
+            .map(|e| {
+                EventType::from_name(&e.event)
+                    .filter(|t| t.source() != Source::Auth)
+                    .ok_or_else(|| {
+                        AuthError::BadRequest(format!("{:?} is not a session event", e.event))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let s = self
             .get_session(id)
             .await?
             .ok_or_else(|| AuthError::NotFound(format!("session {id} does not exist")))?;
-        for e in events {
-            let mut event = Event::new(&e.event, Some(&s.user));
+        for (e, t) in events.iter().zip(types) {
+            let mut event = Event::new(t, Some(&s.user));
             for (k, v) in &e.fields {
                 if !matches!(
                     k.as_str(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sallyport_core::api::{
     AddUser, SignupFinish, SignupStart, SignupStarted, SignupToken, TokenInfo, UpdateUser, UserInfo,
 };
-use sallyport_core::audit::Event;
+use sallyport_core::audit::{Event, EventType};
 use sallyport_core::identity::{Traits, internal_traits};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -233,11 +233,12 @@ impl AuthServer {
         let mut before = i64::MAX;
         let last = loop {
             let rows = sqlx::query(
-                "SELECT seq, record FROM audit_events WHERE event_type = 'user.login' AND user_name = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+                "SELECT seq, record FROM audit_events WHERE event_type = $4 AND user_name = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
             )
             .bind(name)
             .bind(before)
             .bind(PAGE)
+            .bind(EventType::UserLogin.name())
             .fetch_all(&self.backend.pool)
             .await?;
             let found = rows.iter().find_map(|r| {
@@ -294,7 +295,7 @@ impl AuthServer {
             )));
         }
         self.emit(
-            Event::new("user.create", Some(by))
+            Event::new(EventType::UserCreate, Some(by))
                 .with("name", req.name.clone())
                 .with("roles", req.roles.clone())
                 .with("logins", req.logins.clone()),
@@ -337,7 +338,7 @@ impl AuthServer {
         if r.rows_affected() == 0 {
             return Err(AuthError::NotFound(format!("no local user {name}")));
         }
-        self.emit(Event::new("user.reset", Some(by)).with("name", name))
+        self.emit(Event::new(EventType::UserReset, Some(by)).with("name", name))
             .await?;
         self.new_signup_token(name).await
     }
@@ -360,7 +361,7 @@ impl AuthServer {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.emit(Event::new("user.delete", Some(by)).with("name", name))
+        self.emit(Event::new(EventType::UserDelete, Some(by)).with("name", name))
             .await
     }
 
@@ -499,7 +500,7 @@ impl AuthServer {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.emit(Event::new("user.signup", Some(&user)).with("remote_addr", remote))
+        self.emit(Event::new(EventType::UserSignup, Some(&user)).with("remote_addr", remote))
             .await
     }
 
@@ -546,7 +547,7 @@ impl AuthServer {
             .execute(&self.backend.pool)
             .await?;
         self.emit(
-            Event::new("user.update", Some(by))
+            Event::new(EventType::UserUpdate, Some(by))
                 .with("name", name)
                 .with("roles", user.roles.clone())
                 .with("logins", user.logins()),

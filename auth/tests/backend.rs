@@ -186,10 +186,13 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
     .await
     .unwrap();
     let login = |connector: &str, success: bool| {
-        sallyport_core::audit::Event::new("user.login", Some("legacy@x.io"))
-            .with("success", success)
-            .with("method", "oidc")
-            .with("connector", connector.to_string())
+        sallyport_core::audit::Event::new(
+            sallyport_core::audit::EventType::UserLogin,
+            Some("legacy@x.io"),
+        )
+        .with("success", success)
+        .with("method", "oidc")
+        .with("connector", connector.to_string())
     };
     auth.emit(login("corp2", true)).await.unwrap();
     // A failed attempt through another connector later on changes nothing.
@@ -213,6 +216,72 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
         .unwrap();
     assert!(linked.adopted);
     auth.remove_user("legacy@x.io", "test").await.unwrap();
+
+    legacy_event_names(&auth).await;
+}
+
+/// A record written before the catalogue renamed its event keeps its old name (the chain hashes
+/// it), so a search under today's name or the former one finds it beside new records.
+async fn legacy_event_names(auth: &AuthServer) {
+    use sallyport_core::audit::{self, Event, EventType};
+    // Appended as auth wrote it then: the same seal, the name of the time.
+    let head: String =
+        sqlx::query_scalar("SELECT value FROM cluster_state WHERE key = 'audit_head'")
+            .fetch_one(&auth.backend.pool)
+            .await
+            .unwrap();
+    let (seq, prev) = head.split_once(':').unwrap();
+    let seq = seq.parse::<i64>().unwrap() + 1;
+    let event = Event::new(EventType::LockDelete, Some("old-admin")).with("lock_id", "l1");
+    let (mut record, _) = audit::seal(&event, "suite", seq, prev, time::OffsetDateTime::now_utc());
+    record["event"] = "lock.deleted".into();
+    let hash = audit::chain_hash(record.as_object().unwrap());
+    record["hash"] = hash.clone().into();
+    sqlx::query("INSERT INTO audit_events (seq, time, event_type, user_name, record, hash) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(seq)
+        .bind(sallyport_core::unix_now())
+        .bind("lock.deleted")
+        .bind("old-admin")
+        .bind(record.to_string())
+        .bind(&hash)
+        .execute(&auth.backend.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE cluster_state SET value = $1 WHERE key = 'audit_head'")
+        .bind(format!("{seq}:{hash}"))
+        .execute(&auth.backend.pool)
+        .await
+        .unwrap();
+    auth.emit(Event::new(EventType::LockDelete, Some("admin")).with("lock_id", "l2"))
+        .await
+        .unwrap();
+    let search = |name: &str| sallyport_core::api::AuditQuery {
+        event_type: Some(name.into()),
+        ..Default::default()
+    };
+    for name in ["lock.delete", "lock.deleted"] {
+        let found = auth.audit_search(&search(name)).await.unwrap();
+        let got: Vec<_> = found
+            .records
+            .iter()
+            .map(|r| (r["event"].as_str().unwrap(), r["lock_id"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [("lock.deleted", "l1"), ("lock.delete", "l2")],
+            "{name}"
+        );
+    }
+    let e = auth
+        .audit_search(&search("lock.removed"))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, AuthError::BadRequest(m) if m.starts_with("\"lock.removed\" is not an audit event type; the types are: user.create, ")),
+        "{e}"
+    );
+    assert!(auth.audit_verify().await.unwrap().ok);
 }
 
 #[tokio::test]

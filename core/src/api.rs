@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::audit::EventType;
+
 /// The ALPN protocol that asks the proxy's web port to pipe a TLS connection to auth unopened.
 pub const AUTH_ALPN: &[u8] = b"sallyport-auth";
 
@@ -441,17 +443,16 @@ pub struct SessionEvent {
     pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
-/// The session events a proxy may report.
-/// `session.recording_limit`: a recording reached `max_recording_size` (the session ended
-/// under `strict`, went on unrecorded under `best_effort`).
+/// The session events a proxy may report: those the catalogue says a proxy or an agent
+/// reports (`crate::audit::catalogue::Source`).
 pub const SESSION_EVENTS: &[&str] = &[
-    "sftp",
-    "scp",
-    "port",
-    "x11-forward",
-    "agent-forward",
-    "session.recording_limit",
-    "host_user.create",
+    EventType::Sftp.name(),
+    EventType::Scp.name(),
+    EventType::Port.name(),
+    EventType::X11Forward.name(),
+    EventType::AgentForward.name(),
+    EventType::SessionRecordingLimit.name(),
+    EventType::HostUserCreate.name(),
 ];
 
 /// The SSH extended-data type an agent sends its own session events on (`host_user.create`):
@@ -464,7 +465,7 @@ pub const AGENT_EVENT_EXT: u32 = 0x5a11_0001;
 /// The session events an agent may report through [`AGENT_EVENT_EXT`].
 /// `host_user.create`: the agent created the session's login on its node (roles'
 /// `create_host_user_mode`), with the groups and sudoers lines it gave it.
-pub const AGENT_EVENTS: &[&str] = &["host_user.create"];
+pub const AGENT_EVENTS: &[&str] = &[EventType::HostUserCreate.name()];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionEnd {

@@ -18,11 +18,18 @@
 //! last checkpoint are reported as not yet anchored: until signed they are only as safe as the
 //! database. Nothing here protects against whoever holds the signing key.
 //!
+//! Which events exist and what their fields mean is [`catalogue`]'s: an [`Event`] is made from
+//! an [`EventType`] only.
+//!
 //! This module does no I/O: auth loads the records, checkpoints and key and calls these.
 
 use russh::keys::ssh_key::{HashAlg, LineEnding, PrivateKey, PublicKey, SshSig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub mod catalogue;
+
+pub use catalogue::EventType;
 
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 pub const VERSION: u64 = 1;
@@ -30,15 +37,15 @@ pub const VERSION: u64 = 1;
 /// An event before it is sealed into the chain.
 #[derive(Debug, Clone)]
 pub struct Event {
-    pub event: String,
+    pub event: EventType,
     pub user: Option<String>,
     pub fields: Map<String, Value>,
 }
 
 impl Event {
-    pub fn new(event: &str, user: Option<&str>) -> Self {
+    pub fn new(event: EventType, user: Option<&str>) -> Self {
         Event {
-            event: event.into(),
+            event,
             user: user.map(str::to_string),
             fields: Map::new(),
         }
@@ -62,7 +69,7 @@ pub fn seal(
     let ts = time
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
-    m.insert("event".into(), event.event.clone().into());
+    m.insert("event".into(), event.event.name().into());
     m.insert("time".into(), ts.into());
     m.insert("uid".into(), uuid::Uuid::new_v4().to_string().into());
     m.insert("cluster_name".into(), cluster.into());
@@ -384,7 +391,7 @@ mod tests {
         let mut prev = GENESIS.to_string();
         (1..=n)
             .map(|seq| {
-                let e = Event::new("user.login", Some("alice"))
+                let e = Event::new(EventType::UserLogin, Some("alice"))
                     .with("success", true)
                     .with("note", "a\nb\x1b[31m");
                 let (r, h) = seal(&e, "example", seq, &prev, time::OffsetDateTime::now_utc());

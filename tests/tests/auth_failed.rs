@@ -1,4 +1,4 @@
-//! Failed authentication at every door is audited as `auth.failed` (door, address, what was
+//! Failed authentication at every door is audited as `auth.fail` (door, address, what was
 //! presented, reason), and a flood is not a flood of records: one event at once, then one a
 //! minute per (door, address, reason) carrying the `count`. Driven with OpenSSH's `ssh` and
 //! `ssh-keygen` (a user certificate from a CA that is not the cluster's), `openssl s_client`
@@ -25,9 +25,9 @@ fn fingerprint(public: &Path) -> String {
     out.stdout.split_whitespace().nth(1).unwrap().to_string()
 }
 
-/// `auth.failed` events of `door`.
+/// `auth.fail` events of `door`.
 fn failed(c: &Cluster, door: &str) -> Vec<serde_json::Value> {
-    c.events("auth.failed")
+    c.events("auth.fail")
         .into_iter()
         .filter(|e| e["door"] == door)
         .collect()
@@ -113,7 +113,7 @@ fn a_certificate_from_another_ca_is_audited_at_the_ssh_door_and_a_flood_is_count
     // One event, at once, with what was presented and why it was refused.
     assert!(
         eventually(Duration::from_secs(10), || !failed(&c, "ssh").is_empty()),
-        "no auth.failed event for the ssh door"
+        "no auth.fail event for the ssh door"
     );
     let first = failed(&c, "ssh");
     assert_eq!(first.len(), 1, "{first:?}");
@@ -163,12 +163,7 @@ fn refusals_at_the_tunnel_and_api_doors_and_wrong_passwords_are_audited_once_eac
     });
     let dir = c.dir.path();
     // The agents' door: a certificate from a CA that is not the cluster's host CA.
-    let config = std::fs::read_to_string(&c.config).unwrap();
-    let tunnel = config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("tunnel_listen_addr: "))
-        .unwrap()
-        .to_string();
+    let tunnel = c.tunnel.clone();
     let (key, cert) = (dir.join("rogue.key"), dir.join("rogue.pem"));
     run(
         Command::new("openssl").args([
@@ -207,7 +202,7 @@ fn refusals_at_the_tunnel_and_api_doors_and_wrong_passwords_are_audited_once_eac
     );
     assert!(
         eventually(Duration::from_secs(10), || !failed(&c, "tunnel").is_empty()),
-        "no auth.failed event for the tunnel door"
+        "no auth.fail event for the tunnel door"
     );
     let t = &failed(&c, "tunnel")[0];
     assert!(
@@ -237,7 +232,7 @@ fn refusals_at_the_tunnel_and_api_doors_and_wrong_passwords_are_audited_once_eac
     assert_eq!(api[0]["count"], 1);
 
     // Twenty wrong passwords for a real user: unsuccessful `user.login` events (not also
-    // `auth.failed`), the first at once and the rest counted into one.
+    // `auth.fail`), the first at once and the rest counted into one.
     let home = c.user("hal", "access", "hal");
     flood(20, 4, |_| {
         c.login(&home, "hal", "not the password")

@@ -656,7 +656,7 @@ fn refused_signup_tokens_are_audited_under_the_clients_address() {
         assert!(r.stdout.contains("sign-up token not found"), "{r:?}");
         let path = format!("/v1/signup/{step}");
         let audited: Vec<_> = c
-            .events("auth.failed")
+            .events("auth.fail")
             .into_iter()
             .filter(|e| e["path"] == path.as_str())
             .collect();

@@ -164,7 +164,7 @@ fn refusals_say_why_and_are_audited() {
     let cfg3 = c.ssh_config(&home3, "erin");
     c.ssh(&cfg3, &["nosuchlogin@local1", "true"], "")
         .fails_with("login nosuchlogin does not exist on node local1");
-    let rejected = events(&c, "session.rejected");
+    let rejected = events(&c, "session.reject");
     assert!(
         rejected.iter().any(|e| e["user"] == "carol"
             && e["login"] == "bob"
@@ -575,7 +575,7 @@ fn a_lock_stops_a_user_everywhere_at_once_and_lifts_cleanly() {
         listed.contains(&id) && listed.contains("incident 42"),
         "{listed}"
     );
-    assert!(!events(&c, "lock.created").is_empty());
+    assert!(!events(&c, "lock.create").is_empty());
     // Lifted: alice is back within the proxy's poll.
     c.sallyctl(&["rm", &format!("lock/{id}")]).ok();
     assert!(eventually(Duration::from_secs(10), || {
@@ -808,13 +808,13 @@ fn max_sessions_caps_session_channels_on_one_connection() {
         assert!(!r.stderr.contains("refused"), "{r:?}");
         run(&mut mux(&["-O", "exit", "root@local1"]), "");
         let want = format!("max_sessions: {cap}");
-        let rejected = events(&c, "session.rejected")
+        let rejected = events(&c, "session.reject")
             .into_iter()
             .filter(|e| {
                 e["user"] == user && e["reason"].as_str().is_some_and(|r| r.contains(&want))
             })
             .count();
-        assert_eq!(rejected, 1, "{user}: session.rejected with {want:?}");
+        assert_eq!(rejected, 1, "{user}: session.reject with {want:?}");
     }
 }
 
