@@ -1,5 +1,8 @@
 //! `sallyport start`: checks the config and data dir, opens auth, issues the services their
 //! certificates, writes the local admin identity for `sallyctl`, and serves until a signal.
+//! It prints the addresses it listens on: a port 0 in the config is the one the kernel gave,
+//! and only that bound address is used inside (the local agent, the proxy's client for auth,
+//! the ports `/v1/webapi/ping` advertises, the admin identity).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -127,6 +130,8 @@ pub async fn run(
     // Auth's own API: mutual TLS, users and services both.
     let auth_id = service_identity(&auth, "auth", "auth", names.clone())?;
     let auth_listener = bind(a.listen_addr, "auth").await?;
+    // Port 0 asks the kernel for a free port: from here on only the bound address is used.
+    let auth_addr = bound(&auth_listener, "auth")?;
     let user_roots = pem_to_ders(&auth.authorities.tls_pem(CaKind::TlsUser))?;
     let host_roots = pem_to_ders(&auth.authorities.tls_pem(CaKind::TlsHost))?;
     let mut auth_tls = server_config(
@@ -151,9 +156,9 @@ pub async fn run(
         },
     ));
 
-    write_admin_identity(&auth, &dir, a.listen_addr)?;
+    write_admin_identity(&auth, &dir, auth_addr)?;
 
-    let mut lines = vec![format!("auth     {}", a.listen_addr)];
+    let mut lines = vec![format!("auth     {auth_addr}")];
     let p = &cfg.proxy_service;
     let proxy_id = service_identity(
         &auth,
@@ -161,7 +166,7 @@ pub async fn run(
         sallyport_auth::api::PROXY_ROLE,
         names.clone(),
     )?;
-    let client = sallyport_proxy::AuthClient::new(&connect_addr(a.listen_addr), &proxy_id)?;
+    let client = sallyport_proxy::AuthClient::new(&connect_addr(auth_addr), &proxy_id)?;
     let chain = pem_to_ders(&proxy_id.chain_pem)?;
     let web_tls = server_config(
         chain.clone(),
@@ -171,15 +176,18 @@ pub async fn run(
     let web_listener = bind(p.web_listen_addr, "proxy web").await?;
     let ssh_listener = bind(p.ssh_listen_addr, "proxy ssh").await?;
     let tunnel_listener = bind(p.tunnel_listen_addr, "proxy tunnel").await?;
+    let web_addr = bound(&web_listener, "proxy web")?;
+    let ssh_addr = bound(&ssh_listener, "proxy ssh")?;
+    let tunnel_addr = bound(&tunnel_listener, "proxy tunnel")?;
     // sallyctl reaches auth through the web port: its TLS (ALPN sallyport-auth) is piped to auth
     // unterminated, so the user's client certificate is verified by auth itself.
     let passthrough = sallyport_core::https::Passthrough {
         alpn: sallyport_core::api::AUTH_ALPN.to_vec(),
-        target: connect_addr(a.listen_addr),
+        target: connect_addr(auth_addr),
     };
     let doors = sallyport_proxy::web::Doors {
-        ssh_port: p.ssh_listen_addr.port(),
-        tunnel_port: p.tunnel_listen_addr.port(),
+        ssh_port: ssh_addr.port(),
+        tunnel_port: tunnel_addr.port(),
     };
     tokio::spawn(sallyport_core::https::serve(
         web_listener,
@@ -237,9 +245,9 @@ pub async fn run(
         state,
         admission,
     ));
-    lines.push(format!("web      https://{}", p.web_listen_addr));
-    lines.push(format!("ssh      {}", p.ssh_listen_addr));
-    lines.push(format!("tunnel   {}", p.tunnel_listen_addr));
+    lines.push(format!("web      https://{web_addr}"));
+    lines.push(format!("ssh      {ssh_addr}"));
+    lines.push(format!("tunnel   {tunnel_addr}"));
     lines.push(format!(
         "kube     {} (arrives with Kubernetes access)",
         p.kube_listen_addr
@@ -248,7 +256,7 @@ pub async fn run(
     if cfg.ssh_service.enabled {
         // The local node: an agent like any other, joined with a token minted in-process.
         let agent_cfg = cfg.clone();
-        let web = connect_addr(p.web_listen_addr);
+        let web = connect_addr(web_addr);
         let host_ca = auth.authorities.tls_pem(CaKind::TlsHost);
         let auth2 = auth.clone();
         let nodename = local_nodename(&cfg)?;
@@ -360,6 +368,13 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} for {what}; is another sallyport running?")
     })
+}
+
+/// The address a listener got: the configured one, with the kernel's port where it said 0.
+fn bound(listener: &TcpListener, what: &str) -> Result<SocketAddr> {
+    listener
+        .local_addr()
+        .with_context(|| format!("cannot read the address {what} listens on"))
 }
 
 /// Where to dial a listener that may be bound to 0.0.0.0.

@@ -1,8 +1,11 @@
-//! The end-to-end harness: starts the real `sallyport` binary on free loopback ports with a
-//! fresh data dir, and drives it with the real `sally` and `sallyctl` binaries (and OpenSSH's
-//! own tools where they read what we write). `Cluster::start()` is one line per test.
+//! The end-to-end harness: starts the real `sallyport` binary on loopback ports the kernel
+//! picks (port 0, read back from its banner) with a fresh data dir, and drives it with the real
+//! `sally` and `sallyctl` binaries (and OpenSSH's own tools where they read what we write).
+//! `Cluster::start()` is one line per test.
 //!
-//! The binaries come from the workspace target dir; `scripts/test` builds them first.
+//! The binaries come from the workspace target dir. `bin()` builds them first (`cargo build
+//! --workspace --bins`, once for all test processes, under a file lock) when one is missing or
+//! a source file changed since the last build, so plain `cargo test` works from a fresh clone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,20 +17,153 @@ use std::time::{Duration, Instant};
 
 pub use tempfile::TempDir;
 
-/// Where the workspace put its binaries (next to this test executable's `deps/`).
+/// The workspace's binaries the tests run.
+const BINARIES: [&str; 3] = ["sallyport", "sally", "sallyctl"];
+
+/// Where the workspace puts its binaries (next to this test executable's `deps/`), built or
+/// rebuilt first when they are missing or older than the sources.
 pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current exe");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        build::ensure_binaries(&dir);
+        dir
+    });
     let p = dir.join(name);
     assert!(
         p.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (scripts/test does)",
+        "{} is missing: run `cargo build --workspace --bins`",
         p.display()
     );
     p
 }
 
-/// A loopback port nothing listens on, from below the kernel's ephemeral range (32768 and up
+/// Building the binaries from a test: `cargo test -p sallyport-tests` compiles only this
+/// crate, and Cargo has no stable way to make a test depend on another package's binaries.
+mod build {
+    use std::fs::File;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::time::SystemTime;
+
+    /// The workspace root (this crate's parent), as compiled in.
+    fn workspace() -> PathBuf {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        manifest.parent().unwrap_or(manifest).to_path_buf()
+    }
+
+    /// Newest modification time of what the binaries are built from: every file of the
+    /// workspace but the test crate, build output, VCS data, npm packages and fuzz targets.
+    /// Anything newer than the last build (documentation too) costs one no-op `cargo build`,
+    /// after which the stamp is newer again.
+    fn newest_source(root: &Path, target: &Path) -> Option<SystemTime> {
+        let mut newest = None;
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                let Ok(ty) = e.file_type() else { continue };
+                if ty.is_dir() {
+                    let name = e.file_name();
+                    let skip = path == target
+                        || [".git", "target", "node_modules"]
+                            .iter()
+                            .any(|s| name == *s)
+                        || dir == root && ["tests", "fuzz"].iter().any(|s| name == *s);
+                    if !skip {
+                        stack.push(path);
+                    }
+                } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                    newest = newest.max(Some(m));
+                }
+            }
+        }
+        newest
+    }
+
+    /// The time of the last build this workspace made into `dir`, from its stamp file.
+    fn last_build(stamp: &Path, root: &Path) -> Option<SystemTime> {
+        let text = std::fs::read_to_string(stamp).ok()?;
+        // One target dir shared by two checkouts: a build of the other one does not count.
+        if text.trim() != root.display().to_string() {
+            return None;
+        }
+        std::fs::metadata(stamp).and_then(|m| m.modified()).ok()
+    }
+
+    fn fresh(dir: &Path, stamp: &Path, root: &Path) -> bool {
+        let Some(built) = last_build(stamp, root) else {
+            return false;
+        };
+        let target = dir.parent().unwrap_or(dir);
+        super::BINARIES.iter().all(|b| dir.join(b).exists())
+            && newest_source(root, target).is_none_or(|s| s <= built)
+    }
+
+    /// Runs `cargo build --workspace --bins` into `dir` (`target/<profile>`) unless the last
+    /// one is newer than every source. Test processes run in parallel (nextest runs each test
+    /// in its own): the first builds under an exclusive lock, the others wait and then find
+    /// the binaries fresh. `SALLYPORT_TEST_NO_BUILD=1` uses what is there.
+    pub fn ensure_binaries(dir: &Path) {
+        if std::env::var_os("SALLYPORT_TEST_NO_BUILD").is_some_and(|v| v != "0") {
+            return;
+        }
+        let root = workspace();
+        let stamp = dir.join(".sallyport-tests-bins");
+        if fresh(dir, &stamp, &root) {
+            return;
+        }
+        let _ = std::fs::create_dir_all(dir);
+        let lock = File::create(dir.join(".sallyport-tests-bins.lock")).expect("build lock file");
+        lock.lock().expect("build lock");
+        if fresh(dir, &stamp, &root) {
+            return;
+        }
+        // Files changed while cargo builds are newer than the stamp: the next test rebuilds.
+        let started = SystemTime::now();
+        let cargo = std::env::var_os("CARGO")
+            .or_else(|| option_env!("CARGO").map(Into::into))
+            .unwrap_or_else(|| "cargo".into());
+        let target = dir.parent().unwrap_or(dir);
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--workspace", "--bins", "--manifest-path"])
+            .arg(root.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target);
+        match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some(profile) => {
+                cmd.args(["--profile", profile]);
+            }
+        }
+        eprintln!("building the binaries the tests run: {cmd:?}");
+        let out = cmd.output().expect("run cargo");
+        assert!(
+            out.status.success(),
+            "cargo build --workspace --bins failed (SALLYPORT_TEST_NO_BUILD=1 runs the binaries \
+             that are there):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let f = File::create(&stamp).expect("build stamp");
+        std::io::Write::write_all(&mut &f, root.display().to_string().as_bytes())
+            .expect("build stamp");
+        f.set_modified(started).expect("build stamp time");
+    }
+}
+
+/// A loopback port nothing listens on, for what must know its port before it starts (an
+/// external `sshd`, a forward's listening end); the daemon itself listens on port 0. From below the kernel's ephemeral range (32768 and up
 /// here): a port the kernel hands out for `bind(0)` can be taken again, between this call and
 /// the daemon's bind, as the source port of any of the many client connections the tests make,
 /// and the daemon then fails with "Address already in use". Ports are picked pseudo-randomly per
@@ -150,11 +286,17 @@ impl Default for Options {
 /// A running all-in-one `sallyport`, killed when dropped.
 pub struct Cluster {
     pub dir: TempDir,
+    /// The config file: the first start writes the ports it got into it, so that a restart
+    /// listens where clients and agents saw it.
     pub config: PathBuf,
+    /// The proxy's web address, `127.0.0.1:PORT`.
     pub proxy: String,
+    /// Auth's address, `127.0.0.1:PORT`.
     pub auth: String,
     /// The proxy's SSH port (ProxyJump target).
     pub ssh_port: u16,
+    /// The proxy's tunnel door (agents), `127.0.0.1:PORT`.
+    pub tunnel: String,
     pub pin: String,
     pub stdout: String,
     child: Option<Child>,
@@ -169,7 +311,6 @@ impl Cluster {
 
     pub fn start_with(o: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let (auth, web, ssh_port) = (free_port(), free_port(), free_port());
         let storage = match &o.postgres {
             Some(url) => format!("{{type: postgres, conn_string: \"{url}\"}}"),
             None => "{type: sqlite}".into(),
@@ -186,15 +327,15 @@ sallyport:
   storage: {storage}
 auth_service:
   enabled: true
-  listen_addr: 127.0.0.1:{auth}
+  listen_addr: 127.0.0.1:0
   cluster_name: {cluster}
   authentication: {{type: local, second_factor: {sf}, max_login_attempts: {max}}}
 {auth_extra}proxy_service:
   enabled: true
-  web_listen_addr: 127.0.0.1:{web}
-  ssh_listen_addr: 127.0.0.1:{ssh}
-  tunnel_listen_addr: 127.0.0.1:{tunnel}
-  kube_listen_addr: 127.0.0.1:{kube}
+  web_listen_addr: 127.0.0.1:0
+  ssh_listen_addr: 127.0.0.1:0
+  tunnel_listen_addr: 127.0.0.1:0
+  kube_listen_addr: 127.0.0.1:0
 {proxy_extra}ssh_service:
   enabled: true
   labels: {{env: dev}}
@@ -218,18 +359,16 @@ auth_service:
                 cluster = o.cluster_name,
                 sf = if o.second_factor { "otp" } else { "off" },
                 max = o.max_login_attempts,
-                ssh = ssh_port,
-                tunnel = free_port(),
-                kube = free_port(),
             ),
         )
         .unwrap();
         let home = dir.path().join("home");
         let mut c = Cluster {
             config,
-            proxy: format!("127.0.0.1:{web}"),
-            auth: format!("127.0.0.1:{auth}"),
-            ssh_port,
+            proxy: String::new(),
+            auth: String::new(),
+            ssh_port: 0,
+            tunnel: String::new(),
             pin: String::new(),
             stdout: String::new(),
             child: None,
@@ -240,15 +379,87 @@ auth_service:
         c
     }
 
-    /// Starts (or restarts) the daemon and waits for its banner.
+    /// Starts (or restarts) the daemon and waits for its banner, which says where it listens.
+    /// The first start listens on ports the kernel picks (port 0: no two tests can race for
+    /// one) and writes them into the config file for the restarts.
     pub fn boot(&mut self) {
+        let restart = self.ssh_port != 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let banner = loop {
+            match self.spawn_daemon() {
+                Ok(banner) => break banner,
+                // A port the stop freed can be taken, before the restart binds it again, as
+                // the source port of another test's outgoing connection (the kernel's ports
+                // are the ephemeral ones): it is free again when that connection closes.
+                Err(why)
+                    if restart
+                        && why.contains("Address already in use")
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(why) => panic!("sallyport did not start: {why}"),
+            }
+        };
+        let addr = |key: &str| {
+            banner
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                .map(|v| {
+                    let v = v.trim();
+                    let v = v.strip_prefix("https://").unwrap_or(v);
+                    v.split_whitespace().next().unwrap_or_default().to_string()
+                })
+                .unwrap_or_else(|| panic!("no {key} address in the banner:\n{banner}"))
+        };
+        self.auth = addr("auth");
+        self.proxy = addr("web");
+        self.tunnel = addr("tunnel");
+        let ssh = addr("ssh");
+        self.ssh_port = ssh
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("ssh address {ssh:?} in the banner"));
+        if !restart {
+            let text = std::fs::read_to_string(&self.config).unwrap();
+            let mut out = String::new();
+            for line in text.lines() {
+                let bound = [
+                    ("listen_addr", &self.auth),
+                    ("web_listen_addr", &self.proxy),
+                    ("ssh_listen_addr", &ssh),
+                    ("tunnel_listen_addr", &self.tunnel),
+                ]
+                .into_iter()
+                .find(|(key, _)| line.trim() == format!("{key}: 127.0.0.1:0"));
+                match bound {
+                    Some((key, addr)) => out.push_str(&format!("  {key}: {addr}\n")),
+                    None => {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                }
+            }
+            std::fs::write(&self.config, out).unwrap();
+        }
+        self.pin = banner
+            .lines()
+            .find_map(|l| l.strip_prefix("CA pin"))
+            .map(|p| p.trim().to_string())
+            .unwrap();
+        self.stdout = banner;
+    }
+
+    /// Runs `sallyport start` and returns its banner once it printed the CA pin, or what it
+    /// said on stderr if it exited first. Its stderr goes on to the test's.
+    fn spawn_daemon(&mut self) -> Result<String, String> {
         let mut child = Command::new(bin("sallyport"))
             .args(["start", "--config"])
             .arg(&self.config)
             .env("SALLYPORT_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -264,19 +475,38 @@ auth_service:
                 }
             }
         });
-        let banner = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| {
+        let stderr = child.stderr.take().unwrap();
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let said2 = said.clone();
+        let errors = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let mut s = said2.lock().unwrap();
+                if s.len() < 64 * 1024 {
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(banner) => {
+                self.child = Some(child);
+                Ok(banner)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // Its stdout closed before the banner: it exited.
+                let status = child.wait().unwrap();
+                let _ = errors.join();
+                let said = said.lock().unwrap().clone();
+                Err(format!("{status}: {said}"))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
-                panic!("sallyport did not start");
-            });
-        self.pin = banner
-            .lines()
-            .find_map(|l| l.strip_prefix("CA pin"))
-            .map(|p| p.trim().to_string())
-            .unwrap();
-        self.stdout = banner;
-        self.child = Some(child);
+                let _ = child.wait();
+                Err("no banner within 60 s".into())
+            }
+        }
     }
 
     pub fn stop(&mut self) {

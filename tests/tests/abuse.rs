@@ -54,14 +54,6 @@ fn idle_ssh(port: u16) -> TcpStream {
     s
 }
 
-fn port_in_config(c: &Cluster, key: &str) -> u16 {
-    let text = std::fs::read_to_string(&c.config).unwrap();
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{key}: 127.0.0.1:")))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in the test config"))
-}
-
 #[test]
 fn ssh_connections_that_do_not_log_in_are_closed_after_the_grace() {
     let c = cluster(&["ssh_login_grace: 2s"]);
@@ -313,7 +305,7 @@ fn https_beyond_the_per_address_cap_is_answered_429_with_the_reason() {
 fn tunnels_beyond_the_per_address_cap_are_closed_before_the_handshake() {
     let c = cluster(&["max_unauthenticated_per_address: 3"]);
     c.wait_online("local1");
-    let port = port_in_config(&c, "tunnel_listen_addr");
+    let port: u16 = c.tunnel.rsplit_once(':').unwrap().1.parse().unwrap();
     let _held: Vec<TcpStream> = (0..3)
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
+use std::time::Duration;
 
 use sallyport_tests::*;
 
@@ -55,48 +56,102 @@ fn unusable_data_dir_is_refused() {
     r.fails_with("data dir").fails_with("cannot be created");
 }
 
+/// `sallyport configure`'s output starts as it is, with every listen address on port 0: the
+/// banner says which ports the kernel gave, and everything that dials one of them (the local
+/// agent, `sallyctl --data-dir`, the ports `/v1/webapi/ping` advertises) uses those.
 #[test]
-fn configure_prints_a_config_that_starts() {
+fn configure_prints_a_config_that_starts_on_port_0() {
     let out = run(Command::new(bin("sallyport")).arg("configure"), "")
         .ok()
         .stdout;
     assert!(out.contains("# "), "commented");
     let dir = tempfile::tempdir().unwrap();
-    let mut text = out.replace(
-        "/var/lib/sallyport",
-        &dir.path().join("data").display().to_string(),
-    );
+    let data = dir.path().join("data");
+    let mut text = out.replace("/var/lib/sallyport", &data.display().to_string());
     for port in ["3025", "3080", "3023", "3024", "3026"] {
-        text = text.replace(
-            &format!("127.0.0.1:{port}"),
-            &format!("127.0.0.1:{}", free_port()),
-        );
+        text = text.replace(&format!("127.0.0.1:{port}"), "127.0.0.1:0");
     }
     let cfg = dir.path().join("sallyport.yaml");
     std::fs::write(&cfg, text).unwrap();
-    let mut child = Command::new(bin("sallyport"))
-        .args(["start", "--config"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
+    struct Daemon(std::process::Child);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut daemon = Daemon(
+        Command::new(bin("sallyport"))
+            .args(["start", "--config"])
+            .arg(&cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = daemon.0.stdout.take().unwrap();
     let banner: Vec<String> = std::io::BufRead::lines(std::io::BufReader::new(stdout))
         .map_while(Result::ok)
         .take_while(|l| !l.starts_with("admin"))
         .collect();
-    let _ = child.kill();
-    let _ = child.wait();
     let text = banner.join("\n");
     assert!(text.contains("cluster  sallyport"), "{text}");
     assert!(text.contains("CA pin   sha256:"), "{text}");
-    for name in ["auth ", "web ", "ssh ", "tunnel ", "kube "] {
-        assert!(
-            text.lines().any(|l| l.starts_with(name)),
-            "{name} missing: {text}"
-        );
-    }
+    assert!(
+        text.lines().any(|l| l.starts_with("kube ")),
+        "kube missing: {text}"
+    );
+    let port = |name: &str| -> u16 {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} missing: {text}"));
+        let port = line.trim().rsplit_once(':').unwrap().1.parse().unwrap();
+        assert_ne!(port, 0, "{name} printed port 0: {text}");
+        port
+    };
+    let (auth, web, ssh, tunnel) = (port("auth"), port("web"), port("ssh"), port("tunnel"));
+    let ping = run(
+        Command::new("curl").args([
+            "-sk",
+            "--max-time",
+            "10",
+            &format!("https://127.0.0.1:{web}/v1/webapi/ping"),
+        ]),
+        "",
+    )
+    .ok()
+    .stdout;
+    let ping: serde_json::Value = serde_json::from_str(&ping).unwrap();
+    assert_eq!(ping["ssh_port"], ssh, "{ping}");
+    assert_eq!(ping["tunnel_port"], tunnel, "{ping}");
+    // The local admin identity names the port auth got.
+    let sallyctl = |args: &[&str]| {
+        run(
+            Command::new(bin("sallyctl"))
+                .arg("--data-dir")
+                .arg(&data)
+                .args(args),
+            "",
+        )
+    };
+    sallyctl(&["status"]).ok();
+    let identity = std::fs::read_to_string(data.join("admin-identity.json")).unwrap();
+    assert!(
+        identity.contains(&format!("\"127.0.0.1:{auth}\"")),
+        "{identity}"
+    );
+    // The local agent joined through the web port and keeps its tunnel on the tunnel port.
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            let out = sallyctl(&["nodes", "ls", "--format", "json"]);
+            serde_json::from_str::<serde_json::Value>(&out.stdout)
+                .ok()
+                .and_then(|v| v.as_array().map(|n| n.iter().any(|n| n["online"] == true)))
+                .unwrap_or(false)
+        }),
+        "the local agent never came online"
+    );
 }
 
 #[test]
