@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use russh::server::{Handle, Msg};
-use russh::{Channel, ChannelOpenFailure};
+use russh::{Channel, ChannelOpenFailure, ChannelStream};
+use sallyport_core::flow;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 /// side closes or the SSH connection ends.
 pub async fn direct(
     channel: Channel<Msg>,
+    handle: Handle,
     host: String,
     port: u32,
     reply: russh::server::ChannelOpenHandle,
@@ -54,7 +56,14 @@ pub async fn direct(
     };
     let _ = tcp.set_nodelay(true);
     reply.accept().await;
-    splice(channel.into_stream(), tcp, stop).await;
+    splice(credited(channel, &handle), tcp, stop).await;
+}
+
+/// A channel's byte stream that gives the proxy its window back as the bytes read from it are
+/// written on (this server runs `WindowPolicy::Consumed`): a slow socket slows the proxy.
+fn credited(channel: Channel<Msg>, handle: &Handle) -> flow::Credited<ChannelStream<Msg>> {
+    let credit = flow::server_credit(handle.clone(), channel.id());
+    flow::Credited::new(channel.into_stream(), credit)
 }
 
 /// Relays two byte streams until both directions end or `stop` fires.
@@ -83,6 +92,7 @@ pub fn bind_address(requested: &str) -> Option<IpAddr> {
 /// connection is relayed over the channel `open` makes toward the client for its peer.
 async fn relay_accepted<F, Fut>(
     listener: TcpListener,
+    handle: Handle,
     stop: CancellationToken,
     single: bool,
     what: &'static str,
@@ -101,10 +111,10 @@ async fn relay_accepted<F, Fut>(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (channel, stop) = (open(peer), stop.clone());
+        let (channel, stop, handle) = (open(peer), stop.clone(), handle.clone());
         tokio::spawn(async move {
             match channel.await {
-                Ok(ch) => splice(ch.into_stream(), tcp, stop).await,
+                Ok(ch) => splice(credited(ch, &handle), tcp, stop).await,
                 Err(e) => tracing::debug!(error = %e, what, "the client refused the channel"),
             }
         });
@@ -123,19 +133,26 @@ pub async fn listen_remote(
     port: u32,
     stop: CancellationToken,
 ) {
-    relay_accepted(listener, stop, false, "remote forward", move |peer| {
-        let (handle, requested) = (handle.clone(), requested.clone());
-        async move {
-            handle
-                .channel_open_forwarded_tcpip(
-                    requested,
-                    port,
-                    peer.ip().to_string(),
-                    u32::from(peer.port()),
-                )
-                .await
-        }
-    })
+    relay_accepted(
+        listener,
+        handle.clone(),
+        stop,
+        false,
+        "remote forward",
+        move |peer| {
+            let (handle, requested) = (handle.clone(), requested.clone());
+            async move {
+                handle
+                    .channel_open_forwarded_tcpip(
+                        requested,
+                        port,
+                        peer.ip().to_string(),
+                        u32::from(peer.port()),
+                    )
+                    .await
+            }
+        },
+    )
     .await;
 }
 
@@ -223,7 +240,7 @@ impl AgentSocket {
             tokio::spawn(async move {
                 match handle.channel_open_agent().await {
                     Ok(ch) => {
-                        splice(ch.into_stream(), unix, stop).await;
+                        splice(credited(ch, &handle), unix, stop).await;
                     }
                     Err(e) => tracing::debug!(error = %e, "agent channel refused by the client"),
                 }
@@ -314,7 +331,7 @@ pub async fn serve_x11(
     single: bool,
     stop: CancellationToken,
 ) {
-    relay_accepted(listener, stop, single, "x11", move |peer| {
+    relay_accepted(listener, handle.clone(), stop, single, "x11", move |peer| {
         let handle = handle.clone();
         async move {
             handle

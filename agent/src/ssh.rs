@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
 use russh::server::{Auth, Handle, Msg, Session};
-use russh::{Channel, ChannelId, ChannelOpenFailure, Sig};
+use russh::{Channel, ChannelId, ChannelOpenFailure, ChannelWriteHalf, Sig};
 use sallyport_core::flow::{self, Input};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -63,6 +63,10 @@ impl NodeServer {
             auth_rejection_time: Duration::from_millis(100),
             inactivity_timeout: None,
             window_size: 8 * 1024 * 1024,
+            // The window is given back as the session's input reaches its command (and a
+            // forward's bytes their socket): a command that reads slowly holds the proxy back
+            // instead of this agent buffering for it (`core::flow`, `vendor/russh/PATCHES.md`).
+            window_policy: russh::WindowPolicy::Consumed,
             event_buffer_size: 1024,
             // Only the proxy reaches this server, through the mTLS tunnel: `none` is offered.
             ..sallyport_core::sshcert::server_config(
@@ -130,6 +134,9 @@ struct Chan {
     /// `env` request has no answer the client would show).
     env_refused: Option<String>,
     input: Option<flow::Sender>,
+    /// Where the command's output goes: writes wait for the proxy's window, so a slow reader
+    /// at the far end holds the command back rather than this agent buffering its output.
+    output: Option<Arc<ChannelWriteHalf<Msg>>>,
     pid: PidSlot,
     /// Keeps a login created under `insecure-drop` while this session lasts (held, not read).
     _host_user: Option<host_user::Lease>,
@@ -415,8 +422,12 @@ impl Conn {
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "sh".into());
-        let (tx, rx) = flow::inbox();
+        let output = chan.output.clone().ok_or("no such channel")?;
         let handle = session.handle();
+        let (tx, rx) = flow::windowed_inbox(
+            self.srv.config.window_size,
+            flow::server_credit(handle.clone(), ch),
+        );
         if let Some((_, cols, rows)) = chan.pty.clone() {
             let (pty, pts) =
                 pty_process::open().map_err(|e| format!("cannot allocate a pty: {e}"))?;
@@ -473,7 +484,9 @@ impl Conn {
             });
             let (reader, writer) = pty.into_split();
             tokio::spawn(pty_input(rx, writer));
-            tokio::spawn(relay_pty(handle, ch, reader, child, motd, record, slot));
+            tokio::spawn(relay_pty(
+                handle, output, ch, reader, child, motd, record, slot,
+            ));
         } else {
             let env = self.environment(&login, chan, None);
             // sshd makes a command without a terminal a session (and process group) leader
@@ -512,7 +525,7 @@ impl Conn {
             let stdout = child.stdout.take();
             let stderr = child.stderr.take();
             tokio::spawn(pipe_input(rx, stdin));
-            tokio::spawn(relay_pipes(handle, ch, stdout, stderr, child, slot));
+            tokio::spawn(relay_pipes(handle, output, ch, stdout, stderr, child, slot));
         }
         if let Some(c) = self.channels.get_mut(&ch) {
             c.input = Some(tx);
@@ -558,7 +571,7 @@ async fn pipe_input(mut rx: flow::Receiver, mut stdin: Option<tokio::process::Ch
     }
 }
 
-async fn pump<R: AsyncRead + Unpin>(mut r: R, handle: &Handle, ch: ChannelId, ext: Option<u32>) {
+async fn pump<R: AsyncRead + Unpin>(mut r: R, out: &ChannelWriteHalf<Msg>, ext: Option<u32>) {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         let n = match r.read(&mut buf).await {
@@ -566,9 +579,10 @@ async fn pump<R: AsyncRead + Unpin>(mut r: R, handle: &Handle, ch: ChannelId, ex
             Ok(n) => n,
         };
         let data = Bytes::copy_from_slice(&buf[..n]);
+        // Returns once the proxy's window took it: the command is read no faster than that.
         let sent = match ext {
-            None => handle.data(ch, data).await,
-            Some(e) => handle.extended_data(ch, e, data).await,
+            None => out.data_bytes(data).await,
+            Some(e) => out.extended_data_bytes(e, data).await,
         };
         if sent.is_err() {
             break;
@@ -605,6 +619,7 @@ async fn finish(handle: &Handle, ch: ChannelId, status: std::io::Result<std::pro
 
 async fn relay_pipes(
     handle: Handle,
+    output: Arc<ChannelWriteHalf<Msg>>,
     ch: ChannelId,
     stdout: Option<tokio::process::ChildStdout>,
     stderr: Option<tokio::process::ChildStderr>,
@@ -613,12 +628,12 @@ async fn relay_pipes(
 ) {
     let out = async {
         if let Some(s) = stdout {
-            pump(s, &handle, ch, None).await;
+            pump(s, &output, None).await;
         }
     };
     let err = async {
         if let Some(s) = stderr {
-            pump(s, &handle, ch, Some(1)).await;
+            pump(s, &output, Some(1)).await;
         }
     };
     tokio::join!(out, err);
@@ -626,8 +641,10 @@ async fn relay_pipes(
     finish(&handle, ch, status).await;
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn relay_pty(
     handle: Handle,
+    output: Arc<ChannelWriteHalf<Msg>>,
     ch: ChannelId,
     reader: pty_process::OwnedReadPty,
     mut child: tokio::process::Child,
@@ -644,10 +661,10 @@ async fn relay_pty(
             }
             text.push(*b);
         }
-        let _ = handle.data(ch, Bytes::from(text)).await;
+        let _ = output.data_bytes(Bytes::from(text)).await;
     }
     // Reading the pty ends with EIO once the last process holding it exits.
-    pump(reader, &handle, ch, None).await;
+    pump(reader, &output, None).await;
     let status = reap(&mut child, &slot).await;
     if let Some((tty, pid)) = record {
         let _ = tokio::task::spawn_blocking(move || utmp::logout(&tty, pid)).await;
@@ -778,6 +795,13 @@ impl russh::server::Handler for Conn {
         if let Some(c) = created {
             host_user::report(&channel, &c).await;
         }
+        // Input arrives through `data` (the read half is not needed); output goes through the
+        // write half, which waits for the proxy's window.
+        let id = channel.id();
+        let (_, write) = channel.split();
+        if let Some(c) = self.channels.get_mut(&id) {
+            c.output = Some(Arc::new(write));
+        }
         Ok(())
     }
 
@@ -903,7 +927,7 @@ impl russh::server::Handler for Conn {
         _originator: &str,
         _originator_port: u32,
         reply: russh::server::ChannelOpenHandle,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
         if self.login.is_none() || !self.permits.port_forwarding {
             let reason = "port forwarding is not permitted by the session certificate".into();
@@ -914,6 +938,7 @@ impl russh::server::Handler for Conn {
         }
         tokio::spawn(forward::direct(
             channel,
+            session.handle(),
             host.to_string(),
             port,
             reply,
@@ -1054,14 +1079,36 @@ impl russh::server::Handler for Conn {
         data: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone())
-            && !tx.send(Input::Data(Bytes::copy_from_slice(data))).await
-        {
+        // A forwarding channel's bytes are its stream's (`flow::Credited` reports them).
+        let Some(c) = self.channels.get(&ch) else {
+            return Ok(());
+        };
+        let Some(tx) = c.input.clone() else {
+            // Nothing runs yet to take it: dropped, as sshd drops it, and its window given back.
+            return session.consumed(ch, data.len());
+        };
+        if !tx.send(Input::Data(Bytes::copy_from_slice(data))).await {
+            // The command's input is gone (or the proxy ignored the window it was given).
             tracing::warn!("closing a channel whose command stopped reading its input");
             if let Some(c) = self.channels.remove(&ch) {
                 c.pid.kill(nix::sys::signal::Signal::SIGHUP);
             }
             session.close(ch)?;
+        }
+        Ok(())
+    }
+
+    /// Nothing on a node reads what a client sends as extended data (sshd drops it too); on a
+    /// session channel its window is given back at once.
+    async fn extended_data(
+        &mut self,
+        ch: ChannelId,
+        _code: u32,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if self.channels.contains_key(&ch) {
+            session.consumed(ch, data.len())?;
         }
         Ok(())
     }

@@ -141,6 +141,79 @@ impl Receiver {
     }
 }
 
+/// The credit for channel `channel` of a russh server session: what its consumer hands on is
+/// given back to the client as window (`Handle::consumed`; nothing under `WindowPolicy::Auto`).
+pub fn server_credit(handle: russh::server::Handle, channel: russh::ChannelId) -> Credit {
+    Arc::new(move |n| {
+        // A session that has ended has no window left to re-open.
+        let _ = handle.consumed(channel, n);
+    })
+}
+
+/// A channel's byte stream (russh's `Channel::into_stream`) under `WindowPolicy::Consumed`:
+/// each read first reports the bytes the previous read returned, as [`Receiver::recv`] does,
+/// so a relay (`splice`) that reads again only once it has written the last chunk on re-opens
+/// the peer's window at the pace of its destination. Writes pass through.
+pub struct Credited<S> {
+    inner: S,
+    credit: Credit,
+    in_hand: usize,
+}
+
+impl<S> Credited<S> {
+    pub fn new(inner: S, credit: Credit) -> Self {
+        Credited {
+            inner,
+            credit,
+            in_hand: 0,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Credited<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let done = std::mem::take(&mut this.in_hand);
+        if done > 0 {
+            (this.credit)(done);
+        }
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            this.in_hand = buf.filled().len() - before;
+        }
+        polled
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Credited<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 /// A transport whose writes never wait: one task of its own owns the real stream, reading it
 /// into a small queue and writing to it from an unbounded one.
 ///
@@ -459,6 +532,32 @@ mod tests {
         drop(tx);
         assert!(rx.recv().await.is_none());
         assert_eq!(reported.load(Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test]
+    async fn a_credited_stream_reports_a_read_once_the_next_read_begins() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let reported = Arc::new(AtomicUsize::new(0));
+        let r = reported.clone();
+        let (a, mut b) = tokio::io::duplex(1024);
+        let mut a = Credited::new(
+            a,
+            Arc::new(move |n| {
+                r.fetch_add(n, Ordering::SeqCst);
+            }),
+        );
+        b.write_all(b"hello")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut buf = [0u8; 16];
+        assert_eq!(a.read(&mut buf).await.ok(), Some(5));
+        assert_eq!(reported.load(Ordering::SeqCst), 0, "not yet written on");
+        b.write_all(b"!").await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.read(&mut buf).await.ok(), Some(1));
+        assert_eq!(reported.load(Ordering::SeqCst), 5);
+        drop(b);
+        assert_eq!(a.read(&mut buf).await.ok(), Some(0));
+        assert_eq!(reported.load(Ordering::SeqCst), 6);
     }
 
     #[tokio::test]
