@@ -408,6 +408,51 @@ pub fn server_config(
     }
 }
 
+/// The SSH servers Sallyport runs, each with its own settings from [`server_settings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerRole {
+    /// The proxy's door on 3023: people's OpenSSH clients, before and after authentication.
+    ProxyDoor,
+    /// The inner connection the proxy terminates as the node, inside a door channel.
+    ProxyInner,
+    /// A node agent's server, reached only by the proxy through the agent's mTLS tunnel.
+    Agent,
+}
+
+/// The one place Sallyport's russh server settings are made: [`server_config`]'s algorithms
+/// and credentials, plus what each server's peers need.
+pub fn server_settings(
+    role: ServerRole,
+    key: PrivateKey,
+    certificate: Certificate,
+) -> russh::server::Config {
+    match role {
+        ServerRole::ProxyDoor => russh::server::Config {
+            // Every refusal takes the same time, whatever the reason.
+            auth_rejection_time: Duration::from_millis(300),
+            inactivity_timeout: Some(Duration::from_secs(3600)),
+            max_auth_attempts: 6,
+            window_size: crate::flow::CLIENT_WINDOW,
+            ..server_config(key, certificate, Transport::Open)
+        },
+        ServerRole::ProxyInner => russh::server::Config {
+            auth_rejection_time: Duration::from_millis(300),
+            // The door's connection and the session watchdogs bound it.
+            inactivity_timeout: None,
+            window_size: crate::flow::CLIENT_WINDOW,
+            ..server_config(key, certificate, Transport::Open)
+        },
+        ServerRole::Agent => russh::server::Config {
+            auth_rejection_time: Duration::from_millis(100),
+            inactivity_timeout: None,
+            window_size: 8 * 1024 * 1024,
+            event_buffer_size: 1024,
+            // Only the proxy reaches this server, through the mTLS tunnel: `none` is offered.
+            ..server_config(key, certificate, Transport::InsideTunnel)
+        },
+    }
+}
+
 /// Sallyport's SSH client settings (sally, the proxy toward nodes): host certificates are
 /// Ed25519 only, no Nagle, large windows, and room between nested session loops
 /// (`crate::flow`).

@@ -349,7 +349,7 @@ fn default_max_jumps_per_connection() -> usize {
 }
 
 fn default_max_recording_size() -> ByteSize {
-    ByteSize(sallyport_proxy::record::DEFAULT_MAX_RECORDING_SIZE)
+    ByteSize(sallyport_proxy::session::record::DEFAULT_MAX_RECORDING_SIZE)
 }
 
 impl ProxyService {
@@ -642,6 +642,8 @@ auth_service:
 
 proxy_service:
   enabled: true
+  # Any listen address (auth's too) may use port 0: the kernel picks a free port, and
+  # `sallyport start` prints the addresses it got.
   web_listen_addr: 127.0.0.1:3080     # HTTPS: login API, web UI
   ssh_listen_addr: 127.0.0.1:3023     # SSH for users (ProxyJump)
   tunnel_listen_addr: 127.0.0.1:3024  # reverse tunnels from agents

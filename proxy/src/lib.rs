@@ -1,15 +1,17 @@
 //! The proxy: the only door. It serves the web API on 3080 (login, sign-up, agent joining —
 //! forwarded to auth over mutual TLS with its own host certificate), the users' SSH door on 3023
-//! (`ssh`: accept → authenticate → authorize → route → relay → record), and the agents' tunnel
-//! door on 3024 (`tunnels`). The Kubernetes door arrives with its issue and reuses the tunnel,
-//! the recorder and auth's authorization.
+//! (`ssh`: accept → authenticate, then each session through the engine), and the agents' tunnel
+//! door on 3024 (`tunnels`). The session engine (`session`: authorize → dial → relay → record →
+//! audit, watched by `watchdog`) is every door's: the browser terminal and `kubectl exec` are
+//! front ends to it, as the SSH door is. What every door shares lives in `state`.
 //!
 //! Architecture invariant: the proxy never reads the backend; it asks auth.
 
 pub mod auth_client;
 pub mod failed_auth;
-pub mod record;
+pub mod session;
 pub mod ssh;
+pub mod state;
 pub mod tunnels;
 pub mod web;
 

@@ -1,7 +1,7 @@
 //! The outer connection on port 3023: admit it under the door's caps and per-address rate
 //! (`sallyport_core::door`; refused with a reason before any key exchange), hold it to
 //! `ssh_login_grace`, authenticate the user certificate, then serve only `direct-tcpip`
-//! channels, each handed to [`super::relay`] as an inner SSH connection, at most
+//! channels, each handed to [`super::inner`] as an inner SSH connection, at most
 //! `max_jumps_per_connection` of them open at once per outer connection.
 
 use std::net::SocketAddr;
@@ -19,18 +19,7 @@ use sallyport_core::door::{self, Door};
 use super::SshState;
 
 pub fn config(state: &SshState) -> russh::server::Config {
-    russh::server::Config {
-        // Every refusal takes the same time, whatever the reason.
-        auth_rejection_time: Duration::from_millis(300),
-        inactivity_timeout: Some(Duration::from_secs(3600)),
-        max_auth_attempts: 6,
-        window_size: sallyport_core::flow::CLIENT_WINDOW,
-        ..sallyport_core::sshcert::server_config(
-            (*state.key).clone(),
-            state.proxy_cert.clone(),
-            sallyport_core::sshcert::Transport::Open,
-        )
-    }
+    super::server_settings(state, state.proxy_cert.clone(), super::Door::Outer)
 }
 
 /// What the door on 3023 allows a connection that has not authenticated yet.
@@ -129,7 +118,7 @@ pub fn max_jumps_refusal(max: usize) -> String {
 
 impl Drop for Outer {
     fn drop(&mut self) {
-        self.state.untrack(self.id);
+        self.state.proxy.untrack(self.id);
         self.attempts.finish(&self.state.auth);
     }
 }
@@ -226,7 +215,7 @@ impl russh::server::Handler for Outer {
         };
         // Checked here, not at authentication: a locked user gets in only to be told why, and
         // a lock that arrives later refuses the next jump too.
-        if let Some(why) = self.state.lock_of(&user) {
+        if let Some(why) = self.state.proxy.lock_of(&user) {
             tracing::info!(%user, peer = %self.addr, "locked user refused at the proxy");
             let reason = format!("user {user} is locked: {why}");
             reply
@@ -249,14 +238,17 @@ impl russh::server::Handler for Outer {
         }
         self.jumps.fetch_add(1, Ordering::Relaxed);
         let jump = Jump(self.jumps.clone());
-        match self.state.node_identity(host).await {
-            Ok((cert, node)) => {
-                self.state.track(self.id, &user, _session.handle());
-                reply.accept().await;
-                let state = self.state.clone();
-                let addr = self.addr;
-                tokio::spawn(async move {
-                    super::relay::serve_inner(
+        self.state
+            .proxy
+            .track(self.id, &user, Arc::new(_session.handle()));
+        // The node's identity comes from auth: asked on a task, the channel answered then.
+        let state = self.state.clone();
+        let (addr, host) = (self.addr, host.to_string());
+        tokio::spawn(async move {
+            match state.node_identity(&host).await {
+                Ok((cert, node)) => {
+                    reply.accept().await;
+                    super::inner::serve(
                         state,
                         sallyport_core::flow::Decoupled::new(channel.into_stream()),
                         user,
@@ -265,16 +257,16 @@ impl russh::server::Handler for Outer {
                         addr,
                     )
                     .await;
-                    drop(jump);
-                });
+                }
+                Err(reason) => {
+                    tracing::info!(%user, %host, error = %reason, "proxy jump refused");
+                    reply
+                        .reject(ChannelOpenFailure::Other { code: 2, reason })
+                        .await;
+                }
             }
-            Err(reason) => {
-                tracing::info!(%user, host, error = %reason, "proxy jump refused");
-                reply
-                    .reject(ChannelOpenFailure::Other { code: 2, reason })
-                    .await;
-            }
-        }
+            drop(jump);
+        });
         Ok(())
     }
 

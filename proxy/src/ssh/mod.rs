@@ -5,15 +5,17 @@
 //!    `ssh_login_grace` (`sallyport_core::door`); a user certificate from the user CA
 //!    (signature, type, validity, critical options) is the only credential. It serves only
 //!    `direct-tcpip` to a registered node: the proxy itself offers no shell, exec or sftp.
-//! 2. `relay` — each `direct-tcpip` channel carries the client's inner SSH connection, which the
+//! 2. `inner` — each `direct-tcpip` channel carries the client's inner SSH connection, which the
 //!    proxy terminates with a host certificate for the node's names; there it authenticates the
-//!    user again for the login asked for, asks auth to authorize (roles, labels, deny rules) and
-//!    to mint a per-session certificate, routes to the node (agent tunnel or agentless address),
-//!    and relays every channel request one for one, recording as it goes (`record`).
+//!    user again for the login asked for and turns each session channel into a session of the
+//!    engine (`crate::session`: authorize, dial, relay, record, audit, watchdog), its requests
+//!    and bytes into the engine's commands and the engine's events into SSH messages.
+//! 3. `forward` — `-L`, `-D` and `-R` on an inner connection, through one forwarding
+//!    connection to the node that the engine authorizes and dials.
 
 pub mod accept;
-pub mod events;
-pub mod relay;
+pub mod forward;
+pub mod inner;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,53 +26,49 @@ use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
 use sallyport_core::api::NodeInfo;
 
 use crate::AuthClient;
+use crate::state::ProxyState;
 use crate::tunnels::Tunnels;
 
-/// What every SSH connection through this proxy shares.
+/// What the SSH door keeps beside the proxy's shared state (which it derefs to).
 pub struct SshState {
-    pub auth: AuthClient,
-    pub cluster: String,
+    pub proxy: Arc<ProxyState>,
     pub user_cas: RwLock<Vec<PublicKey>>,
-    pub host_cas: Vec<PublicKey>,
-    /// The proxy's SSH key: its host key on 3023, and the key auth certifies per session.
-    pub key: Arc<PrivateKey>,
+    /// The proxy's host certificate on 3023.
     pub proxy_cert: Certificate,
-    pub tunnels: Tunnels,
-    pub recordings: PathBuf,
     node_certs: Mutex<HashMap<String, (Instant, Certificate, NodeInfo)>>,
-    /// Users under a lock, with its message (polled from auth).
-    locked: RwLock<HashMap<String, String>>,
-    /// Live outer connections by user, ended when the user is locked.
-    live: Mutex<HashMap<u64, (String, russh::server::Handle)>>,
-    /// `max_recording_size`: the largest a recording may grow.
-    pub max_recording_size: u64,
     /// `max_jumps_per_connection`: inner connections one outer connection may carry at once.
     pub max_jumps_per_connection: usize,
-    /// Open inner (node) connections: their user by the order they authenticated in, for the
-    /// roles' `max_connections`.
-    inner: Mutex<std::collections::BTreeMap<u64, String>>,
 }
 
-/// An inner connection counted in [`SshState`] while it is open.
-pub struct InnerConnection {
-    state: Arc<SshState>,
-    seq: u64,
-}
-
-impl Drop for InnerConnection {
-    fn drop(&mut self) {
-        if let Ok(mut inner) = self.state.inner.lock() {
-            inner.remove(&self.seq);
-        }
+impl std::ops::Deref for SshState {
+    type Target = ProxyState;
+    fn deref(&self) -> &ProxyState {
+        &self.proxy
     }
+}
+
+/// The SSH door's two servers.
+#[derive(Debug, Clone, Copy)]
+pub enum Door {
+    /// The outer connection on 3023, with the proxy's host certificate.
+    Outer,
+    /// An inner connection, as the node, with a host certificate for the node's names.
+    Inner,
+}
+
+/// The russh server settings for `door` (see `core::sshcert::server_settings`).
+pub fn server_settings(state: &SshState, cert: Certificate, door: Door) -> russh::server::Config {
+    let role = match door {
+        Door::Outer => sallyport_core::sshcert::ServerRole::ProxyDoor,
+        Door::Inner => sallyport_core::sshcert::ServerRole::ProxyInner,
+    };
+    sallyport_core::sshcert::server_settings(role, (*state.key).clone(), cert)
 }
 
 /// `max_jumps_per_connection` when the configuration does not say: OpenSSH's `MaxSessions`.
 /// Each inner connection costs the proxy a key exchange, so one outer connection must not
 /// carry any number of them.
 pub const DEFAULT_MAX_JUMPS_PER_CONNECTION: usize = 10;
-
-static NEXT_INNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[derive(serde::Deserialize)]
 struct NodeCert {
@@ -91,26 +89,21 @@ impl SshState {
         recordings: PathBuf,
     ) -> Self {
         SshState {
-            auth,
-            cluster,
+            proxy: Arc::new(ProxyState::new(
+                auth, cluster, key, host_cas, tunnels, recordings,
+            )),
             user_cas: RwLock::new(user_cas),
-            host_cas,
-            key: Arc::new(key),
             proxy_cert,
-            tunnels,
-            recordings,
             node_certs: Mutex::new(HashMap::new()),
-            locked: RwLock::new(HashMap::new()),
-            live: Mutex::new(HashMap::new()),
-            max_recording_size: crate::record::DEFAULT_MAX_RECORDING_SIZE,
             max_jumps_per_connection: DEFAULT_MAX_JUMPS_PER_CONNECTION,
-            inner: Mutex::new(Default::default()),
         }
     }
 
-    /// `max_recording_size` from the configuration.
+    /// `max_recording_size` from the configuration (set before the state is shared).
     pub fn with_max_recording_size(mut self, bytes: u64) -> Self {
-        self.max_recording_size = bytes;
+        if let Some(p) = Arc::get_mut(&mut self.proxy) {
+            p.max_recording_size = bytes;
+        }
         self
     }
 
@@ -120,91 +113,9 @@ impl SshState {
         self
     }
 
-    /// Counts an inner connection of `user` as open until the returned value is dropped.
-    pub fn open_inner(self: &Arc<Self>, user: &str) -> InnerConnection {
-        let seq = NEXT_INNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.insert(seq, user.to_string());
-        }
-        InnerConnection {
-            state: self.clone(),
-            seq,
-        }
-    }
-
-    /// How many of its user's inner connections opened before `conn` are still open.
-    pub fn older_connections(&self, conn: &InnerConnection, user: &str) -> u32 {
-        self.inner
-            .lock()
-            .map(|inner| inner.range(..conn.seq).filter(|(_, u)| *u == user).count() as u32)
-            .unwrap_or(0)
-    }
-
-    /// Why `user` is locked, if they are.
-    pub fn lock_of(&self, user: &str) -> Option<String> {
-        self.locked.read().ok().and_then(|l| l.get(user).cloned())
-    }
-
-    /// Remembers live connection `conn` of `user`, to end it if they are locked.
-    pub fn track(&self, conn: u64, user: &str, handle: russh::server::Handle) {
-        if let Ok(mut live) = self.live.lock() {
-            live.insert(conn, (user.to_string(), handle));
-        }
-    }
-
-    /// Connection `conn` ended.
-    pub fn untrack(&self, conn: u64) {
-        if let Ok(mut live) = self.live.lock() {
-            live.remove(&conn);
-        }
-    }
-
-    /// Polls auth's locks every `every`: refuses locked users at the door from then on, and ends
-    /// their live connections.
+    /// Polls auth's locks (see [`ProxyState::watch_locks`]).
     pub async fn watch_locks(self: Arc<Self>, every: Duration) {
-        loop {
-            match self
-                .auth
-                .json::<(), Vec<sallyport_core::api::LockInfo>>(
-                    reqwest::Method::GET,
-                    "/v1/locks",
-                    None,
-                )
-                .await
-            {
-                Ok(locks) => {
-                    let now: HashMap<String, String> =
-                        locks.into_iter().map(|l| (l.user, l.message)).collect();
-                    let doomed: Vec<(String, russh::server::Handle)> = match self.live.lock() {
-                        Ok(mut live) => {
-                            let ids: Vec<u64> = live
-                                .iter()
-                                .filter(|(_, (u, _))| now.contains_key(u))
-                                .map(|(id, _)| *id)
-                                .collect();
-                            ids.iter().filter_map(|id| live.remove(id)).collect()
-                        }
-                        Err(_) => vec![],
-                    };
-                    for (user, handle) in doomed {
-                        let why = now.get(&user).cloned().unwrap_or_default();
-                        tracing::info!(%user, "ending the connection of a locked user");
-                        let _ = handle
-                            .disconnect(
-                                russh::Disconnect::ByApplication,
-                                format!("user {user} is locked: {why}"),
-                                String::new(),
-                            )
-                            .await;
-                    }
-                    if let Ok(mut l) = self.locked.write() {
-                        *l = now;
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read locks from auth"),
-            }
-            tokio::time::sleep(every).await;
-        }
+        self.proxy.clone().watch_locks(every).await
     }
 
     pub fn user_cas(&self) -> Vec<PublicKey> {
@@ -237,10 +148,7 @@ impl SshState {
             .public_key()
             .to_openssh()
             .map_err(|e| e.to_string())?;
-        let path = format!(
-            "/v1/nodes/{}/proxy-host-cert",
-            sallyport_core::api::path_segment(&name)
-        );
+        let path = sallyport_core::routes::auth::node_proxy_host_cert(&name);
         let body = serde_json::json!({ "public_key": public });
         let nc: NodeCert = self
             .auth

@@ -1,0 +1,208 @@
+//! The grant: auth decides each session with the user's current roles (logins, labels, deny
+//! rules, locks, `max_sessions`, `max_connections`) and certifies the proxy's key for exactly
+//! this login (`POST /v1/sessions`); a grant is checked again before each new thing it carries
+//! long after it was given ([`GrantRecheck`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sallyport_core::api::{GrantCheck, NodeInfo, SessionEnd, SessionGrant, SessionRequest};
+
+use super::Refusal;
+use crate::auth_client::ClientError;
+use crate::state::ProxyState;
+
+/// Who wants a session where, as the door established it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub user: String,
+    pub login: String,
+    pub node: NodeInfo,
+    /// The person's address, as the door saw it.
+    pub addr: SocketAddr,
+    /// When the person's credential expires (Unix seconds), for `disconnect_expired_cert`.
+    pub cert_expires: u64,
+    /// Sessions already open on the person's connection (`max_sessions`); `None` for a kind
+    /// of session the limit does not count (forwarding).
+    pub open_sessions: Option<u32>,
+    /// The user's connections opened before this one and still open (`max_connections`).
+    pub older_connections: u32,
+    /// Set when the person's credential is genuine but does not cover the login: auth is still
+    /// asked (it audits the refusal with the roles' explanation) and the session refused.
+    pub credential_refusal: Option<String>,
+}
+
+/// Asks auth for a session for `target`.
+pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, Refusal> {
+    let req = SessionRequest {
+        user: target.user.clone(),
+        login: target.login.clone(),
+        node: target.node.id.clone(),
+        public_key: state.public_key()?,
+        remote_addr: target.addr.to_string(),
+        open_sessions: target.open_sessions,
+        older_connections: target.older_connections,
+    };
+    let grant: SessionGrant = state
+        .auth
+        .json(reqwest::Method::POST, "/v1/sessions", Some(&req))
+        .await
+        .map_err(refusal)?;
+    if let Some(why) = &target.credential_refusal {
+        super::audit::end_now(state, &grant.session_id, failed_end()).await;
+        return Err(Refusal::Denied {
+            explanation: format!(
+                "{why}; run `sally login` to get a certificate with your current logins"
+            ),
+        });
+    }
+    Ok(grant)
+}
+
+/// The end of a session that never ran.
+pub fn failed_end() -> SessionEnd {
+    SessionEnd {
+        status: "complete".into(),
+        exit_code: Some(255),
+        ..Default::default()
+    }
+}
+
+/// Auth's refusal of a grant, by kind. Auth answers 403 for every refusal by the roles, with
+/// the explanation; a lock and the limits read as such from it (`core::api`'s texts).
+fn refusal(e: ClientError) -> Refusal {
+    match e {
+        ClientError::Refused {
+            status: 403,
+            message,
+        } => {
+            if message.contains("(max_sessions") || message.contains("(max_connections") {
+                Refusal::Limit(message)
+            } else if message.starts_with("user ") && message.contains(" is locked") {
+                Refusal::Locked(message)
+            } else {
+                Refusal::Denied {
+                    explanation: message,
+                }
+            }
+        }
+        e => Refusal::Failed(e.to_string()),
+    }
+}
+
+pub const PORT_FORWARDING_REFUSED: &str =
+    "port forwarding is not allowed by your roles (port_forwarding)";
+pub const AGENT_FORWARDING_REFUSED: &str =
+    "agent forwarding is not allowed by your roles (forward_agent)";
+pub const X11_FORWARDING_REFUSED: &str =
+    "X11 forwarding is not allowed by your roles (permit_x11_forwarding)";
+
+/// How long a grant, checked again with auth, is trusted: a user removed, locked or without
+/// `port_forwarding` any more gets no new forwarded connection after this.
+const GRANT_RECHECK: Duration = Duration::from_secs(2);
+
+/// A session's grant, checked again, at most every [`GRANT_RECHECK`], before each new thing
+/// it carries long after it was given: on the forwarding connection, each new connection
+/// through a forward (`-L`, `-D`, `-R`) and each new `-R` bind; on a session, each agent or
+/// X11 channel the node opens toward the person.
+pub struct GrantRecheck {
+    state: Arc<ProxyState>,
+    pub session_id: String,
+    last: tokio::sync::Mutex<Option<(Instant, Result<GrantCheck, String>)>>,
+}
+
+impl GrantRecheck {
+    /// Starts from `grant`, just given.
+    pub fn new(state: Arc<ProxyState>, grant: &SessionGrant) -> Self {
+        let answer = GrantCheck {
+            port_forwarding: grant.port_forwarding,
+            forward_agent: grant.forward_agent,
+            x11_forwarding: grant.x11_forwarding,
+        };
+        GrantRecheck {
+            state,
+            session_id: grant.session_id.clone(),
+            last: tokio::sync::Mutex::new(Some((Instant::now(), Ok(answer)))),
+        }
+    }
+
+    /// Whether the user's current roles and locks still allow a new forwarded connection.
+    pub async fn allowed(&self) -> Result<(), String> {
+        match self.current().await? {
+            g if g.port_forwarding => Ok(()),
+            _ => Err(PORT_FORWARDING_REFUSED.to_string()),
+        }
+    }
+
+    /// Whether they still allow the node a new agent channel.
+    pub async fn agent_allowed(&self) -> Result<(), String> {
+        match self.current().await? {
+            g if g.forward_agent => Ok(()),
+            _ => Err(AGENT_FORWARDING_REFUSED.to_string()),
+        }
+    }
+
+    /// Whether they still allow the node a new X11 channel.
+    pub async fn x11_allowed(&self) -> Result<(), String> {
+        match self.current().await? {
+            g if g.x11_forwarding => Ok(()),
+            _ => Err(X11_FORWARDING_REFUSED.to_string()),
+        }
+    }
+
+    /// What the user's current roles and locks allow, as auth answers now (or answered less
+    /// than [`GRANT_RECHECK`] ago). When auth cannot be asked the answer is an error: nothing
+    /// is worth an unchecked grant.
+    async fn current(&self) -> Result<GrantCheck, String> {
+        let mut last = self.last.lock().await;
+        if let Some((at, answer)) = &*last
+            && at.elapsed() < GRANT_RECHECK
+        {
+            return answer.clone();
+        }
+        let path = format!(
+            "/v1/sessions/{}/check",
+            sallyport_core::api::path_segment(&self.session_id)
+        );
+        let answer = match self
+            .state
+            .auth
+            .json::<_, GrantCheck>(reqwest::Method::POST, &path, Some(&serde_json::json!({})))
+            .await
+        {
+            Ok(g) => Ok(g),
+            Err(e) => Err(e.to_string()),
+        };
+        *last = Some((Instant::now(), answer.clone()));
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_refusals_are_told_apart_by_kind() {
+        let r = |status, m: &str| {
+            refusal(ClientError::Refused {
+                status,
+                message: m.into(),
+            })
+        };
+        assert!(matches!(
+            r(403, "alice has 2 other connections open, the most your roles allow (max_connections: 2)"),
+            Refusal::Limit(_)
+        ));
+        assert!(matches!(
+            r(403, "user alice is locked: incident 42"),
+            Refusal::Locked(_)
+        ));
+        assert!(matches!(
+            r(403, "login root is not allowed on web1"),
+            Refusal::Denied { .. }
+        ));
+        assert!(matches!(r(500, "boom"), Refusal::Failed(_)));
+    }
+}

@@ -1,0 +1,448 @@
+//! The node end of a session: through the node's agent tunnel (SSH inside mutually
+//! authenticated TLS, the `none` cipher) or to its agentless address (real ciphers, the host key
+//! pinned at first contact), the node's host certificate checked against the cluster's host CA,
+//! and the per-session certificate auth minted presented for exactly the granted login.
+//!
+//! Channels the node opens toward the person (`forwarded-tcpip` for `-R`, agent, X11) are
+//! relayed only through a door that has them ([`Toward`], the SSH door's), only when the person
+//! asked and the roles allowed it, and only after the grant is checked again.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use russh::client::Msg as ClientMsg;
+use russh::keys::ssh_key::Certificate;
+use russh::{Channel, ChannelId, ChannelOpenFailure};
+use sallyport_core::api::{NodeInfo, SessionGrant};
+use serde_json::json;
+
+use super::Refusal;
+use super::audit::Audit;
+use super::authorize::GrantRecheck;
+use crate::state::ProxyState;
+
+pub type Shared<T> = Arc<Mutex<T>>;
+pub type NodeConn = Arc<russh::client::Handle<NodeClient>>;
+
+/// Channels a node may open toward the person, once they asked for them and the roles agreed.
+#[derive(Default)]
+pub struct Asked {
+    pub agent: AtomicBool,
+    pub x11: AtomicBool,
+    /// The session's grant, checked again before each agent or X11 channel the node opens
+    /// (set once the session channel is open), and where such a refusal is audited.
+    pub recheck: OnceLock<Arc<GrantRecheck>>,
+    pub audit: OnceLock<Audit>,
+}
+
+/// The person's side for channels the node opens toward them (the SSH door's connection).
+#[derive(Clone)]
+pub struct Toward {
+    pub user: russh::server::Handle,
+    pub asked: Arc<Asked>,
+    /// Remote forwards the person asked for and the node granted, by (address, port).
+    pub remote_forwards: Shared<HashSet<(String, u32)>>,
+    pub audit: Arc<OnceLock<Audit>>,
+    /// Set on the forwarding connection: its grant, checked again per remote-forwarded
+    /// connection. Other node connections have none, and carry no forwards.
+    pub recheck: Arc<OnceLock<Arc<GrantRecheck>>>,
+    pub forward_bytes: Arc<(AtomicU64, AtomicU64)>,
+    /// The person's connection's last activity (for idle timeouts).
+    pub activity: Arc<AtomicU64>,
+}
+
+/// A node connection, with the node's reason for the last channel it refused.
+pub struct Dialed {
+    pub conn: NodeConn,
+    pub open_failure: Shared<Option<String>>,
+}
+
+/// Connects to `grant`'s node and authenticates as `login` with the per-session certificate.
+pub async fn dial(
+    state: Arc<ProxyState>,
+    grant: &SessionGrant,
+    login: &str,
+    toward: Option<Toward>,
+) -> Result<Dialed, Refusal> {
+    let cert = Certificate::from_openssh(grant.ssh_cert.trim()).map_err(|e| e.to_string())?;
+    let host_key_problem: Shared<Option<String>> = Arc::new(Mutex::new(None));
+    let open_failure: Shared<Option<String>> = Arc::new(Mutex::new(None));
+    let client = NodeClient {
+        state: state.clone(),
+        node: grant.node.clone(),
+        open_failure: open_failure.clone(),
+        host_key_problem: host_key_problem.clone(),
+        toward,
+    };
+    let explain = |e: russh::Error| -> Refusal {
+        match host_key_problem.lock().ok().and_then(|p| p.clone()) {
+            Some(p) => Refusal::HostKey(p),
+            None => Refusal::Failed(format!("node {}: {e}", grant.node.hostname)),
+        }
+    };
+    // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
+    // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
+    let agent = grant.node.kind == "agent";
+    let config = if agent {
+        sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
+    } else {
+        russh::client::Config {
+            window_size: sallyport_core::flow::CLIENT_WINDOW,
+            ..sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred())
+        }
+    };
+    let config = Arc::new(config);
+    let mut handle = if agent {
+        let stream = state.tunnels.open(&grant.node.id).await.ok_or_else(|| {
+            Refusal::Offline(format!(
+                "node {} is offline: its agent is not connected to this proxy",
+                grant.node.hostname
+            ))
+        })?;
+        russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(stream), client)
+            .await
+            .map_err(explain)?
+    } else {
+        let addr = grant
+            .node
+            .addr
+            .clone()
+            .ok_or_else(|| Refusal::Failed("the node has no address".into()))?;
+        let tcp = tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(&addr))
+            .await
+            .map_err(|_| {
+                Refusal::Offline(format!("node {} at {addr} did not answer", grant.node.hostname))
+            })?
+            .map_err(|e| Refusal::Offline(format!("node {} at {addr}: {e}", grant.node.hostname)))?;
+        let _ = tcp.set_nodelay(true);
+        russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(tcp), client)
+            .await
+            .map_err(explain)?
+    };
+    let auth = handle
+        .authenticate_openssh_cert(login.to_string(), state.key.clone(), cert)
+        .await
+        .map_err(|e| format!("node {}: {e}", grant.node.hostname))?;
+    if !auth.success() {
+        let trust = if agent {
+            "does its agent belong to this cluster?"
+        } else {
+            "does its sshd trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
+        };
+        return Err(Refusal::Failed(format!(
+            "node {} refused the session certificate for login {login}; {trust}",
+            grant.node.hostname
+        )));
+    }
+    Ok(Dialed {
+        conn: Arc::new(handle),
+        open_failure,
+    })
+}
+
+/// The proxy's SSH client toward a node: checks the node's host certificate (agents) or its
+/// pinned host key (agentless OpenSSH servers), and keeps the reason of a refused channel.
+pub struct NodeClient {
+    state: Arc<ProxyState>,
+    node: NodeInfo,
+    open_failure: Shared<Option<String>>,
+    /// Why the node's host key was not trusted, for the person's error message.
+    host_key_problem: Shared<Option<String>>,
+    /// Channels the node may open toward the person: only through a door that has them.
+    toward: Option<Toward>,
+}
+
+use sallyport_core::flow::splice;
+
+impl russh::client::Handler for NodeClient {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        key: &russh::keys::PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        match key {
+            russh::keys::PublicKeyOrCertificate::Certificate(cert) => {
+                let ok = sallyport_core::sshcert::verify_host(
+                    cert,
+                    &self.state.host_cas,
+                    &self.node.id,
+                    sallyport_core::sshcert::now(),
+                );
+                if let Err(e) = &ok {
+                    tracing::warn!(node = %self.node.hostname, error = %e, "node host certificate refused");
+                    if let Ok(mut p) = self.host_key_problem.lock() {
+                        *p = Some(format!(
+                            "node {}: host certificate refused: {e}",
+                            self.node.hostname
+                        ));
+                    }
+                }
+                Ok(ok.is_ok())
+            }
+            russh::keys::PublicKeyOrCertificate::PublicKey { key, .. }
+                if self.node.kind == "agentless" =>
+            {
+                let text = key.to_openssh().map_err(russh::Error::from)?;
+                let path = format!(
+                    "/v1/nodes/{}/host-key",
+                    sallyport_core::api::path_segment(&self.node.id)
+                );
+                let pinned: Result<serde_json::Value, _> = self
+                    .state
+                    .auth
+                    .json(
+                        reqwest::Method::POST,
+                        &path,
+                        Some(&serde_json::json!({"host_key": text})),
+                    )
+                    .await;
+                let ok = pinned
+                    .ok()
+                    .and_then(|v| v["host_key"].as_str().map(|k| k == text))
+                    .unwrap_or(false);
+                if !ok {
+                    tracing::warn!(node = %self.node.hostname, "agentless node presented a host key other than the pinned one");
+                    if let Ok(mut p) = self.host_key_problem.lock() {
+                        *p = Some(format!(
+                            "node {} presented a host key other than the one pinned at its first connection; if the server was reinstalled, remove the node and add it again",
+                            self.node.hostname
+                        ));
+                    }
+                }
+                Ok(ok)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn channel_open_failure(
+        &mut self,
+        _channel: ChannelId,
+        _reason: ChannelOpenFailure,
+        description: &str,
+        _language: &str,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        if let Ok(mut f) = self.open_failure.lock() {
+            *f = Some(description.to_string());
+        }
+        Ok(())
+    }
+
+    async fn server_channel_open_forwarded_tcpip(
+        &mut self,
+        channel: Channel<ClientMsg>,
+        connected_address: &str,
+        connected_port: u32,
+        originator_address: &str,
+        originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        let Some(t) = &self.toward else {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        let asked = t
+            .remote_forwards
+            .lock()
+            .map(|f| f.contains(&(connected_address.to_string(), connected_port)))
+            .unwrap_or(false);
+        if !asked {
+            tracing::warn!(node = %self.node.hostname, connected_address, connected_port, "node opened a forward nobody asked for");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        let Some(recheck) = t.recheck.get().cloned() else {
+            tracing::warn!(node = %self.node.hostname, "node opened a forward on a session connection");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        let user = t.user.clone();
+        let events = t.audit.get().cloned();
+        let bytes = t.forward_bytes.clone();
+        let activity = t.activity.clone();
+        let (addr, oaddr) = (
+            connected_address.to_string(),
+            originator_address.to_string(),
+        );
+        tokio::spawn(async move {
+            if let Err(why) = recheck.allowed().await {
+                tracing::info!(session = %recheck.session_id, %why, "remote-forwarded connection refused");
+                if let Some(ev) = events {
+                    ev.event(
+                        "port",
+                        json!({"kind": "remote", "addr": format!("{addr}:{connected_port}"),
+                        "originator": format!("{oaddr}:{originator_port}"), "result": why}),
+                    )
+                    .await;
+                }
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return;
+            }
+            match user
+                .channel_open_forwarded_tcpip(
+                    addr.clone(),
+                    connected_port,
+                    oaddr.clone(),
+                    originator_port,
+                )
+                .await
+            {
+                Ok(uch) => {
+                    reply.accept().await;
+                    let (down, up) = sallyport_core::flow::splice_with(
+                        channel.into_stream(),
+                        uch.into_stream(),
+                        Some(&activity),
+                    )
+                    .await;
+                    bytes.0.fetch_add(up, Ordering::Relaxed);
+                    bytes.1.fetch_add(down, Ordering::Relaxed);
+                    if let Some(ev) = events {
+                        ev.event(
+                            "port",
+                            json!({"kind": "remote", "addr": format!("{addr}:{connected_port}"),
+                            "originator": format!("{oaddr}:{originator_port}"),
+                            "bytes_in": up, "bytes_out": down}),
+                        )
+                        .await;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "person refused a remote-forwarded connection");
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_agent_forward(
+        &mut self,
+        channel: Channel<ClientMsg>,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        let Some(t) = self.toward.as_ref().filter(|t| t.asked.agent.load(Ordering::Relaxed)) else {
+            tracing::warn!(node = %self.node.hostname, "node opened an agent channel nobody asked for");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        let user = t.user.clone();
+        let asked = t.asked.clone();
+        tokio::spawn(async move {
+            if let Err(why) = recheck_node_channel(&asked, "agent-forward", true).await {
+                tracing::info!(%why, "agent channel refused");
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return;
+            }
+            match user.channel_open_agent().await {
+                Ok(uch) => {
+                    reply.accept().await;
+                    splice(channel.into_stream(), uch.into_stream()).await;
+                }
+                Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_x11(
+        &mut self,
+        channel: Channel<ClientMsg>,
+        originator_address: &str,
+        originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        let Some(t) = self.toward.as_ref().filter(|t| t.asked.x11.load(Ordering::Relaxed)) else {
+            tracing::warn!(node = %self.node.hostname, "node opened an X11 channel nobody asked for");
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        let user = t.user.clone();
+        let origin = originator_address.to_string();
+        let asked = t.asked.clone();
+        tokio::spawn(async move {
+            if let Err(why) = recheck_node_channel(&asked, "x11-forward", false).await {
+                tracing::info!(%why, "X11 channel refused");
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return;
+            }
+            match user.channel_open_x11(origin, originator_port).await {
+                Ok(uch) => {
+                    reply.accept().await;
+                    splice(channel.into_stream(), uch.into_stream()).await;
+                }
+                Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
+            }
+        });
+        Ok(())
+    }
+
+    async fn server_channel_open_session(
+        &mut self,
+        _channel: Channel<ClientMsg>,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn server_channel_open_direct_tcpip(
+        &mut self,
+        _channel: Channel<ClientMsg>,
+        _host_to_connect: &str,
+        _port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: russh::client::ChannelOpenHandle,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        reply
+            .reject(ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+}
+
+/// Checks a session's grant again before an agent (`agent`) or X11 channel the node opens
+/// toward the person; a refusal is audited as an `agent-forward` / `x11-forward` event
+/// (`event`) with its `result`.
+async fn recheck_node_channel(asked: &Asked, event: &str, agent: bool) -> Result<(), String> {
+    let answer = match asked.recheck.get() {
+        Some(r) if agent => r.agent_allowed().await,
+        Some(r) => r.x11_allowed().await,
+        None => Err("the session's grant is not known yet".to_string()),
+    };
+    if let (Err(why), Some(events)) = (&answer, asked.audit.get()) {
+        events
+            .event(event, json!({"result": why, "channel": "refused"}))
+            .await;
+    }
+    answer
+}
+

@@ -1,0 +1,132 @@
+//! The session engine: what every door does with a session, in the order a session takes it.
+//!
+//! 1. `authorize` — auth grants the session (roles, labels, deny rules, locks, limits) and
+//!    certifies the proxy's key for exactly this login, or refuses with a [`Refusal`].
+//! 2. `dial` — the node through its agent's tunnel or at its agentless address, its host
+//!    certificate (or pinned host key) checked, the per-session certificate presented.
+//! 3. `relay` — one task per direction between the door and the node channel: the door's
+//!    [`Command`]s in order toward the node, the node's output back as [`Event`]s to the door's
+//!    [`Door`]; file copies checked and audited as they pass (`copy`).
+//! 4. `record` — the terminal recording (asciicast v2), finished before the person sees the end.
+//! 5. `audit` — one ordered sink per session for everything it reports to auth: the kind it
+//!    turned out to be, per-operation events, and its end.
+//! 6. `watchdog` — idle time, certificate expiry; locks end live connections at every door
+//!    through [`crate::state::ProxyState`].
+//!
+//! A door (the SSH door in `crate::ssh`; the browser terminal and `kubectl exec` next) only
+//! translates its protocol into [`Command`]s and renders [`Event`]s and [`Refusal`]s its own
+//! way: an SSH message, a WebSocket close code, a Kubernetes `Status`.
+
+pub mod audit;
+pub mod authorize;
+pub mod copy;
+pub mod dial;
+pub mod record;
+pub mod relay;
+pub mod watchdog;
+
+use bytes::Bytes;
+use russh::{Pty, Sig};
+
+pub use authorize::Target;
+pub use relay::{Commands, start};
+
+/// Why a session was not opened or was ended, for each door to render its own way. The text
+/// (`Display`) is what a person reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The node's agent is not connected to this proxy, or its address does not answer.
+    Offline(String),
+    /// The roles do not allow it (or the user or node is gone); auth's explanation.
+    Denied { explanation: String },
+    /// The node's host certificate or key is not the one this cluster trusts.
+    HostKey(String),
+    /// The user is locked.
+    Locked(String),
+    /// The person's certificate expired, or the session went idle past its limit.
+    Expired(String),
+    /// A limit: `max_sessions`, `max_connections`, a recording that must be kept and cannot be.
+    Limit(String),
+    /// Anything else (auth unreachable, the node refused the certificate).
+    Failed(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Offline(s)
+            | Refusal::HostKey(s)
+            | Refusal::Locked(s)
+            | Refusal::Expired(s)
+            | Refusal::Limit(s)
+            | Refusal::Failed(s) => f.write_str(s),
+            Refusal::Denied { explanation } => f.write_str(explanation),
+        }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(s: String) -> Self {
+        Refusal::Failed(s)
+    }
+}
+
+/// What a door asks of a session, in the order the person asked it.
+#[derive(Debug)]
+pub enum Command {
+    Pty {
+        term: String,
+        cols: u32,
+        rows: u32,
+        pix_width: u32,
+        pix_height: u32,
+        modes: Vec<(Pty, u32)>,
+    },
+    Env {
+        name: String,
+        value: String,
+    },
+    Shell,
+    Exec(Vec<u8>),
+    Subsystem(String),
+    /// Agent forwarding (`ssh -A`): answered with [`Event::Reply`].
+    Agent,
+    X11 {
+        single_connection: bool,
+        protocol: String,
+        cookie: String,
+        screen: u32,
+    },
+    Data(Bytes),
+    Eof,
+    Resize {
+        cols: u32,
+        rows: u32,
+    },
+    Signal(Sig),
+    /// The person closed the session.
+    Close,
+}
+
+/// What a session tells its door, in order.
+#[derive(Debug)]
+pub enum Event {
+    /// Output (`ext` 1 is stderr).
+    Data { ext: Option<u32>, data: Bytes },
+    /// The answer to the oldest request that asked for one.
+    Reply(bool),
+    Eof,
+    ExitStatus(u32),
+    ExitSignal {
+        signal: Sig,
+        core_dumped: bool,
+        message: String,
+    },
+    /// The session is over; `why` when the proxy ended it (the person is told).
+    Closed { why: Option<Refusal> },
+}
+
+/// A door's side of one session: where its events go. Returns false when the person is gone.
+pub trait Door: Send + Sync + 'static {
+    fn send(&self, event: Event) -> impl std::future::Future<Output = bool> + Send;
+}

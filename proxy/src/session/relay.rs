@@ -1,0 +1,758 @@
+//! A running session: two tasks between the door and the node channel. The command task takes
+//! the door's [`Command`]s in the order the person gave them (requests, input, resizes,
+//! signals) and carries them to the node, deciding on the way what each request may do (file
+//! copies and forwarding against the grant, the recording started); the output task carries the
+//! node's output, replies and exit back as [`Event`]s, recording and auditing as it goes, and
+//! watches the session ([`watchdog`](super::watchdog)). The door's callbacks never wait on
+//! either: [`Commands::send`] only queues.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use russh::client::Msg as ClientMsg;
+use russh::{Channel, ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
+use sallyport_core::api::{SessionEnd, SessionGrant};
+use sallyport_core::scp::{Direction, FileCopy};
+use sallyport_core::sftp::SftpAudit;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::audit::Audit;
+use super::authorize::{self, GrantRecheck, Target, X11_FORWARDING_REFUSED};
+use super::copy::{CopyAudit, copy_aborted};
+use super::dial::{Asked, Dialed, NodeConn, Toward};
+use super::record::{Header, Limits, Recorder};
+use super::{Command, Door, Event, Refusal, watchdog};
+use crate::state::ProxyState;
+
+const FILE_COPY_REFUSED: &str =
+    "file copy (scp, sftp, rsync) is not allowed by your roles (ssh_file_copy: false)";
+
+/// A session granted and its node channel open, not yet started.
+pub struct Opened {
+    pub grant: SessionGrant,
+    conn: NodeConn,
+    channel: Channel<ClientMsg>,
+    asked: Arc<Asked>,
+}
+
+/// Authorizes `target` with auth, dials its node and opens a session channel there. A session
+/// that cannot be opened is ended in auth before the refusal is returned.
+pub async fn open(
+    state: Arc<ProxyState>,
+    target: &Target,
+    toward: Option<Toward>,
+) -> Result<Opened, Refusal> {
+    let grant = authorize::grant(&state, target).await?;
+    let asked = toward
+        .as_ref()
+        .map(|t| t.asked.clone())
+        .unwrap_or_default();
+    let Dialed { conn, open_failure } =
+        match super::dial::dial(state.clone(), &grant, &target.login, toward).await {
+            Ok(d) => d,
+            Err(why) => {
+                super::audit::end_now(&state, &grant.session_id, authorize::failed_end()).await;
+                return Err(why);
+            }
+        };
+    match conn.channel_open_session().await {
+        Ok(channel) => Ok(Opened {
+            grant,
+            conn,
+            channel,
+            asked,
+        }),
+        Err(e) => {
+            let why = sallyport_core::flow::open_failure_reason(&open_failure, e).await;
+            super::audit::end_now(&state, &grant.session_id, authorize::failed_end()).await;
+            Err(Refusal::Failed(why))
+        }
+    }
+}
+
+/// The door's way into a running session: queues without ever waiting.
+#[derive(Clone)]
+pub struct Commands {
+    tx: mpsc::UnboundedSender<Command>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Commands {
+    /// Queues `command`. False when the session is gone, or when the node has fallen
+    /// [`HIGH_WATER`](sallyport_core::flow::HIGH_WATER) bytes behind the person's input: the
+    /// door then closes the session (a flood closes its channel, never stalls the connection).
+    pub fn send(&self, command: Command) -> bool {
+        if let Command::Data(d) = &command {
+            if self.queued.load(Ordering::Acquire) > sallyport_core::flow::HIGH_WATER {
+                return false;
+            }
+            self.queued.fetch_add(d.len(), Ordering::AcqRel);
+        }
+        self.tx.send(command).is_ok()
+    }
+}
+
+/// What both tasks of a session share.
+struct Live<D> {
+    state: Arc<ProxyState>,
+    grant: SessionGrant,
+    door: Arc<D>,
+    audit: Audit,
+    asked: Arc<Asked>,
+    /// `login@host (user)`: a recording's title.
+    title: String,
+    cert_expires: u64,
+    rec: Mutex<Option<Recorder>>,
+    copy: Mutex<Option<CopyAudit>>,
+    /// What the session turned out to be, once it began (`shell`, `exec`, `sftp`).
+    kind: Mutex<Option<(&'static str, Option<String>)>>,
+    bytes_in: AtomicU64,
+    /// When data last moved either way on any of the person's channels (Unix milliseconds).
+    activity: Arc<AtomicU64>,
+    closed: AtomicBool,
+}
+
+impl<D: Door> Live<D> {
+    /// Tells the door the session is over, once.
+    async fn close(&self, why: Option<Refusal>) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.door.send(Event::Closed { why }).await;
+        }
+    }
+
+    async fn notice(&self, text: String) -> bool {
+        self.door
+            .send(Event::Data {
+                ext: Some(1),
+                data: Bytes::from(text),
+            })
+            .await
+    }
+}
+
+/// Starts `opened` for `target`, its events going to `door`; `activity` is the person's
+/// connection's (idle timeouts count all of its channels).
+pub fn start<D: Door>(
+    state: Arc<ProxyState>,
+    target: &Target,
+    opened: Opened,
+    door: Arc<D>,
+    activity: Arc<AtomicU64>,
+) -> Commands {
+    let Opened {
+        grant,
+        conn,
+        channel,
+        asked,
+    } = opened;
+    let audit = Audit::spawn(state.clone(), &grant.session_id);
+    let _ = asked.audit.set(audit.clone());
+    let _ = asked
+        .recheck
+        .set(Arc::new(GrantRecheck::new(state.clone(), &grant)));
+    let live = Arc::new(Live {
+        title: format!("{}@{} ({})", target.login, grant.node.hostname, target.user),
+        cert_expires: target.cert_expires,
+        state,
+        grant,
+        door,
+        audit,
+        asked,
+        rec: Mutex::new(None),
+        copy: Mutex::new(None),
+        kind: Mutex::new(None),
+        bytes_in: AtomicU64::new(0),
+        activity,
+        closed: AtomicBool::new(false),
+    });
+    let (read, write) = channel.split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(commands(live.clone(), rx, queued.clone(), Arc::new(write)));
+    tokio::spawn(output(live, read, conn));
+    Commands { tx, queued }
+}
+
+/// The command task: the person's requests and input, in order, to the node.
+async fn commands<D: Door>(
+    live: Arc<Live<D>>,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    queued: Arc<AtomicUsize>,
+    node: Arc<ChannelWriteHalf<ClientMsg>>,
+) {
+    let mut c = CommandState {
+        live: &live,
+        node: &node,
+        pty: None,
+        began: false,
+    };
+    while let Some(command) = rx.recv().await {
+        if let Command::Data(d) = &command {
+            queued.fetch_sub(d.len(), Ordering::AcqRel);
+        }
+        if !c.run(command).await {
+            break;
+        }
+    }
+    let _ = node.close().await;
+}
+
+struct CommandState<'a, D> {
+    live: &'a Live<D>,
+    node: &'a ChannelWriteHalf<ClientMsg>,
+    /// The terminal asked for: (term, cols, rows).
+    pty: Option<(String, u32, u32)>,
+    began: bool,
+}
+
+impl<D: Door> CommandState<'_, D> {
+    /// Carries out one command; false when the session is over.
+    async fn run(&mut self, command: Command) -> bool {
+        let (live, node) = (self.live, self.node);
+        match command {
+            Command::Pty {
+                term,
+                cols,
+                rows,
+                pix_width,
+                pix_height,
+                modes,
+            } => {
+                self.pty = Some((term.clone(), cols, rows));
+                if node
+                    .request_pty(true, &term, cols, rows, pix_width, pix_height, &modes)
+                    .await
+                    .is_err()
+                {
+                    live.door.send(Event::Reply(false)).await;
+                }
+                true
+            }
+            Command::Env { name, value } => {
+                let _ = node.set_env(false, name, value).await;
+                true
+            }
+            Command::Shell => {
+                if let Err(e) = self.begin("shell", None, true).await {
+                    return self.fail(e).await;
+                }
+                self.sent(node.request_shell(true).await.is_ok()).await
+            }
+            Command::Exec(data) => self.exec(data).await,
+            Command::Subsystem(name) => {
+                if name != "sftp" {
+                    let msg = format!("subsystem {name:?} is not offered (only sftp)");
+                    return self.refuse(&msg).await;
+                }
+                if !live.grant.file_copy {
+                    live.audit
+                        .event(
+                            "sftp",
+                            json!({"action": "start", "result": FILE_COPY_REFUSED}),
+                        )
+                        .await;
+                    return self.refuse(FILE_COPY_REFUSED).await;
+                }
+                if let Ok(mut slot) = live.copy.lock() {
+                    *slot = Some(CopyAudit::Sftp(SftpAudit::new()));
+                }
+                if let Err(e) = self.begin("sftp", None, false).await {
+                    return self.refuse(&e).await;
+                }
+                self.sent(node.request_subsystem(true, &name).await.is_ok())
+                    .await
+            }
+            Command::Agent => {
+                // The door answered already (russh takes the answer from its callback); only
+                // an allowed request reaches here.
+                if live.grant.forward_agent {
+                    live.asked.agent.store(true, Ordering::Relaxed);
+                    if node.agent_forward(false).await.is_ok() {
+                        live.audit
+                            .event("agent-forward", json!({"result": "ok"}))
+                            .await;
+                    }
+                }
+                true
+            }
+            Command::X11 {
+                single_connection,
+                protocol,
+                cookie,
+                screen,
+            } => {
+                if !live.grant.x11_forwarding {
+                    live.notice(format!("sallyport: {X11_FORWARDING_REFUSED}\r\n"))
+                        .await;
+                    live.door.send(Event::Reply(false)).await;
+                    return true;
+                }
+                live.asked.x11.store(true, Ordering::Relaxed);
+                // The node's answer reaches the person through the output task.
+                if node
+                    .request_x11(true, single_connection, &protocol, &cookie, screen)
+                    .await
+                    .is_err()
+                {
+                    live.door.send(Event::Reply(false)).await;
+                    return true;
+                }
+                live.audit
+                    .event("x11-forward", json!({"screen": screen, "result": "ok"}))
+                    .await;
+                true
+            }
+            Command::Data(data) => self.input(data).await,
+            Command::Eof => node.eof().await.is_ok(),
+            Command::Resize { cols, rows } => {
+                if let Ok(mut rec) = live.rec.lock()
+                    && let Some(rec) = rec.as_mut()
+                {
+                    rec.resize(cols, rows);
+                }
+                node.window_change(cols, rows, 0, 0).await.is_ok()
+            }
+            Command::Signal(sig) => {
+                let _ = node.signal(sig).await;
+                true
+            }
+            Command::Close => false,
+        }
+    }
+
+    /// The person's input: audited when it is a file copy, recorded when a role asks, then on
+    /// to the node.
+    async fn input(&mut self, data: Bytes) -> bool {
+        let live = self.live;
+        live.bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
+        watchdog::touch(&live.activity);
+        let audited = match live.copy.lock() {
+            Ok(mut c) => match c.as_mut() {
+                Some(c) => c.feed(Direction::Upload, &data),
+                None => Ok(vec![]),
+            },
+            Err(_) => Err("audit state lost".to_string()),
+        };
+        match audited {
+            Ok(list) if list.is_empty() => {}
+            Ok(list) => live.audit.events(list).await,
+            Err(e) => {
+                tracing::warn!(session = %live.grant.session_id, error = %e, "closing a file copy that cannot be audited");
+                let ev = live
+                    .copy
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                    .unwrap_or_else(|| copy_aborted(&e));
+                live.audit.events(vec![ev]).await;
+                live.notice(format!("sallyport: {e}; closing\r\n")).await;
+                live.close(Some(Refusal::Failed(e))).await;
+                return false;
+            }
+        }
+        let mut chunk = data;
+        if let Ok(mut rec) = live.rec.lock()
+            && let Some(rec) = rec.as_mut()
+        {
+            // Under `strict` (and `record_input`), input the recording cannot hold does not
+            // reach the node either; the output task then ends the session.
+            chunk.truncate(rec.input(chunk.clone()));
+        }
+        chunk.is_empty() || self.node.data_bytes(chunk).await.is_ok()
+    }
+
+    async fn exec(&mut self, data: Vec<u8>) -> bool {
+        let live = self.live;
+        // Bounded before it is parsed, audited or sent on (agentless nodes have only this check).
+        if data.len() > sallyport_core::names::MAX_EXEC_COMMAND {
+            let e = format!(
+                "the command is {} bytes long; the limit is {}",
+                data.len(),
+                sallyport_core::names::MAX_EXEC_COMMAND
+            );
+            return self.refuse(&e).await;
+        }
+        let cmd = String::from_utf8_lossy(&data).into_owned();
+        // An rsync to a node without the agent runs through the login's shell (sshd's way),
+        // which the login can make run anything, and rsync's stream is not held to its
+        // protocol as scp's and SFTP's are: there it is a recorded session. (An agent runs
+        // copies itself, never through the shell.)
+        let agentless = live.grant.node.kind != "agent";
+        let copy = sallyport_core::scp::classify(&cmd)
+            .filter(|c| !(agentless && matches!(c, FileCopy::Rsync { .. })));
+        // Refused when it is a copy or only wraps one: what `ssh_file_copy: false` refused
+        // before stays refused, though only an exact copy goes unrecorded.
+        if !live.grant.file_copy && (copy.is_some() || sallyport_core::scp::mentions_copy(&cmd)) {
+            live.audit
+                .event("scp", json!({"command": cmd, "result": FILE_COPY_REFUSED}))
+                .await;
+            return self.refuse(FILE_COPY_REFUSED).await;
+        }
+        if let Some(copy) = copy {
+            if let Ok(mut slot) = live.copy.lock() {
+                *slot = Some(CopyAudit::new(copy));
+            }
+            if let Err(e) = self.begin("exec", Some(&cmd), false).await {
+                return self.refuse(&e).await;
+            }
+        } else if let Err(e) = self.begin("exec", Some(&cmd), true).await {
+            return self.fail(e).await;
+        }
+        self.sent(self.node.exec(true, data).await.is_ok()).await
+    }
+
+    /// A request that could not be sent to the node is answered with a failure.
+    async fn sent(&self, ok: bool) -> bool {
+        if !ok {
+            self.live.door.send(Event::Reply(false)).await;
+        }
+        true
+    }
+
+    /// A session that cannot start as asked: the person is told why, the request fails, the
+    /// session ends.
+    async fn fail(&self, why: String) -> bool {
+        self.live.notice(format!("sallyport: {why}\r\n")).await;
+        self.live.door.send(Event::Reply(false)).await;
+        self.live.close(Some(Refusal::Limit(why))).await;
+        false
+    }
+
+    /// Refuses a request with a message the person sees on stderr, and ends the session:
+    /// accepted, then ended with the message and status 1, since OpenSSH clients exit at once
+    /// on a failed subsystem request, before printing what the channel said.
+    async fn refuse(&self, why: &str) -> bool {
+        let live = self.live;
+        tracing::info!(session = %live.grant.session_id, node = %live.grant.node.hostname, why, "channel request refused");
+        live.door.send(Event::Reply(true)).await;
+        live.notice(format!("sallyport: {why}\r\n")).await;
+        live.door.send(Event::ExitStatus(1)).await;
+        live.door.send(Event::Eof).await;
+        live.close(Some(Refusal::Denied {
+            explanation: why.to_string(),
+        }))
+        .await;
+        false
+    }
+
+    /// The session starts `kind` (`shell`, `exec`, `sftp`): tells auth, and records it unless
+    /// it is a file copy (audited per file instead).
+    async fn begin(
+        &mut self,
+        kind: &'static str,
+        command: Option<&str>,
+        record: bool,
+    ) -> Result<(), String> {
+        if self.began {
+            return Ok(());
+        }
+        self.began = true;
+        let live = self.live;
+        if let Ok(mut slot) = live.kind.lock() {
+            *slot = Some((kind, command.map(str::to_string)));
+        }
+        live.audit.update(kind, command).await;
+        if !record {
+            return Ok(());
+        }
+        let (term, cols, rows) = self.pty.clone().unwrap_or_else(|| ("dumb".into(), 80, 24));
+        let header = Header {
+            width: cols,
+            height: rows,
+            term: &term,
+            title: &live.title,
+            command,
+        };
+        let strict = live.grant.record == "strict";
+        let limits = Limits {
+            input: live.grant.record_input,
+            max_bytes: live.state.max_recording_size,
+            strict,
+        };
+        match Recorder::create(&live.state.recordings, &live.grant.session_id, &header, limits) {
+            Ok(rec) => {
+                if let Ok(mut slot) = live.rec.lock() {
+                    *slot = Some(rec);
+                }
+                Ok(())
+            }
+            Err(e) if strict => Err(format!(
+                "this session must be recorded (record_session: strict) and the recording failed: {e}"
+            )),
+            Err(e) => {
+                tracing::error!(session = %live.grant.session_id, error = %e, "recording failed; session continues unrecorded (best_effort)");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The output task: node → person. Output, exit status, replies; records output; audits file
+/// copies; watches the session; at the end finishes the recording before the person sees the
+/// end, closes the node connection and ends the session in auth.
+async fn output<D: Door>(live: Arc<Live<D>>, mut read: ChannelReadHalf, conn: NodeConn) {
+    let grant = &live.grant;
+    let door = &live.door;
+    let mut exit_code: Option<i64> = None;
+    let mut bytes_out = 0u64;
+    let mut agent_reported = false;
+    let mut why: Option<Refusal> = None;
+    let mut tick = tokio::time::interval(watchdog::TICK);
+    let max_recording = live.state.max_recording_size;
+    // How many leading bytes of `data` the recording takes: under `strict` near the limit,
+    // fewer than all, and the person is shown only those before the session ends.
+    let record = |data: &Bytes| -> usize {
+        match live.rec.lock() {
+            Ok(mut r) => match r.as_mut() {
+                Some(r) => r.output(data.clone()),
+                None => data.len(),
+            },
+            Err(_) => data.len(),
+        }
+    };
+    loop {
+        // Checked before anything more reaches the person: under `strict` nothing is shown
+        // that the recording no longer holds.
+        if recording_full(&live).await {
+            let text = format!(
+                "this session's recording reached max_recording_size ({max_recording} bytes) and it must be recorded (record_session: strict); the session ends"
+            );
+            live.notice(format!("\r\nsallyport: {text}\r\n")).await;
+            door.send(Event::ExitStatus(255)).await;
+            exit_code = Some(255);
+            why = Some(Refusal::Limit(text));
+            break;
+        }
+        let msg = tokio::select! {
+            m = read.wait() => m,
+            _ = tick.tick() => {
+                if live.closed.load(Ordering::Acquire) {
+                    break;
+                }
+                if let Some(end) = watchdog::check(grant, &live.activity, live.cert_expires) {
+                    tracing::info!(session = %grant.session_id, why = %end, "ending a session");
+                    live.notice(format!("\r\nsallyport: {end}\r\n")).await;
+                    why = Some(end);
+                    break;
+                }
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
+        match msg {
+            ChannelMsg::Data { mut data } => {
+                bytes_out += data.len() as u64;
+                watchdog::touch(&live.activity);
+                // What the recording does not take is not shown; the loop's check then ends
+                // the (`strict`) session.
+                data.truncate(record(&data));
+                let audited = match live.copy.lock() {
+                    Ok(mut c) => match c.as_mut() {
+                        Some(c) => c.feed(Direction::Download, &data),
+                        None => Ok(vec![]),
+                    },
+                    Err(_) => Err("audit state lost".to_string()),
+                };
+                match audited {
+                    Ok(list) if list.is_empty() => {}
+                    Ok(list) => live.audit.events(list).await,
+                    Err(e) => {
+                        tracing::warn!(session = %grant.session_id, error = %e, "closing a file copy that cannot be audited");
+                        let ev = live
+                            .copy
+                            .lock()
+                            .ok()
+                            .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                            .unwrap_or_else(|| copy_aborted(&e));
+                        live.audit.events(vec![ev]).await;
+                        live.notice(format!("sallyport: {e}; closing\r\n")).await;
+                        why = Some(Refusal::Failed(e));
+                        break;
+                    }
+                }
+                if !data.is_empty() && !door.send(Event::Data { ext: None, data }).await {
+                    break;
+                }
+            }
+            // The agent's own report (`host_user.create`): audited, never shown or recorded.
+            ChannelMsg::ExtendedData { data, ext }
+                if ext == sallyport_core::api::AGENT_EVENT_EXT =>
+            {
+                agent_event(&live, &data, &mut agent_reported).await;
+            }
+            ChannelMsg::ExtendedData { mut data, ext } => {
+                bytes_out += data.len() as u64;
+                watchdog::touch(&live.activity);
+                data.truncate(record(&data));
+                if !data.is_empty()
+                    && !door
+                        .send(Event::Data {
+                            ext: Some(ext),
+                            data,
+                        })
+                        .await
+                {
+                    break;
+                }
+            }
+            ChannelMsg::ExitStatus { exit_status } => {
+                exit_code = Some(i64::from(exit_status));
+                door.send(Event::ExitStatus(exit_status)).await;
+            }
+            ChannelMsg::ExitSignal {
+                signal_name,
+                core_dumped,
+                error_message,
+                ..
+            } => {
+                exit_code = Some(-1);
+                door.send(Event::ExitSignal {
+                    signal: signal_name,
+                    core_dumped,
+                    message: error_message,
+                })
+                .await;
+            }
+            ChannelMsg::Success => {
+                door.send(Event::Reply(true)).await;
+            }
+            ChannelMsg::Failure => {
+                door.send(Event::Reply(false)).await;
+            }
+            ChannelMsg::Eof => {
+                door.send(Event::Eof).await;
+            }
+            ChannelMsg::Close => break,
+            _ => {}
+        }
+    }
+    // The recording is complete on disk before the person sees the session end.
+    let finished = live.rec.lock().ok().and_then(|mut r| r.take());
+    if let Some(r) = finished
+        && r.finish()
+    {
+        // The session ended before the loop saw the limit (the writer reached it late).
+        recording_limit_reached(&live).await;
+    }
+    live.close(why).await;
+    let _ = conn
+        .disconnect(russh::Disconnect::ByApplication, "", "")
+        .await;
+    let last = live
+        .copy
+        .lock()
+        .ok()
+        .and_then(|mut c| c.as_mut().map(|c| c.finish(exit_code)))
+        .unwrap_or_default();
+    live.audit.events(last).await;
+    let (kind, command) = live
+        .kind
+        .lock()
+        .ok()
+        .and_then(|c| c.clone())
+        .unwrap_or(("shell", None));
+    let end = SessionEnd {
+        exit_code,
+        bytes_in: live.bytes_in.load(Ordering::Relaxed),
+        bytes_out,
+        status: "complete".into(),
+        kind: Some(kind.into()),
+        command,
+    };
+    live.audit.end(end).await;
+}
+
+/// Whether the recording reached `max_recording_size` and the session must end (`strict`).
+/// Under `best_effort` the recording is finished where it stopped and the session goes on
+/// unrecorded; both are audited (`session.recording_limit`).
+async fn recording_full<D: Door>(live: &Live<D>) -> bool {
+    let full = live
+        .rec
+        .lock()
+        .ok()
+        .and_then(|mut r| r.take_if(|r| r.is_full()));
+    let Some(full) = full else {
+        return false;
+    };
+    full.finish();
+    recording_limit_reached(live).await
+}
+
+/// Audits a recording that reached `max_recording_size`; answers whether the session must end
+/// (`strict`).
+async fn recording_limit_reached<D: Door>(live: &Live<D>) -> bool {
+    let grant = &live.grant;
+    let max_bytes = live.state.max_recording_size;
+    let strict = grant.record == "strict";
+    tracing::warn!(session = %grant.session_id, max_bytes, strict, "recording reached max_recording_size");
+    let action = if strict {
+        "session ended"
+    } else {
+        "recording stopped"
+    };
+    live.audit
+        .event(
+            "session.recording_limit",
+            json!({"max_recording_size": max_bytes, "record_session": grant.record, "action": action}),
+        )
+        .await;
+    strict
+}
+
+/// An agent's report of what it did for a session (`api::AGENT_EVENT_EXT`): only from an agent
+/// node (only the agent writes SSH messages there; an sshd never sends these) and only the
+/// events an agent may report.
+async fn agent_event<D: Door>(live: &Live<D>, data: &[u8], reported: &mut bool) {
+    let grant = &live.grant;
+    if grant.node.kind != "agent" {
+        return;
+    }
+    // Not taken on trust: one report per session, small, and only when the grant let the agent
+    // create a login at all.
+    if !agent_event_allowed(grant.host_user.is_some(), *reported, data.len()) {
+        tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event this session's grant does not allow");
+        return;
+    }
+    *reported = true;
+    match serde_json::from_slice::<sallyport_core::api::SessionEvent>(data) {
+        Ok(e) if sallyport_core::api::AGENT_EVENTS.contains(&e.event.as_str()) => {
+            live.audit
+                .event(&e.event, serde_json::Value::Object(e.fields))
+                .await;
+        }
+        _ => {
+            tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event that is not one an agent may report")
+        }
+    }
+}
+
+/// The largest agent report taken (a `host_user.create` is a few hundred bytes).
+const AGENT_EVENT_MAX: usize = 4096;
+
+/// Whether an agent's report may be taken: the grant carries a host-user decision, none was
+/// taken yet in this session, and it is at most [`AGENT_EVENT_MAX`] bytes.
+fn agent_event_allowed(grant_has_host_user: bool, already: bool, len: usize) -> bool {
+    grant_has_host_user && !already && len <= AGENT_EVENT_MAX
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_report_is_taken_once_small_and_only_with_a_host_user_grant() {
+        assert!(agent_event_allowed(true, false, 300));
+        assert!(agent_event_allowed(true, false, AGENT_EVENT_MAX));
+        assert!(
+            !agent_event_allowed(false, false, 300),
+            "no host-user grant"
+        );
+        assert!(!agent_event_allowed(true, true, 300), "a second report");
+        assert!(
+            !agent_event_allowed(true, false, AGENT_EVENT_MAX + 1),
+            "too big"
+        );
+    }
+}

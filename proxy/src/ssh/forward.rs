@@ -1,0 +1,321 @@
+//! Forwarding on an inner connection: `direct-tcpip` (`-L`, `-D`) and `tcpip-forward` (`-R`)
+//! share one extra node connection, made through the engine (authorize with session kind
+//! `forward`, dial) at the first forward, whose grant is checked again with auth before every
+//! new forwarded connection and every new `-R` bind. A connection that only forwards is
+//! watched by a watchdog of its own.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use russh::server::{Handle, Msg};
+use russh::{Channel, ChannelOpenFailure};
+use sallyport_core::api::{SessionEnd, SessionGrant};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+use super::inner::Inner;
+use crate::session::audit::Audit;
+use crate::session::authorize::{self, GrantRecheck, PORT_FORWARDING_REFUSED};
+use crate::session::dial::{self, Asked, NodeConn, Shared, Toward};
+use crate::session::{Refusal, watchdog};
+use crate::state::{HangUp, ProxyState};
+
+
+/// How long a `tcpip-forward` may take: russh takes its answer from the callback, which holds
+/// up the person's connection meanwhile.
+const GLOBAL_REQUEST_LIMIT: Duration = Duration::from_secs(15);
+
+/// The node connection that carries an inner connection's forwards.
+pub struct Forwarder {
+    grant: SessionGrant,
+    recheck: Arc<GrantRecheck>,
+    conn: NodeConn,
+    audit: Audit,
+    open_failure: Shared<Option<String>>,
+    bytes: Arc<(AtomicU64, AtomicU64)>,
+    /// Dropped with the forwarder: ends its watchdog.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// An inner connection's forwarding, opened at its first forward.
+pub struct Forwarding {
+    forwarder: Arc<OnceCell<Forwarder>>,
+    activity: Arc<AtomicU64>,
+    remote_forwards: Shared<HashSet<(String, u32)>>,
+}
+
+impl Forwarding {
+    pub fn new(activity: Arc<AtomicU64>, remote_forwards: Shared<HashSet<(String, u32)>>) -> Self {
+        Forwarding {
+            forwarder: Arc::new(OnceCell::new()),
+            activity,
+            remote_forwards,
+        }
+    }
+
+    /// The inner connection ended: the forwarding connection goes and its session ends.
+    pub fn close(&self) {
+        let Some(f) = self.forwarder.get() else {
+            return;
+        };
+        let (conn, bytes, audit) = (f.conn.clone(), f.bytes.clone(), f.audit.clone());
+        tokio::spawn(async move {
+            let _ = conn
+                .disconnect(russh::Disconnect::ByApplication, "", "")
+                .await;
+            let end = SessionEnd {
+                status: "complete".into(),
+                bytes_in: bytes.0.load(std::sync::atomic::Ordering::Relaxed),
+                bytes_out: bytes.1.load(std::sync::atomic::Ordering::Relaxed),
+                kind: Some("forward".into()),
+                ..Default::default()
+            };
+            audit.end(end).await;
+        });
+    }
+}
+
+/// Opens (authorizes and dials) the forwarding connection for `inner`'s person.
+async fn open(
+    state: Arc<ProxyState>,
+    target: crate::session::Target,
+    user: Handle,
+    activity: Arc<AtomicU64>,
+    remote_forwards: Shared<HashSet<(String, u32)>>,
+) -> Result<Forwarder, Refusal> {
+    let grant = authorize::grant(&state, &target).await?;
+    let audit_slot = Arc::new(std::sync::OnceLock::new());
+    let recheck_slot = Arc::new(std::sync::OnceLock::new());
+    let bytes: Arc<(AtomicU64, AtomicU64)> = Default::default();
+    let toward = Toward {
+        user: user.clone(),
+        asked: Arc::new(Asked::default()),
+        remote_forwards,
+        audit: audit_slot.clone(),
+        recheck: recheck_slot.clone(),
+        forward_bytes: bytes.clone(),
+        activity: activity.clone(),
+    };
+    let dialed = match dial::dial(state.clone(), &grant, &target.login, Some(toward)).await {
+        Ok(d) => d,
+        Err(why) => {
+            crate::session::audit::end_now(&state, &grant.session_id, authorize::failed_end())
+                .await;
+            return Err(why);
+        }
+    };
+    let audit = Audit::spawn(state.clone(), &grant.session_id);
+    let _ = audit_slot.set(audit.clone());
+    let recheck = Arc::new(GrantRecheck::new(state.clone(), &grant));
+    let _ = recheck_slot.set(recheck.clone());
+    audit.update("forward", None).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    // A connection that only forwards has no session channel to watch it.
+    let conn: Arc<dyn HangUp> = Arc::new(user);
+    tokio::spawn(watchdog::watch_forwards(
+        grant.clone(),
+        activity,
+        target.cert_expires,
+        conn,
+        stopped,
+    ));
+    Ok(Forwarder {
+        grant,
+        recheck,
+        conn: dialed.conn,
+        audit,
+        open_failure: dialed.open_failure,
+        bytes,
+        _stop: stop,
+    })
+}
+
+/// What a forward needs of the forwarder, cloned out of it.
+#[derive(Clone)]
+struct Ready {
+    port_forwarding: bool,
+    recheck: Arc<GrantRecheck>,
+    conn: NodeConn,
+    audit: Audit,
+    open_failure: Shared<Option<String>>,
+    bytes: Arc<(AtomicU64, AtomicU64)>,
+}
+
+/// The forwarder of `inner`, opened now if it is not yet (concurrent first forwards share one
+/// opening; a failed one is tried again at the next forward).
+fn forwarder_of(
+    inner: &Inner,
+    user: Handle,
+) -> impl std::future::Future<Output = Result<Ready, Refusal>> + Send + 'static {
+    let cell = inner.forwarding.forwarder.clone();
+    let state = inner.state.proxy.clone();
+    let target = inner.target(None);
+    let activity = inner.forwarding.activity.clone();
+    let remote_forwards = inner.forwarding.remote_forwards.clone();
+    async move {
+        let target = target?;
+        let f = cell
+            .get_or_try_init(|| open(state, target, user, activity, remote_forwards))
+            .await?;
+        Ok(Ready {
+            port_forwarding: f.grant.port_forwarding,
+            recheck: f.recheck.clone(),
+            conn: f.conn.clone(),
+            audit: f.audit.clone(),
+            open_failure: f.open_failure.clone(),
+            bytes: f.bytes.clone(),
+        })
+    }
+}
+
+fn refuse(reason: impl Into<String>) -> ChannelOpenFailure {
+    ChannelOpenFailure::Other {
+        code: 1,
+        reason: reason.into(),
+    }
+}
+
+/// A `direct-tcpip` channel (`-L`, `-D`): checked and connected on a task of its own, then
+/// spliced to a `direct-tcpip` channel on the forwarding connection.
+pub(super) fn direct_tcpip(
+    inner: &Inner,
+    user: Handle,
+    channel: Channel<Msg>,
+    (host, port): (&str, u32),
+    (originator, originator_port): (&str, u32),
+    reply: russh::server::ChannelOpenHandle,
+) {
+    let forwarder = forwarder_of(inner, user);
+    let activity = inner.activity.clone();
+    let (host, originator) = (host.to_string(), originator.to_string());
+    let (who, node) = (inner.user.clone(), inner.node.hostname.clone());
+    tokio::spawn(async move {
+        let fwd = match forwarder.await {
+            Ok(f) => f,
+            Err(reason) => {
+                reply.reject(refuse(reason.to_string())).await;
+                return;
+            }
+        };
+        if !fwd.port_forwarding {
+            tracing::info!(user = %who, %node, %host, port, "port forward refused by roles");
+            reply.reject(refuse(PORT_FORWARDING_REFUSED)).await;
+            return;
+        }
+        let (addr, from) = (
+            format!("{host}:{port}"),
+            format!("{originator}:{originator_port}"),
+        );
+        if let Err(why) = fwd.recheck.allowed().await {
+            tracing::info!(session = %fwd.recheck.session_id, %why, "forwarded connection refused");
+            fwd.audit
+                .event(
+                    "port",
+                    json!({"kind": "local", "addr": addr, "originator": from, "result": why}),
+                )
+                .await;
+            reply.reject(refuse(why)).await;
+            return;
+        }
+        match fwd
+            .conn
+            .channel_open_direct_tcpip(host, port, originator, originator_port)
+            .await
+        {
+            Ok(nch) => {
+                reply.accept().await;
+                let (up, down) = sallyport_core::flow::splice_with(
+                    channel.into_stream(),
+                    nch.into_stream(),
+                    Some(&activity),
+                )
+                .await;
+                fwd.bytes
+                    .0
+                    .fetch_add(up, std::sync::atomic::Ordering::Relaxed);
+                fwd.bytes
+                    .1
+                    .fetch_add(down, std::sync::atomic::Ordering::Relaxed);
+                fwd.audit
+                    .event(
+                        "port",
+                        json!({"kind": "local", "addr": addr, "originator": from,
+                            "bytes_in": up, "bytes_out": down}),
+                    )
+                    .await;
+            }
+            Err(e) => {
+                let why = sallyport_core::flow::open_failure_reason(&fwd.open_failure, e).await;
+                reply.reject(refuse(why)).await;
+            }
+        }
+    });
+}
+
+/// A `tcpip-forward` (`-R`): bound on the node through the forwarding connection once the
+/// grant, checked again, allows it. russh takes the answer from the callback, so this waits,
+/// at most [`GLOBAL_REQUEST_LIMIT`].
+pub(super) async fn tcpip_forward(inner: &Inner, user: Handle, address: &str, port: &mut u32) -> bool {
+    let who = inner.user.clone();
+    let remote_forwards = inner.remote_forwards.clone();
+    let forwarder = forwarder_of(inner, user);
+    let asked = *port;
+    let address_owned = address.to_string();
+    let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, async move {
+        let fwd = match forwarder.await {
+            Ok(f) => f,
+            Err(reason) => {
+                tracing::info!(user = %who, %reason, "remote forward refused");
+                return None;
+            }
+        };
+        // A new bind asks as a new connection does: the roles may have changed since the
+        // forwarding connection's grant.
+        if let Err(why) = fwd.recheck.allowed().await {
+            tracing::info!(user = %who, address = %address_owned, port = asked, %why, "remote forward refused");
+            fwd.audit
+                .event(
+                    "port",
+                    json!({"kind": "remote", "addr": format!("{address_owned}:{asked}"),
+                    "result": why}),
+                )
+                .await;
+            return None;
+        }
+        match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
+            Ok(allocated) => Some(if asked == 0 { allocated } else { asked }),
+            Err(e) => {
+                tracing::info!(user = %who, address = %address_owned, port = asked, error = %e, "node refused a remote forward");
+                None
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten();
+    match bound {
+        Some(p) => {
+            *port = p;
+            if let Ok(mut f) = remote_forwards.lock() {
+                f.insert((address.to_string(), p));
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+/// Cancels a remote forward the person asked for earlier.
+pub(super) async fn cancel_tcpip_forward(inner: &Inner, address: &str, port: u32) -> bool {
+    let known = inner
+        .remote_forwards
+        .lock()
+        .map(|mut f| f.remove(&(address.to_string(), port)))
+        .unwrap_or(false);
+    match (inner.forwarding.forwarder.get(), known) {
+        (Some(f), true) => f.conn.cancel_tcpip_forward(address, port).await.is_ok(),
+        _ => false,
+    }
+}

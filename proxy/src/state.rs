@@ -1,0 +1,187 @@
+//! What every door of the proxy shares: the auth client, the agents' tunnels, the proxy's SSH
+//! key (which auth certifies per session), where recordings go, the locks auth reports and the
+//! live connections they end, and the count of each user's open node connections. The SSH
+//! door, the browser terminal and the Kubernetes door all hold the same [`ProxyState`], so a
+//! lock ends a user's sessions at every door at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use russh::keys::ssh_key::{PrivateKey, PublicKey};
+
+use crate::AuthClient;
+use crate::tunnels::Tunnels;
+
+/// Something a door can end when its user is locked: an SSH connection, a WebSocket.
+pub trait HangUp: Send + Sync {
+    /// Ends it, telling the person `why` where the door can.
+    fn hang_up(&self, why: String);
+}
+
+impl HangUp for russh::server::Handle {
+    fn hang_up(&self, why: String) {
+        let handle = self.clone();
+        tokio::spawn(async move {
+            let _ = handle
+                .disconnect(russh::Disconnect::ByApplication, why, String::new())
+                .await;
+        });
+    }
+}
+
+/// A live connection's user, and how to end it.
+type LiveConnection = (String, Arc<dyn HangUp>);
+
+pub struct ProxyState {
+    pub auth: AuthClient,
+    pub cluster: String,
+    /// The proxy's SSH key: auth certifies it per session for the node.
+    pub key: Arc<PrivateKey>,
+    /// The host CAs a node's SSH certificate must come from.
+    pub host_cas: Vec<PublicKey>,
+    pub tunnels: Tunnels,
+    pub recordings: PathBuf,
+    /// `max_recording_size`: the largest a recording may grow.
+    pub max_recording_size: u64,
+    /// Users under a lock, with its message (polled from auth).
+    locked: RwLock<HashMap<String, String>>,
+    /// Live connections by id, with their user, ended when the user is locked.
+    live: Mutex<HashMap<u64, LiveConnection>>,
+    /// Open node connections: their user by the order they authenticated in, for the roles'
+    /// `max_connections`.
+    open: Mutex<BTreeMap<u64, String>>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh id for a live connection or an open node connection.
+pub fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A user's node connection, counted in [`ProxyState`] while it is open.
+pub struct OpenConnection {
+    state: Arc<ProxyState>,
+    seq: u64,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.state.open.lock() {
+            open.remove(&self.seq);
+        }
+    }
+}
+
+impl ProxyState {
+    pub fn new(
+        auth: AuthClient,
+        cluster: String,
+        key: PrivateKey,
+        host_cas: Vec<PublicKey>,
+        tunnels: Tunnels,
+        recordings: PathBuf,
+    ) -> Self {
+        ProxyState {
+            auth,
+            cluster,
+            key: Arc::new(key),
+            host_cas,
+            tunnels,
+            recordings,
+            max_recording_size: crate::session::record::DEFAULT_MAX_RECORDING_SIZE,
+            locked: RwLock::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            open: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The proxy's public SSH key, as auth certifies it.
+    pub fn public_key(&self) -> Result<String, String> {
+        self.key.public_key().to_openssh().map_err(|e| e.to_string())
+    }
+
+    /// Counts a node connection of `user` as open until the returned value is dropped.
+    pub fn open_connection(self: &Arc<Self>, user: &str) -> OpenConnection {
+        let seq = next_id();
+        if let Ok(mut open) = self.open.lock() {
+            open.insert(seq, user.to_string());
+        }
+        OpenConnection {
+            state: self.clone(),
+            seq,
+        }
+    }
+
+    /// How many of its user's connections opened before `conn` are still open.
+    pub fn older_connections(&self, conn: &OpenConnection, user: &str) -> u32 {
+        self.open
+            .lock()
+            .map(|open| open.range(..conn.seq).filter(|(_, u)| *u == user).count() as u32)
+            .unwrap_or(0)
+    }
+
+    /// Why `user` is locked, if they are.
+    pub fn lock_of(&self, user: &str) -> Option<String> {
+        self.locked.read().ok().and_then(|l| l.get(user).cloned())
+    }
+
+    /// Remembers live connection `id` of `user`, to end it if they are locked.
+    pub fn track(&self, id: u64, user: &str, conn: Arc<dyn HangUp>) {
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(id, (user.to_string(), conn));
+        }
+    }
+
+    /// Connection `id` ended.
+    pub fn untrack(&self, id: u64) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&id);
+        }
+    }
+
+    /// Polls auth's locks every `every`: refuses locked users at every door from then on, and
+    /// ends their live connections.
+    pub async fn watch_locks(self: Arc<Self>, every: Duration) {
+        loop {
+            match self
+                .auth
+                .json::<(), Vec<sallyport_core::api::LockInfo>>(
+                    reqwest::Method::GET,
+                    "/v1/locks",
+                    None,
+                )
+                .await
+            {
+                Ok(locks) => {
+                    let now: HashMap<String, String> =
+                        locks.into_iter().map(|l| (l.user, l.message)).collect();
+                    let doomed: Vec<(String, Arc<dyn HangUp>)> = match self.live.lock() {
+                        Ok(mut live) => {
+                            let ids: Vec<u64> = live
+                                .iter()
+                                .filter(|(_, (u, _))| now.contains_key(u))
+                                .map(|(id, _)| *id)
+                                .collect();
+                            ids.iter().filter_map(|id| live.remove(id)).collect()
+                        }
+                        Err(_) => vec![],
+                    };
+                    for (user, conn) in doomed {
+                        let why = now.get(&user).cloned().unwrap_or_default();
+                        tracing::info!(%user, "ending the connection of a locked user");
+                        conn.hang_up(format!("user {user} is locked: {why}"));
+                    }
+                    if let Ok(mut l) = self.locked.write() {
+                        *l = now;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read locks from auth"),
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+}
