@@ -7,6 +7,17 @@ use sqlx::{AnyPool, Row};
 
 use crate::AuthError;
 
+/// Column `col` of `row` as one of the wire's words (`sallyport_core::api::NodeKind`, ...): a
+/// word the database should never hold is an error that names it, not a string passed on.
+pub(crate) fn word<T>(row: &AnyRow, col: &str) -> Result<T, AuthError>
+where
+    T: std::str::FromStr<Err = sallyport_core::api::UnknownValue>,
+{
+    let text: String = row.try_get(col)?;
+    text.parse()
+        .map_err(|e| AuthError::Internal(format!("column {col} in the database: {e}")))
+}
+
 /// Which database a backend speaks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

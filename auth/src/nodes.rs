@@ -2,7 +2,7 @@
 //! in `ssh_access`). Names and labels follow `sallyport_core::names`: no name the proxy answers
 //! to, no built-in label.
 
-use sallyport_core::api::{AddNode, NodeInfo};
+use sallyport_core::api::{AddNode, NodeInfo, NodeKind};
 use sallyport_core::audit::{Event, EventType};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -11,19 +11,19 @@ use crate::{AuthError, AuthServer};
 
 fn node_from_row(r: &AnyRow) -> Result<NodeInfo, AuthError> {
     let labels: String = r.try_get("labels")?;
+    let kind: NodeKind = crate::backend::word(r, "kind")?;
     Ok(NodeInfo {
         id: r.try_get("id")?,
         hostname: r.try_get("hostname")?,
         addr: r.try_get("addr")?,
         labels: serde_json::from_str(&labels)?,
         online: {
-            let kind: String = r.try_get("kind")?;
             let seen: i64 = r.try_get("last_seen")?;
             // Agentless nodes have no tunnel to lose: they are as reachable as their address.
-            kind == "agentless"
+            kind == NodeKind::Agentless
                 || seen > sallyport_core::unix_now() - crate::ssh_access::PRESENCE_TTL
         },
-        kind: r.try_get("kind")?,
+        kind,
     })
 }
 
@@ -51,7 +51,7 @@ impl AuthServer {
             hostname: req.name.clone(),
             addr: Some(req.addr.clone()),
             labels: req.labels.clone(),
-            kind: "agentless".into(),
+            kind: NodeKind::Agentless,
             online: true,
         };
         let now = sallyport_core::unix_now();
@@ -63,7 +63,7 @@ impl AuthServer {
         .bind(&node.hostname)
         .bind(req.addr.clone())
         .bind(serde_json::to_string(&node.labels)?)
-        .bind(&node.kind)
+        .bind(node.kind.as_str())
         .bind(now)
         .execute(&self.backend.pool)
         .await?;

@@ -31,8 +31,8 @@ fn session_from_row(r: &AnyRow) -> Result<SessionInfo, AuthError> {
         start: rfc3339(r.try_get("start")?),
         end: r.try_get::<Option<i64>, _>("end_time")?.map(rfc3339),
         exit_code: r.try_get("exit_code")?,
-        status: r.try_get("status")?,
-        kind: r.try_get("kind")?,
+        status: crate::backend::word(r, "status")?,
+        kind: crate::backend::word(r, "kind")?,
         command: r.try_get("command")?,
     })
 }
@@ -43,9 +43,9 @@ impl AuthServer {
         req: &AddJoinToken,
         by: &str,
     ) -> Result<JoinToken, AuthError> {
-        if req.kind != "node" {
+        if req.kind != TokenKind::Node {
             return Err(AuthError::BadRequest(format!(
-                "unknown token type {:?}: use node",
+                "{} tokens come with their user (`sallyctl users add`, `users reset`): use --type=node",
                 req.kind
             )));
         }
@@ -61,14 +61,14 @@ impl AuthServer {
             "INSERT INTO join_tokens (token_hash, kind, expires, created) VALUES ($1, $2, $3, $4)",
         )
         .bind(token_hash(&token))
-        .bind(&req.kind)
+        .bind(req.kind.as_str())
         .bind(expires)
         .bind(now)
         .execute(&self.backend.pool)
         .await?;
         self.emit(
             Event::new(EventType::TokenCreate, Some(by))
-                .with("type", req.kind.clone())
+                .with("type", req.kind.as_str())
                 .with("expires", rfc3339(expires)),
         )
         .await?;
@@ -343,13 +343,13 @@ impl AuthServer {
         let logins = vec![req.login.clone()];
         // An agentless sshd trusts the OpenSSH CA, which signs nothing but these; agents check
         // the user CA they received at join, inside their mutually authenticated tunnel.
-        let signer = if node.kind == "agentless" {
+        let signer = if node.kind == NodeKind::Agentless {
             self.authorities.openssh_signer()
         } else {
             self.authorities.user_signer()
         };
         // Host user creation is an agent's: sshd would ignore the extension anyway.
-        let host_user = (node.kind == "agent")
+        let host_user = (node.kind == NodeKind::Agent)
             .then(|| set.host_user(&req.login, &crate::api::node_labels(&node)))
             .flatten();
         // The user's address rides in the certificate, so the node's SSH_CONNECTION is the
@@ -385,10 +385,7 @@ impl AuthServer {
             .bind(sallyport_core::unix_now())
             .execute(&self.backend.pool)
             .await?;
-        let record = match set.record_ssh() {
-            sallyport_core::role::RecordMode::Strict => "strict",
-            sallyport_core::role::RecordMode::BestEffort => "best_effort",
-        };
+        let record = set.record_ssh();
         self.emit(
             Event::new(EventType::SessionStart, Some(&user.name))
                 .with("session_id", id.clone())
@@ -404,7 +401,7 @@ impl AuthServer {
             ssh_cert: cert
                 .to_openssh()
                 .map_err(|e| AuthError::Internal(e.to_string()))?,
-            record: record.into(),
+            record,
             port_forwarding: set.port_forwarding(),
             forward_agent: set.forward_agent(),
             file_copy: set.ssh_file_copy(),
@@ -485,7 +482,7 @@ impl AuthServer {
             .bind(end.bytes_in as i64)
             .bind(end.bytes_out as i64)
             .bind(status)
-            .bind(end.kind.clone().unwrap_or(s.kind.clone()))
+            .bind(end.kind.clone().unwrap_or(s.kind.to_string()))
             .bind(end.command.clone())
             .bind(id)
             .execute(&self.backend.pool)

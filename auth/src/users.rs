@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use sallyport_core::api::{
-    AddUser, SignupFinish, SignupStart, SignupStarted, SignupToken, TokenInfo, UpdateUser, UserInfo,
+    AddUser, SignupFinish, SignupStart, SignupStarted, SignupToken, TokenInfo, TokenKind,
+    UpdateUser, UserInfo,
 };
 use sallyport_core::audit::{Event, EventType};
 use sallyport_core::identity::{Traits, internal_traits};
@@ -565,7 +566,7 @@ impl AuthServer {
         rows.iter()
             .map(|r| {
                 Ok(TokenInfo {
-                    kind: "signup".into(),
+                    kind: TokenKind::Signup,
                     user: Some(r.try_get::<String, _>(0)?),
                     expires: rfc3339(r.try_get::<i64, _>(1)?),
                 })

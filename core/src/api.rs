@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::audit::EventType;
+pub use crate::role::RecordMode;
+
+mod kinds;
+pub use kinds::{ConnectorKind, NodeKind, SessionKind, SessionStatus, TokenKind, UnknownValue};
 
 /// The ALPN protocol that asks the proxy's web port to pipe a TLS connection to auth unopened.
 pub const AUTH_ALPN: &[u8] = b"sallyport-auth";
@@ -207,7 +211,7 @@ pub struct PutRoleResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TokenInfo {
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: TokenKind,
     pub user: Option<String>,
     pub expires: String,
 }
@@ -219,8 +223,7 @@ pub struct NodeInfo {
     #[serde(default)]
     pub addr: Option<String>,
     pub labels: BTreeMap<String, String>,
-    /// `agentless` or `agent`.
-    pub kind: String,
+    pub kind: NodeKind,
     /// For agents: whether its tunnel is up now.
     #[serde(default)]
     pub online: bool,
@@ -277,9 +280,9 @@ pub struct LockInfo {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AddJoinToken {
-    /// `node`.
+    /// Only `node` tokens are made this way (sign-up tokens come with a user).
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: TokenKind,
     pub ttl_secs: u64,
 }
 
@@ -405,8 +408,7 @@ pub struct SessionGrant {
     pub session_id: String,
     pub node: NodeInfo,
     pub ssh_cert: String,
-    /// `best_effort` or `strict`.
-    pub record: String,
+    pub record: RecordMode,
     pub port_forwarding: bool,
     pub forward_agent: bool,
     /// `ssh_file_copy`: scp, sftp and rsync. Every role must allow it.
@@ -489,8 +491,8 @@ pub struct SessionInfo {
     pub start: String,
     pub end: Option<String>,
     pub exit_code: Option<i64>,
-    pub status: String,
-    pub kind: String,
+    pub status: SessionStatus,
+    pub kind: SessionKind,
     pub command: Option<String>,
 }
 

@@ -11,7 +11,7 @@ use crate::role::Metadata;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OidcConnector {
-    pub kind: String,
+    pub kind: crate::api::ConnectorKind,
     pub version: String,
     pub metadata: Metadata,
     pub spec: OidcSpec,
@@ -108,11 +108,8 @@ impl OidcConnector {
         &self.metadata.name
     }
 
-    /// What the types cannot check: kind, version, name, URLs, patterns.
+    /// What the types cannot check: version, name, URLs, patterns.
     pub fn validate(&self) -> Result<(), String> {
-        if self.kind != "oidc" {
-            return Err(format!("kind {:?} is not oidc", self.kind));
-        }
         if self.version != "v1" {
             return Err(format!("version {:?}: use v1", self.version));
         }
@@ -370,6 +367,16 @@ mod tests {
         let mut bad = c;
         bad.spec.client_secret = None;
         assert!(bad.validate().is_err());
+        // The kind is the type's: another protocol does not parse as this connector.
+        let saml = yaml.replace("kind: oidc", "kind: saml");
+        let e = serde_saphyr::from_str::<OidcConnector>(&saml)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("line 1 column 7: unknown variant `saml`, expected one of oidc"),
+            "{e}"
+        );
     }
 
     #[test]
