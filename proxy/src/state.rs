@@ -101,7 +101,10 @@ impl ProxyState {
 
     /// The proxy's public SSH key, as auth certifies it.
     pub fn public_key(&self) -> Result<String, String> {
-        self.key.public_key().to_openssh().map_err(|e| e.to_string())
+        self.key
+            .public_key()
+            .to_openssh()
+            .map_err(|e| e.to_string())
     }
 
     /// Counts a node connection of `user` as open until the returned value is dropped.

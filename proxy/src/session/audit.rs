@@ -127,11 +127,7 @@ async fn post(state: Arc<ProxyState>, session_id: String, mut rx: mpsc::Receiver
                 }
                 if let Err(e) = state
                     .auth
-                    .json::<_, serde_json::Value>(
-                        reqwest::Method::POST,
-                        &events_path,
-                        Some(&batch),
-                    )
+                    .json::<_, serde_json::Value>(reqwest::Method::POST, &events_path, Some(&batch))
                     .await
                 {
                     tracing::error!(session = %session_id, error = %e, lost = batch.len(), "session events not recorded");

@@ -192,7 +192,10 @@ mod tests {
             })
         };
         assert!(matches!(
-            r(403, "alice has 2 other connections open, the most your roles allow (max_connections: 2)"),
+            r(
+                403,
+                "alice has 2 other connections open, the most your roles allow (max_connections: 2)"
+            ),
             Refusal::Limit(_)
         ));
         assert!(matches!(

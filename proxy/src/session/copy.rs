@@ -150,4 +150,3 @@ pub fn copy_aborted(why: &str) -> (&'static str, serde_json::Value) {
         json!({"action": "abort", "path": "", "bytes": 0, "result": why}),
     )
 }
-

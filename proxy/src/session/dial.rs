@@ -110,12 +110,18 @@ pub async fn dial(
             .addr
             .clone()
             .ok_or_else(|| Refusal::Failed("the node has no address".into()))?;
-        let tcp = tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(&addr))
-            .await
-            .map_err(|_| {
-                Refusal::Offline(format!("node {} at {addr} did not answer", grant.node.hostname))
-            })?
-            .map_err(|e| Refusal::Offline(format!("node {} at {addr}: {e}", grant.node.hostname)))?;
+        let tcp = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::net::TcpStream::connect(&addr),
+        )
+        .await
+        .map_err(|_| {
+            Refusal::Offline(format!(
+                "node {} at {addr} did not answer",
+                grant.node.hostname
+            ))
+        })?
+        .map_err(|e| Refusal::Offline(format!("node {} at {addr}: {e}", grant.node.hostname)))?;
         let _ = tcp.set_nodelay(true);
         russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(tcp), client)
             .await
@@ -335,7 +341,11 @@ impl russh::client::Handler for NodeClient {
         reply: russh::client::ChannelOpenHandle,
         _session: &mut russh::client::Session,
     ) -> Result<(), Self::Error> {
-        let Some(t) = self.toward.as_ref().filter(|t| t.asked.agent.load(Ordering::Relaxed)) else {
+        let Some(t) = self
+            .toward
+            .as_ref()
+            .filter(|t| t.asked.agent.load(Ordering::Relaxed))
+        else {
             tracing::warn!(node = %self.node.hostname, "node opened an agent channel nobody asked for");
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)
@@ -371,7 +381,11 @@ impl russh::client::Handler for NodeClient {
         reply: russh::client::ChannelOpenHandle,
         _session: &mut russh::client::Session,
     ) -> Result<(), Self::Error> {
-        let Some(t) = self.toward.as_ref().filter(|t| t.asked.x11.load(Ordering::Relaxed)) else {
+        let Some(t) = self
+            .toward
+            .as_ref()
+            .filter(|t| t.asked.x11.load(Ordering::Relaxed))
+        else {
             tracing::warn!(node = %self.node.hostname, "node opened an X11 channel nobody asked for");
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)
@@ -445,4 +459,3 @@ async fn recheck_node_channel(asked: &Asked, event: &str, agent: bool) -> Result
     }
     answer
 }
-

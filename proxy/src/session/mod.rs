@@ -23,6 +23,7 @@ pub mod copy;
 pub mod dial;
 pub mod record;
 pub mod relay;
+mod request;
 pub mod watchdog;
 
 use bytes::Bytes;
@@ -112,7 +113,10 @@ pub enum Command {
 #[derive(Debug)]
 pub enum Event {
     /// Output (`ext` 1 is stderr).
-    Data { ext: Option<u32>, data: Bytes },
+    Data {
+        ext: Option<u32>,
+        data: Bytes,
+    },
     /// The answer to the oldest request that asked for one.
     Reply(bool),
     Eof,
@@ -123,7 +127,9 @@ pub enum Event {
         message: String,
     },
     /// The session is over; `why` when the proxy ended it (the person is told).
-    Closed { why: Option<Refusal> },
+    Closed {
+        why: Option<Refusal>,
+    },
 }
 
 /// A door's side of one session: where its events go. Returns false when the person is gone.

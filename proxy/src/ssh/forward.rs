@@ -5,8 +5,8 @@
 //! watched by a watchdog of its own.
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use russh::server::{Handle, Msg};
@@ -21,7 +21,6 @@ use crate::session::authorize::{self, GrantRecheck, PORT_FORWARDING_REFUSED};
 use crate::session::dial::{self, Asked, NodeConn, Shared, Toward};
 use crate::session::{Refusal, watchdog};
 use crate::state::{HangUp, ProxyState};
-
 
 /// How long a `tcpip-forward` may take: russh takes its answer from the callback, which holds
 /// up the person's connection meanwhile.
@@ -257,7 +256,12 @@ pub(super) fn direct_tcpip(
 /// A `tcpip-forward` (`-R`): bound on the node through the forwarding connection once the
 /// grant, checked again, allows it. russh takes the answer from the callback, so this waits,
 /// at most [`GLOBAL_REQUEST_LIMIT`].
-pub(super) async fn tcpip_forward(inner: &Inner, user: Handle, address: &str, port: &mut u32) -> bool {
+pub(super) async fn tcpip_forward(
+    inner: &Inner,
+    user: Handle,
+    address: &str,
+    port: &mut u32,
+) -> bool {
     let who = inner.user.clone();
     let remote_forwards = inner.remote_forwards.clone();
     let forwarder = forwarder_of(inner, user);

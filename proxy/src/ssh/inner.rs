@@ -301,8 +301,8 @@ impl russh::server::Handler for Inner {
         let id = channel.id();
         drop(channel);
         let established = self.sessions.lock().map(|s| s.len()).unwrap_or(0);
-        let open = u32::try_from(established + self.opening.load(Ordering::Acquire))
-            .unwrap_or(u32::MAX);
+        let open =
+            u32::try_from(established + self.opening.load(Ordering::Acquire)).unwrap_or(u32::MAX);
         let past_cap = match self.session_cap.lock() {
             Ok(c) => {
                 let past = c.cap.is_some_and(|cap| open >= cap);

@@ -1,0 +1,327 @@
+//! What each of the person's requests may do, decided as the command task carries it to the
+//! node: a shell or command starts the recording (and tells auth the session's kind); a file
+//! copy (`sftp`, or a command that is exactly what scp or rsync sends) is checked against
+//! `ssh_file_copy` and audited instead of recorded; agent and X11 forwarding against the grant;
+//! the person's input is audited when it is a copy and recorded when a role asks.
+
+use bytes::Bytes;
+use russh::ChannelWriteHalf;
+use russh::client::Msg as ClientMsg;
+use sallyport_core::scp::{Direction, FileCopy};
+use sallyport_core::sftp::SftpAudit;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+
+use super::authorize::X11_FORWARDING_REFUSED;
+use super::copy::{CopyAudit, copy_aborted};
+use super::record::{Header, Limits, Recorder};
+use super::relay::Live;
+use super::{Command, Door, Event, Refusal, watchdog};
+
+const FILE_COPY_REFUSED: &str =
+    "file copy (scp, sftp, rsync) is not allowed by your roles (ssh_file_copy: false)";
+
+pub(super) struct CommandState<'a, D> {
+    live: &'a Live<D>,
+    node: &'a ChannelWriteHalf<ClientMsg>,
+    /// The terminal asked for: (term, cols, rows).
+    pty: Option<(String, u32, u32)>,
+    began: bool,
+}
+
+impl<'a, D: Door> CommandState<'a, D> {
+    pub(super) fn new(live: &'a Live<D>, node: &'a ChannelWriteHalf<ClientMsg>) -> Self {
+        CommandState {
+            live,
+            node,
+            pty: None,
+            began: false,
+        }
+    }
+
+    /// Carries out one command; false when the session is over.
+    pub(super) async fn run(&mut self, command: Command) -> bool {
+        let (live, node) = (self.live, self.node);
+        match command {
+            Command::Pty {
+                term,
+                cols,
+                rows,
+                pix_width,
+                pix_height,
+                modes,
+            } => {
+                self.pty = Some((term.clone(), cols, rows));
+                if node
+                    .request_pty(true, &term, cols, rows, pix_width, pix_height, &modes)
+                    .await
+                    .is_err()
+                {
+                    live.door.send(Event::Reply(false)).await;
+                }
+                true
+            }
+            Command::Env { name, value } => {
+                let _ = node.set_env(false, name, value).await;
+                true
+            }
+            Command::Shell => {
+                if let Err(e) = self.begin("shell", None, true).await {
+                    return self.fail(e).await;
+                }
+                self.sent(node.request_shell(true).await.is_ok()).await
+            }
+            Command::Exec(data) => self.exec(data).await,
+            Command::Subsystem(name) => {
+                if name != "sftp" {
+                    let msg = format!("subsystem {name:?} is not offered (only sftp)");
+                    return self.refuse(&msg).await;
+                }
+                if !live.grant.file_copy {
+                    live.audit
+                        .event(
+                            "sftp",
+                            json!({"action": "start", "result": FILE_COPY_REFUSED}),
+                        )
+                        .await;
+                    return self.refuse(FILE_COPY_REFUSED).await;
+                }
+                if let Ok(mut slot) = live.copy.lock() {
+                    *slot = Some(CopyAudit::Sftp(SftpAudit::new()));
+                }
+                if let Err(e) = self.begin("sftp", None, false).await {
+                    return self.refuse(&e).await;
+                }
+                self.sent(node.request_subsystem(true, &name).await.is_ok())
+                    .await
+            }
+            Command::Agent => {
+                // The door answered already (russh takes the answer from its callback); only
+                // an allowed request reaches here.
+                if live.grant.forward_agent {
+                    live.asked.agent.store(true, Ordering::Relaxed);
+                    if node.agent_forward(false).await.is_ok() {
+                        live.audit
+                            .event("agent-forward", json!({"result": "ok"}))
+                            .await;
+                    }
+                }
+                true
+            }
+            Command::X11 {
+                single_connection,
+                protocol,
+                cookie,
+                screen,
+            } => {
+                if !live.grant.x11_forwarding {
+                    live.notice(format!("sallyport: {X11_FORWARDING_REFUSED}\r\n"))
+                        .await;
+                    live.door.send(Event::Reply(false)).await;
+                    return true;
+                }
+                live.asked.x11.store(true, Ordering::Relaxed);
+                // The node's answer reaches the person through the output task.
+                if node
+                    .request_x11(true, single_connection, &protocol, &cookie, screen)
+                    .await
+                    .is_err()
+                {
+                    live.door.send(Event::Reply(false)).await;
+                    return true;
+                }
+                live.audit
+                    .event("x11-forward", json!({"screen": screen, "result": "ok"}))
+                    .await;
+                true
+            }
+            Command::Data(data) => self.input(data).await,
+            Command::Eof => node.eof().await.is_ok(),
+            Command::Resize { cols, rows } => {
+                if let Ok(mut rec) = live.rec.lock()
+                    && let Some(rec) = rec.as_mut()
+                {
+                    rec.resize(cols, rows);
+                }
+                node.window_change(cols, rows, 0, 0).await.is_ok()
+            }
+            Command::Signal(sig) => {
+                let _ = node.signal(sig).await;
+                true
+            }
+            Command::Close => false,
+        }
+    }
+
+    /// The person's input: audited when it is a file copy, recorded when a role asks, then on
+    /// to the node.
+    async fn input(&mut self, data: Bytes) -> bool {
+        let live = self.live;
+        live.bytes_in
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        watchdog::touch(&live.activity);
+        let audited = match live.copy.lock() {
+            Ok(mut c) => match c.as_mut() {
+                Some(c) => c.feed(Direction::Upload, &data),
+                None => Ok(vec![]),
+            },
+            Err(_) => Err("audit state lost".to_string()),
+        };
+        match audited {
+            Ok(list) if list.is_empty() => {}
+            Ok(list) => live.audit.events(list).await,
+            Err(e) => {
+                tracing::warn!(session = %live.grant.session_id, error = %e, "closing a file copy that cannot be audited");
+                let ev = live
+                    .copy
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                    .unwrap_or_else(|| copy_aborted(&e));
+                live.audit.events(vec![ev]).await;
+                live.notice(format!("sallyport: {e}; closing\r\n")).await;
+                live.close(Some(Refusal::Failed(e))).await;
+                return false;
+            }
+        }
+        let mut chunk = data;
+        if let Ok(mut rec) = live.rec.lock()
+            && let Some(rec) = rec.as_mut()
+        {
+            // Under `strict` (and `record_input`), input the recording cannot hold does not
+            // reach the node either; the output task then ends the session.
+            chunk.truncate(rec.input(chunk.clone()));
+        }
+        chunk.is_empty() || self.node.data_bytes(chunk).await.is_ok()
+    }
+
+    async fn exec(&mut self, data: Vec<u8>) -> bool {
+        let live = self.live;
+        // Bounded before it is parsed, audited or sent on (agentless nodes have only this check).
+        if data.len() > sallyport_core::names::MAX_EXEC_COMMAND {
+            let e = format!(
+                "the command is {} bytes long; the limit is {}",
+                data.len(),
+                sallyport_core::names::MAX_EXEC_COMMAND
+            );
+            return self.refuse(&e).await;
+        }
+        let cmd = String::from_utf8_lossy(&data).into_owned();
+        // An rsync to a node without the agent runs through the login's shell (sshd's way),
+        // which the login can make run anything, and rsync's stream is not held to its
+        // protocol as scp's and SFTP's are: there it is a recorded session. (An agent runs
+        // copies itself, never through the shell.)
+        let agentless = live.grant.node.kind != "agent";
+        let copy = sallyport_core::scp::classify(&cmd)
+            .filter(|c| !(agentless && matches!(c, FileCopy::Rsync { .. })));
+        // Refused when it is a copy or only wraps one: what `ssh_file_copy: false` refused
+        // before stays refused, though only an exact copy goes unrecorded.
+        if !live.grant.file_copy && (copy.is_some() || sallyport_core::scp::mentions_copy(&cmd)) {
+            live.audit
+                .event("scp", json!({"command": cmd, "result": FILE_COPY_REFUSED}))
+                .await;
+            return self.refuse(FILE_COPY_REFUSED).await;
+        }
+        if let Some(copy) = copy {
+            if let Ok(mut slot) = live.copy.lock() {
+                *slot = Some(CopyAudit::new(copy));
+            }
+            if let Err(e) = self.begin("exec", Some(&cmd), false).await {
+                return self.refuse(&e).await;
+            }
+        } else if let Err(e) = self.begin("exec", Some(&cmd), true).await {
+            return self.fail(e).await;
+        }
+        self.sent(self.node.exec(true, data).await.is_ok()).await
+    }
+
+    /// A request that could not be sent to the node is answered with a failure.
+    async fn sent(&self, ok: bool) -> bool {
+        if !ok {
+            self.live.door.send(Event::Reply(false)).await;
+        }
+        true
+    }
+
+    /// A session that cannot start as asked: the person is told why, the request fails, the
+    /// session ends.
+    async fn fail(&self, why: String) -> bool {
+        self.live.notice(format!("sallyport: {why}\r\n")).await;
+        self.live.door.send(Event::Reply(false)).await;
+        self.live.close(Some(Refusal::Limit(why))).await;
+        false
+    }
+
+    /// Refuses a request with a message the person sees on stderr, and ends the session:
+    /// accepted, then ended with the message and status 1, since OpenSSH clients exit at once
+    /// on a failed subsystem request, before printing what the channel said.
+    async fn refuse(&self, why: &str) -> bool {
+        let live = self.live;
+        tracing::info!(session = %live.grant.session_id, node = %live.grant.node.hostname, why, "channel request refused");
+        live.door.send(Event::Reply(true)).await;
+        live.notice(format!("sallyport: {why}\r\n")).await;
+        live.door.send(Event::ExitStatus(1)).await;
+        live.door.send(Event::Eof).await;
+        live.close(Some(Refusal::Denied {
+            explanation: why.to_string(),
+        }))
+        .await;
+        false
+    }
+
+    /// The session starts `kind` (`shell`, `exec`, `sftp`): tells auth, and records it unless
+    /// it is a file copy (audited per file instead).
+    async fn begin(
+        &mut self,
+        kind: &'static str,
+        command: Option<&str>,
+        record: bool,
+    ) -> Result<(), String> {
+        if self.began {
+            return Ok(());
+        }
+        self.began = true;
+        let live = self.live;
+        if let Ok(mut slot) = live.kind.lock() {
+            *slot = Some((kind, command.map(str::to_string)));
+        }
+        live.audit.update(kind, command).await;
+        if !record {
+            return Ok(());
+        }
+        let (term, cols, rows) = self.pty.clone().unwrap_or_else(|| ("dumb".into(), 80, 24));
+        let header = Header {
+            width: cols,
+            height: rows,
+            term: &term,
+            title: &live.title,
+            command,
+        };
+        let strict = live.grant.record == "strict";
+        let limits = Limits {
+            input: live.grant.record_input,
+            max_bytes: live.state.max_recording_size,
+            strict,
+        };
+        match Recorder::create(
+            &live.state.recordings,
+            &live.grant.session_id,
+            &header,
+            limits,
+        ) {
+            Ok(rec) => {
+                if let Ok(mut slot) = live.rec.lock() {
+                    *slot = Some(rec);
+                }
+                Ok(())
+            }
+            Err(e) if strict => Err(format!(
+                "this session must be recorded (record_session: strict) and the recording failed: {e}"
+            )),
+            Err(e) => {
+                tracing::error!(session = %live.grant.session_id, error = %e, "recording failed; session continues unrecorded (best_effort)");
+                Ok(())
+            }
+        }
+    }
+}
