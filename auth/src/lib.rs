@@ -3,6 +3,7 @@
 //! its HTTPS API on port 3025 (mutual TLS), or, inside the all-in-one daemon, through
 //! [`AuthServer`] directly.
 
+pub mod access;
 pub mod api;
 pub mod audit_log;
 pub mod authority;
@@ -12,6 +13,7 @@ pub mod locks;
 pub mod login;
 pub mod nodes;
 pub mod oidc;
+pub mod recordings;
 pub mod roles;
 pub mod ssh_access;
 pub mod users;
@@ -19,7 +21,8 @@ pub mod users;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sallyport_core::api::Ping;
+use sallyport_core::api::{Ping, Status};
+use sallyport_core::ca::CaKind;
 
 pub use authority::Authorities;
 pub use backend::Backend;
@@ -172,5 +175,30 @@ impl AuthServer {
             auth_connectors: vec![],
             local_users: false,
         }
+    }
+
+    /// What `sallyctl status` shows: the CAs' pins and fingerprints, counts, anchoring.
+    pub async fn status(&self) -> Result<Status, AuthError> {
+        let fps = |k| {
+            self.authorities
+                .ssh_public_keys(k)
+                .iter()
+                .map(sallyport_core::sshcert::fingerprint)
+                .collect()
+        };
+        Ok(Status {
+            cluster_name: self.config.cluster_name.clone(),
+            ca_pins: self.authorities.pins()?,
+            ssh_ca_fingerprints: [
+                ("user".to_string(), fps(CaKind::User)),
+                ("host".to_string(), fps(CaKind::Host)),
+                ("openssh".to_string(), fps(CaKind::OpenSsh)),
+            ]
+            .into(),
+            users: self.user_count().await?,
+            roles: self.role_count().await?,
+            audit_events: self.audit_count().await?,
+            audit_anchoring_stopped: self.audit_anchoring_stopped(),
+        })
     }
 }

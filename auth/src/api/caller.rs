@@ -1,0 +1,222 @@
+//! Who is calling the auth API, as the TLS handshake proved it (the `PeerCertificates` request
+//! extension `core::https` sets, never a header), and what they may do.
+//!
+//! [`Caller`] and [`Proxy`] are axum extractors: a handler names the caller it needs in its
+//! arguments and the request is refused (401/403, audited by `audit_refusals`) before the handler
+//! runs or its body is read. Resolving a caller re-checks the certificate against this cluster's
+//! TLS CAs and the clock on every request, re-reads a user's roles from the backend and checks
+//! their locks, so a removed, locked or expired user is refused at once, even on an HTTP/2
+//! connection that was opened while they were still valid.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
+use sallyport_core::ca::{CaKind, TLS_HOST_CA_CN, TLS_USER_CA_CN};
+use sallyport_core::https::PeerCertificates;
+use sallyport_core::identity::Traits;
+
+use super::{ADMIN, PROXY_ROLE};
+use crate::{AuthError, AuthServer};
+
+/// Who is calling, as proven by the TLS handshake.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Admin,
+    User {
+        name: String,
+        roles: Vec<String>,
+        traits: Traits,
+    },
+    Service {
+        name: String,
+        role: String,
+    },
+}
+
+impl Caller {
+    pub fn name(&self) -> &str {
+        match self {
+            Caller::Admin => ADMIN,
+            Caller::User { name, .. } | Caller::Service { name, .. } => name,
+        }
+    }
+
+    /// A proxy of this cluster (host TLS CA, system role `proxy`).
+    pub fn is_proxy(&self) -> bool {
+        matches!(self, Caller::Service { role, .. } if role == PROXY_ROLE)
+    }
+}
+
+/// A caller that must be one of this cluster's proxies: the routes the proxy calls for the
+/// people and nodes it speaks for (logins, sign-ups, joins, session grants and reports).
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    pub name: String,
+}
+
+impl AuthServer {
+    /// The caller a verified client certificate names (attributed by its issuer's CN; the chain
+    /// itself is checked by the TLS layer and again by [`PeerVerifier`]).
+    pub async fn caller(&self, peer: &PeerCertificates) -> Result<Caller, AuthError> {
+        let leaf = peer.0.first().ok_or_else(no_certificate)?;
+        let s = sallyport_core::x509::parse_subject(leaf)
+            .map_err(|e| AuthError::Unauthenticated(e.to_string()))?;
+        match s.issuer_common_name.as_str() {
+            TLS_USER_CA_CN if s.common_name == ADMIN => Ok(Caller::Admin),
+            TLS_USER_CA_CN => {
+                let u = self.get_user(&s.common_name).await?.ok_or_else(|| {
+                    AuthError::Unauthenticated(format!("user {} no longer exists", s.common_name))
+                })?;
+                self.check_lock(&u.name).await?;
+                Ok(Caller::User {
+                    name: u.name,
+                    roles: u.roles,
+                    traits: u.traits,
+                })
+            }
+            TLS_HOST_CA_CN => Ok(Caller::Service {
+                name: s.common_name,
+                role: s.organizations.into_iter().next().unwrap_or_default(),
+            }),
+            other => Err(AuthError::Unauthenticated(format!(
+                "certificate from an unknown CA {other:?}"
+            ))),
+        }
+    }
+
+    /// May `caller` use `verb` on `resource`? Explains a refusal.
+    pub async fn authorize(
+        &self,
+        caller: &Caller,
+        resource: &str,
+        verb: &str,
+    ) -> Result<(), AuthError> {
+        match caller {
+            Caller::Admin => Ok(()),
+            Caller::Service { name, .. } => Err(AuthError::AccessDenied(format!(
+                "service {name} cannot `{verb}` on `{resource}`"
+            ))),
+            Caller::User { roles, traits, .. } => {
+                let d = self
+                    .role_set(roles, traits)
+                    .await?
+                    .check_rule(resource, verb);
+                if d.allowed {
+                    Ok(())
+                } else {
+                    Err(AuthError::AccessDenied(d.explanation))
+                }
+            }
+        }
+    }
+}
+
+fn no_certificate() -> AuthError {
+    AuthError::Unauthenticated("a client certificate is required".into())
+}
+
+/// Checks a presented chain against this cluster's user and host TLS CAs at the time of each
+/// request, with the same verifier the TLS layer uses at the handshake. The handshake alone is
+/// not enough: a connection outlives the certificate it was opened with, and the caller is
+/// attributed by its issuer's name, which only a verified chain makes true.
+pub struct PeerVerifier(Result<Arc<dyn ClientCertVerifier>, String>);
+
+impl PeerVerifier {
+    pub fn new(auth: &AuthServer) -> Self {
+        let build = || -> Result<Arc<dyn ClientCertVerifier>, String> {
+            let mut roots = rustls::RootCertStore::empty();
+            for kind in [CaKind::TlsUser, CaKind::TlsHost] {
+                let ders = sallyport_core::x509::pem_to_ders(&auth.authorities.tls_pem(kind))
+                    .map_err(|e| e.to_string())?;
+                for der in ders {
+                    roots.add(der).map_err(|e| e.to_string())?;
+                }
+            }
+            rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+                .build()
+                .map_err(|e| e.to_string())
+        };
+        PeerVerifier(build())
+    }
+
+    fn check(&self, chain: &[CertificateDer<'static>]) -> Result<(), AuthError> {
+        let (leaf, intermediates) = chain.split_first().ok_or_else(no_certificate)?;
+        let subject = sallyport_core::x509::parse_subject(leaf)
+            .map_err(|e| AuthError::Unauthenticated(e.to_string()))?;
+        if subject.not_after < sallyport_core::unix_now() {
+            return Err(AuthError::Unauthenticated(format!(
+                "the client certificate of {} expired at {}; log in again (`sally login`)",
+                subject.common_name,
+                sallyport_core::rfc3339(subject.not_after)
+            )));
+        }
+        // Fail closed: without a verifier no caller is believed.
+        let verifier = self
+            .0
+            .as_ref()
+            .map_err(|e| AuthError::Internal(format!("cannot check client certificates: {e}")))?;
+        verifier
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .map_err(|e| {
+                AuthError::Unauthenticated(format!(
+                    "the client certificate of {} is not one this cluster issued: {e}",
+                    subject.common_name
+                ))
+            })?;
+        Ok(())
+    }
+}
+
+/// The caller of a request: its verified peer certificates, checked again now.
+async fn resolve(parts: &Parts, auth: &AuthServer) -> Result<Caller, AuthError> {
+    // `core::https` sets both on every request; a request without them proved nothing.
+    let peer = parts
+        .extensions
+        .get::<PeerCertificates>()
+        .cloned()
+        .unwrap_or_default();
+    if peer.0.is_empty() {
+        return Err(no_certificate());
+    }
+    parts
+        .extensions
+        .get::<Arc<PeerVerifier>>()
+        .ok_or_else(|| AuthError::Internal("no client certificate verifier".into()))?
+        .check(&peer.0)?;
+    auth.caller(&peer).await
+}
+
+impl FromRequestParts<Arc<AuthServer>> for Caller {
+    type Rejection = AuthError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        auth: &Arc<AuthServer>,
+    ) -> Result<Self, Self::Rejection> {
+        resolve(parts, auth).await
+    }
+}
+
+impl FromRequestParts<Arc<AuthServer>> for Proxy {
+    type Rejection = AuthError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        auth: &Arc<AuthServer>,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = resolve(parts, auth).await?;
+        if caller.is_proxy() {
+            Ok(Proxy {
+                name: caller.name().to_string(),
+            })
+        } else {
+            Err(AuthError::AccessDenied(format!(
+                "{} is not a proxy",
+                caller.name()
+            )))
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Nodes (`node` rules for people), and what the proxy reports for them: joins, presence from
+//! their tunnels, the host certificates it serves under their names, agentless host keys.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use sallyport_core::api::{AddNode, JoinRequest, Joined, NodeInfo, Presence};
+use serde::Deserialize;
+
+use super::{Auth, Caller, Proxy, done};
+use crate::AuthError;
+use crate::access::node_labels;
+
+pub(super) async fn list(
+    State(auth): Auth,
+    caller: Caller,
+) -> Result<Json<Vec<NodeInfo>>, AuthError> {
+    let nodes = auth.list_nodes().await?;
+    // Admins with `list` on `node` see every node; everyone else sees what their roles reach.
+    if auth.authorize(&caller, "node", "list").await.is_ok() {
+        return Ok(Json(nodes));
+    }
+    match &caller {
+        Caller::User { roles, traits, .. } => {
+            let set = auth.role_set(roles, traits).await?;
+            Ok(Json(
+                nodes
+                    .into_iter()
+                    .filter(|n| set.can_see_node(&node_labels(n)))
+                    .collect(),
+            ))
+        }
+        _ => Err(AuthError::AccessDenied(format!(
+            "{} cannot list nodes",
+            caller.name()
+        ))),
+    }
+}
+
+pub(super) async fn add(
+    State(auth): Auth,
+    caller: Caller,
+    Json(req): Json<AddNode>,
+) -> Result<(StatusCode, Json<NodeInfo>), AuthError> {
+    auth.authorize(&caller, "node", "create").await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(auth.add_node(&req, caller.name()).await?),
+    ))
+}
+
+pub(super) async fn remove(
+    State(auth): Auth,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    auth.authorize(&caller, "node", "delete").await?;
+    auth.remove_node(&name, caller.name()).await?;
+    Ok(done())
+}
+
+pub(super) async fn join(
+    State(auth): Auth,
+    _proxy: Proxy,
+    Json(req): Json<JoinRequest>,
+) -> Result<Json<Joined>, AuthError> {
+    let remote = req.remote_addr.clone().unwrap_or_default();
+    Ok(Json(auth.join(&req, &remote).await?))
+}
+
+pub(super) async fn presence(
+    State(auth): Auth,
+    _proxy: Proxy,
+    Path(id): Path<String>,
+    Json(p): Json<Presence>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    auth.presence(&id, &p).await?;
+    Ok(done())
+}
+
+#[derive(Deserialize)]
+pub(super) struct PublicKeyBody {
+    public_key: String,
+}
+
+pub(super) async fn proxy_host_cert(
+    State(auth): Auth,
+    _proxy: Proxy,
+    Path(name): Path<String>,
+    Json(b): Json<PublicKeyBody>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    let cert = auth.proxy_host_cert(&name, &b.public_key).await?;
+    let node = auth
+        .find_node(&name)
+        .await?
+        .ok_or_else(|| AuthError::NotFound(format!("node {name} is not registered")))?;
+    Ok(Json(serde_json::json!({"cert": cert, "node": node})))
+}
+
+#[derive(Deserialize)]
+pub(super) struct HostKeyBody {
+    host_key: String,
+}
+
+/// Trust on first use for agentless nodes: the first host key the proxy sees is pinned, and
+/// the pinned key is returned every time after.
+pub(super) async fn pin_host_key(
+    State(auth): Auth,
+    _proxy: Proxy,
+    Path(id): Path<String>,
+    Json(b): Json<HostKeyBody>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    Ok(Json(
+        serde_json::json!({"host_key": auth.pin_host_key(&id, &b.host_key).await?}),
+    ))
+}

@@ -1,0 +1,66 @@
+//! Roles (`role` rules) and the access check that explains what the doors would decide.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use sallyport_core::api::{AccessCheck, PutRole, PutRoleResult};
+use sallyport_core::role::{Decision, Role};
+
+use super::{Auth, Caller, done};
+use crate::AuthError;
+
+pub(super) async fn list(State(auth): Auth, caller: Caller) -> Result<Json<Vec<Role>>, AuthError> {
+    auth.authorize(&caller, "role", "list").await?;
+    Ok(Json(auth.list_roles().await?))
+}
+
+pub(super) async fn get(
+    State(auth): Auth,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Role>, AuthError> {
+    auth.authorize(&caller, "role", "read").await?;
+    let role = auth
+        .get_role(&name)
+        .await?
+        .ok_or_else(|| AuthError::NotFound(format!("role {name} does not exist")))?;
+    Ok(Json(role))
+}
+
+pub(super) async fn put(
+    State(auth): Auth,
+    caller: Caller,
+    Json(req): Json<PutRole>,
+) -> Result<Json<PutRoleResult>, AuthError> {
+    auth.authorize(&caller, "role", "create").await?;
+    if req.overwrite {
+        auth.authorize(&caller, "role", "update").await?;
+    }
+    let created = auth
+        .put_role(&req.role, req.overwrite, caller.name())
+        .await?;
+    Ok(Json(PutRoleResult {
+        name: req.role.metadata.name.clone(),
+        created,
+    }))
+}
+
+pub(super) async fn delete(
+    State(auth): Auth,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    auth.authorize(&caller, "role", "delete").await?;
+    auth.delete_role(&name, caller.name()).await?;
+    Ok(done())
+}
+
+/// Reads a user's roles against a resource: `read` on both `role` and `user`.
+pub(super) async fn access_check(
+    State(auth): Auth,
+    caller: Caller,
+    Json(req): Json<AccessCheck>,
+) -> Result<Json<Decision>, AuthError> {
+    auth.authorize(&caller, "role", "read").await?;
+    auth.authorize(&caller, "user", "read").await?;
+    Ok(Json(auth.access_check(&req).await?))
+}
