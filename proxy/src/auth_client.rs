@@ -136,7 +136,11 @@ impl AuthClient {
             batch.extend(dropped);
             let body = serde_json::to_value(&batch).unwrap_or_default();
             match self
-                .call(reqwest::Method::POST, "/v1/auth-failures", Some(body))
+                .call(
+                    reqwest::Method::POST,
+                    sallyport_core::routes::auth::AUTH_FAILURES,
+                    Some(body),
+                )
                 .await
             {
                 Ok((200, _)) => {}

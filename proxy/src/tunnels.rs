@@ -94,10 +94,7 @@ async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
                         online: true,
                         labels: h.labels,
                     };
-                    let path = format!(
-                        "/v1/nodes/{}/presence",
-                        sallyport_core::api::path_segment(node_id)
-                    );
+                    let path = sallyport_core::routes::auth::node_presence(node_id);
                     match auth
                         .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&p))
                         .await
@@ -220,10 +217,7 @@ pub async fn serve(
                 let _ = auth
                     .json::<_, serde_json::Value>(
                         reqwest::Method::POST,
-                        &format!(
-                            "/v1/nodes/{}/presence",
-                            sallyport_core::api::path_segment(&node_id)
-                        ),
+                        &sallyport_core::routes::auth::node_presence(&node_id),
                         Some(&p),
                     )
                     .await;

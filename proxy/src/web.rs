@@ -11,6 +11,7 @@ use axum::{Extension, Json, Router};
 use reqwest::Method;
 use sallyport_core::api::ErrorBody;
 use sallyport_core::https::RemoteAddr;
+use sallyport_core::routes::{auth, web};
 
 use crate::AuthClient;
 
@@ -26,14 +27,14 @@ pub struct Doors {
 
 pub fn router(auth: AuthClient, doors: Doors) -> Router {
     Router::new()
-        .route("/v1/webapi/ping", get(ping))
-        .route("/v1/webapi/join", for_client("/v1/join"))
-        .route("/v1/webapi/signup/start", for_client("/v1/signup/start"))
-        .route("/v1/webapi/signup/finish", for_client("/v1/signup/finish"))
-        .route("/v1/webapi/login", for_client("/v1/login"))
-        .route("/v1/webapi/oidc/login/start", for_client("/v1/oidc/start"))
-        .route("/v1/webapi/oidc/callback", get(oidc_callback))
-        .route("/v1/webapi/oidc/login/finish", post(oidc_finish))
+        .route(web::PING, get(ping))
+        .route(web::JOIN, for_client(auth::JOIN))
+        .route(web::SIGNUP_START, for_client(auth::SIGNUP_START))
+        .route(web::SIGNUP_FINISH, for_client(auth::SIGNUP_FINISH))
+        .route(web::LOGIN, for_client(auth::LOGIN))
+        .route(web::OIDC_LOGIN_START, for_client(auth::OIDC_START))
+        .route(web::OIDC_CALLBACK, get(oidc_callback))
+        .route(web::OIDC_LOGIN_FINISH, post(oidc_finish))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(Web { auth, doors }))
 }
@@ -88,7 +89,7 @@ fn with_remote(mut body: serde_json::Value, remote: RemoteAddr) -> serde_json::V
 async fn ping(State(web): Auth) -> Response {
     match web
         .auth
-        .json::<serde_json::Value, serde_json::Value>(Method::GET, "/v1/ping", None)
+        .json::<serde_json::Value, serde_json::Value>(Method::GET, auth::PING, None)
         .await
     {
         Ok(mut v) => {
@@ -129,7 +130,7 @@ fn for_client(path: &'static str) -> MethodRouter<Arc<Web>> {
 }
 
 async fn oidc_finish(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
-    forward(&web.auth, Method::POST, "/v1/oidc/finish", Some(body)).await
+    forward(&web.auth, Method::POST, auth::OIDC_FINISH, Some(body)).await
 }
 
 /// A small page for the browser when a login cannot go on.
@@ -170,7 +171,7 @@ async fn oidc_callback(
         .auth
         .json::<_, serde_json::Value>(
             Method::POST,
-            "/v1/oidc/callback",
+            auth::OIDC_CALLBACK,
             Some(&serde_json::Value::Object(body)),
         )
         .await
