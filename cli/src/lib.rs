@@ -3,9 +3,12 @@
 
 pub mod forward;
 pub mod http;
+pub mod manual;
 pub mod output;
 pub mod profile;
 pub mod prompt;
+pub mod sally;
+pub mod sallyctl;
 pub mod ssh;
 pub mod sso;
 

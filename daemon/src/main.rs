@@ -7,7 +7,7 @@ mod start;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -62,6 +62,13 @@ enum Command {
         #[arg(long)]
         spec_fd: i32,
     },
+    /// Write the man pages: sallyport(1) to stdout, or every page into --dir.
+    #[command(hide = true)]
+    Man {
+        /// A directory for sallyport.1 and one page per subcommand (sallyport-start.1, ...).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -69,6 +76,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::SessionExec { spec_fd } => sallyport_agent::session_exec::main(spec_fd),
+        Command::Man { dir } => match sallyport_cli::manual::man(Cli::command(), dir.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
         Command::Configure => {
             use std::io::Write;
             // A closed pipe (`sallyport configure | head`) is the reader's choice, not an error.

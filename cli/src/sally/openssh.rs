@@ -1,0 +1,152 @@
+//! What OpenSSH's own tools need to go through the proxy: `sally config` (an ssh_config block),
+//! `sally proxy ssh` (the ProxyCommand) and `sally scp` (OpenSSH's scp with ProxyJump).
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Subcommand;
+
+use super::ssh::{default_login, ssh_port};
+use crate::println;
+use crate::profile::Profile;
+
+#[derive(Subcommand)]
+pub(super) enum ProxyCommand {
+    /// Pipe stdin/stdout to [USER@]HOST:PORT through the proxy.
+    Ssh { target: String },
+}
+
+pub(super) async fn proxy_ssh(target: &str) -> Result<()> {
+    let p = Profile::require()?;
+    let keys = crate::ssh::Keys::load(&p)?;
+    let host_port = target.rsplit_once('@').map_or(target, |(_, h)| h);
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, port)) => (h.to_string(), port.parse::<u32>().unwrap_or(22)),
+        None => (host_port.to_string(), 22),
+    };
+    let port_num = ssh_port(&p).await?;
+    let proxy = crate::ssh::connect_proxy(&p, &keys, port_num).await?;
+    crate::ssh::pipe(&proxy, &host, port).await
+}
+
+/// Ciphers for OpenSSH through the proxy. With ProxyJump the client encrypts every byte twice
+/// (the outer connection and the inner one), so the hardware-accelerated AES-GCM comes before
+/// OpenSSH's default, chacha20-poly1305 (which is still offered).
+pub(super) const CIPHERS: &str =
+    "aes256-gcm@openssh.com,aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-ctr";
+
+/// `sally scp`: OpenSSH's scp with ProxyJump through the proxy's SSH port, this profile's
+/// certificate and the cluster's host CA, whatever ~/.ssh/config says. A generated ssh_config
+/// (0600, removed afterwards) carries the settings, since OpenSSH does not pass command-line
+/// options on to the jump host.
+pub(super) async fn scp(
+    recursive: bool,
+    port: Option<u16>,
+    quiet: bool,
+    paths: &[String],
+) -> Result<i32> {
+    let p = Profile::require()?;
+    if p.expires().is_some_and(|e| e <= sallyport_core::unix_now()) {
+        bail!(
+            "your certificate expired at {}; run `sally login --proxy {} --user {}`",
+            p.valid_until,
+            p.proxy,
+            p.user
+        );
+    }
+    if !paths.iter().any(|a| is_remote(a)) {
+        bail!("neither side is remote: name one as LOGIN@NODE:PATH");
+    }
+    let paths_ = p.paths();
+    let home = crate::profile::home();
+    let ssh_port = ssh_port(&p).await?;
+    let proxy_host = p
+        .proxy
+        .rsplit_once(':')
+        .map_or(p.proxy.as_str(), |(h, _)| h)
+        .to_string();
+    let q = |path: &std::path::Path| format!("\"{}\"", path.display());
+    let config = format!(
+        "Host sallyport-proxy\n  HostName {proxy_host}\n  Port {ssh_port}\n  User {user}\nHost *\n  UserKnownHostsFile {kh}\n  IdentityFile {key}\n  CertificateFile {cert}\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  BatchMode yes\n  Ciphers {CIPHERS}\n",
+        user = p.user,
+        kh = q(&home.join("known_hosts")),
+        key = q(&paths_.key),
+        cert = q(&paths_.ssh_cert),
+    );
+    let cfg_path = home.join(format!("scp-config-{}", std::process::id()));
+    crate::profile::write_file(&cfg_path, config.as_bytes(), 0o600)?;
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _cleanup = Remove(cfg_path.clone());
+    let mut cmd = std::process::Command::new("scp");
+    cmd.arg("-F")
+        .arg(&cfg_path)
+        .args(["-o", "ProxyJump=sallyport-proxy"]);
+    if recursive {
+        cmd.arg("-r");
+    }
+    if quiet {
+        cmd.arg("-q");
+    }
+    if let Some(port) = port {
+        cmd.arg("-P").arg(port.to_string());
+    }
+    // A remote side without LOGIN@ gets the profile's default login.
+    let default = default_login(&p).ok();
+    for a in paths {
+        if is_remote(a) && !a.split(':').next().unwrap_or("").contains('@') {
+            match &default {
+                Some(l) => cmd.arg(format!("{l}@{a}")),
+                None => cmd.arg(a),
+            };
+        } else {
+            cmd.arg(a);
+        }
+    }
+    let status = cmd.status().map_err(|e| {
+        anyhow!("cannot run OpenSSH's scp ({e}); `sally scp` needs the OpenSSH client installed")
+    })?;
+    Ok(status.code().unwrap_or(255))
+}
+
+/// `[LOGIN@]NODE:PATH` (a colon before any slash), as scp decides.
+pub(super) fn is_remote(arg: &str) -> bool {
+    match arg.find(':') {
+        Some(i) => !arg[..i].contains('/') && i > 0,
+        None => false,
+    }
+}
+
+pub(super) fn config() -> Result<()> {
+    let p = Profile::require()?;
+    let paths = p.paths();
+    let home = crate::profile::home();
+    let me = std::env::current_exe().context("cannot find the sally binary")?;
+    let proxy_host = p
+        .proxy
+        .rsplit_once(':')
+        .map_or(p.proxy.as_str(), |(h, _)| h);
+    let known = home.join("known_hosts");
+    println!(
+        "# Sallyport cluster {} via {} (generated by `sally config`)",
+        p.cluster, p.proxy
+    );
+    println!("Host *.{cluster} {proxy_host}", cluster = p.cluster);
+    println!("    UserKnownHostsFile \"{}\"", known.display());
+    println!("    IdentityFile \"{}\"", paths.key.display());
+    println!("    CertificateFile \"{}\"", paths.ssh_cert.display());
+    println!("    IdentitiesOnly yes");
+    println!("    StrictHostKeyChecking yes");
+    println!("    # AES-GCM first: through the proxy every byte is encrypted twice by ssh itself");
+    println!("    Ciphers {CIPHERS}");
+    println!("Host *.{} !{proxy_host}", p.cluster);
+    println!("    Port 22");
+    println!(
+        "    ProxyCommand env SALLY_HOME=\"{}\" \"{}\" proxy ssh %r@%h:%p",
+        home.display(),
+        me.display()
+    );
+    Ok(())
+}
