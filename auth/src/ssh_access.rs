@@ -471,18 +471,18 @@ impl AuthServer {
         let s = session_from_row(&row)?;
         let start: i64 = row.try_get("start")?;
         let now = sallyport_core::unix_now();
-        let status = if end.status == "incomplete" {
-            "incomplete"
-        } else {
-            "complete"
+        // An end is complete unless the proxy says otherwise.
+        let status = match end.status {
+            SessionStatus::Incomplete => SessionStatus::Incomplete,
+            SessionStatus::Complete | SessionStatus::Running => SessionStatus::Complete,
         };
         sqlx::query("UPDATE sessions SET end_time = $1, exit_code = $2, bytes_in = $3, bytes_out = $4, status = $5, kind = $6, command = $7 WHERE id = $8")
             .bind(now)
             .bind(end.exit_code)
             .bind(end.bytes_in as i64)
             .bind(end.bytes_out as i64)
-            .bind(status)
-            .bind(end.kind.clone().unwrap_or(s.kind.to_string()))
+            .bind(status.as_str())
+            .bind(end.kind.unwrap_or(s.kind).as_str())
             .bind(end.command.clone())
             .bind(id)
             .execute(&self.backend.pool)
@@ -507,7 +507,7 @@ impl AuthServer {
                 .with("bytes_in", end.bytes_in)
                 .with("bytes_out", end.bytes_out)
                 .with("duration_secs", now - start)
-                .with("status", status),
+                .with("status", status.as_str()),
         )
         .await
     }
@@ -526,13 +526,13 @@ impl AuthServer {
     pub async fn session_update(
         &self,
         id: &str,
-        kind: &str,
+        kind: SessionKind,
         command: Option<&str>,
     ) -> Result<(), AuthError> {
         sqlx::query(
             "UPDATE sessions SET kind = $1, command = $2 WHERE id = $3 AND status = 'running'",
         )
-        .bind(kind)
+        .bind(kind.as_str())
         .bind(command)
         .bind(id)
         .execute(&self.backend.pool)

@@ -474,10 +474,11 @@ pub struct SessionEnd {
     pub exit_code: Option<i64>,
     pub bytes_in: u64,
     pub bytes_out: u64,
-    /// `complete`, or `incomplete` when the recording could not be finished.
-    pub status: String,
+    /// `complete`, or `incomplete` when the recording could not be finished (`running` in an
+    /// update, which auth does not read).
+    pub status: SessionStatus,
     #[serde(default)]
-    pub kind: Option<String>,
+    pub kind: Option<SessionKind>,
     #[serde(default)]
     pub command: Option<String>,
 }
@@ -501,7 +502,7 @@ pub struct SessionInfo {
 pub const AUTH_FAILURES_DROPPED: &str = "reports dropped: queue full";
 
 /// A failed authentication a proxy saw at one of its doors (`POST /v1/auth-failures`, in
-/// batches). Auth audits these as `auth.failed`, aggregated per (door, address, reason).
+/// batches). Auth audits these as `auth.fail`, aggregated per (door, address, reason).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AuthFailure {
     /// `ssh` or `tunnel` (auth's own door is `api`).

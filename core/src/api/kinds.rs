@@ -136,17 +136,10 @@ impl std::fmt::Display for RecordMode {
     }
 }
 
-// Comparisons with the words, for code that still holds them as strings: the proxy's session
-// engine until it is moved to the enums (see the notes of issue 12).
-impl PartialEq<&str> for NodeKind {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
-impl PartialEq<&str> for RecordMode {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
+/// What a report about a session still open says (a proxy's `update`).
+impl Default for SessionStatus {
+    fn default() -> Self {
+        SessionStatus::Running
     }
 }
 
