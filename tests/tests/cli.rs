@@ -194,3 +194,19 @@ fn man_pages_render_and_name_every_subcommand() {
         assert!(!pages.iter().any(|p| p.contains("-help")), "{pages:?}");
     }
 }
+
+/// A name is one path segment: `sallyctl rm user/../roles/editor` once reached
+/// `/v1/users/../roles/editor`, which the URL parser folds to `/v1/roles/editor`, and removed
+/// the editor role. Every path now comes from `core::routes`, which percent-encodes the name.
+#[test]
+fn a_name_cannot_climb_out_of_its_path() {
+    let c = Cluster::start();
+    c.sallyctl(&["rm", "user/../roles/editor"])
+        .fails_with("user ../roles/editor does not exist");
+    c.sallyctl(&["rm", "role/../users/admin"])
+        .fails_with("does not exist");
+    let roles = c.sallyctl(&["get", "roles"]).ok().stdout;
+    assert!(roles.contains("editor"), "{roles}");
+    c.sallyctl(&["get", "user/../roles"])
+        .fails_with("does not exist");
+}
