@@ -271,7 +271,7 @@ pub async fn run(
                 _ => auth2
                     .add_join_token(
                         &sallyport_core::api::AddJoinToken {
-                            kind: "node".into(),
+                            kind: sallyport_core::api::TokenKind::Node,
                             ttl_secs: 600,
                         },
                         "@local",

@@ -100,7 +100,7 @@ impl AuthClient {
         })
     }
 
-    /// Queues a failed authentication for auth to audit (`auth.failed`); never waits.
+    /// Queues a failed authentication for auth to audit (`auth.fail`); never waits.
     pub fn report_failure(&self, failure: AuthFailure) {
         let tx = self.failures.tx.get_or_init(|| {
             let (tx, rx) = tokio::sync::mpsc::channel(FAILURE_QUEUE);

@@ -1,5 +1,5 @@
 //! What the proxy's doors saw of clients that did not authenticate, reported to auth for its
-//! `auth.failed` audit (door, address, the identity presented, reason). Reports go through
+//! `auth.fail` audit (door, address, the identity presented, reason). Reports go through
 //! [`AuthClient::report_failure`]'s bounded queue: a refusal never waits on its audit, and auth
 //! aggregates a flood into one event a minute per (door, address, reason).
 //!
