@@ -3,6 +3,7 @@
 //! Their bytes are not put in the terminal recording; a stream that can no longer be audited
 //! (a protocol violation, a flood) ends its channel, with the reason audited.
 
+use sallyport_core::audit::EventType;
 use sallyport_core::scp::{Direction, FileCopy, ScpAnswers, ScpStream};
 use sallyport_core::sftp::SftpAudit;
 use serde_json::json;
@@ -48,7 +49,7 @@ impl CopyAudit {
         &mut self,
         dir: Direction,
         data: &[u8],
-    ) -> Result<Vec<(&'static str, serde_json::Value)>, String> {
+    ) -> Result<Vec<(EventType, serde_json::Value)>, String> {
         match self {
             CopyAudit::Sftp(a) => {
                 let r = match dir {
@@ -71,7 +72,7 @@ impl CopyAudit {
                     .map(|f| {
                         let e = json!({"tool": "scp", "path": path, "file": f.name,
                             "direction": direction.as_str(), "size": f.size});
-                        ("scp", e)
+                        (EventType::Scp, e)
                     })
                     .collect())
             }
@@ -93,25 +94,25 @@ impl CopyAudit {
 
     /// The event that says why this copy's channel was ended: its stream could no longer be
     /// audited (a protocol violation, a flood), so nothing more of it may pass unaudited.
-    pub fn aborted(&self, why: &str) -> (&'static str, serde_json::Value) {
+    pub fn aborted(&self, why: &str) -> (EventType, serde_json::Value) {
         match self {
             CopyAudit::Sftp(_) => copy_aborted(why),
             CopyAudit::Scp {
                 direction, path, ..
             } => (
-                "scp",
+                EventType::Scp,
                 json!({"tool": "scp", "path": path, "direction": direction.as_str(), "result": why}),
             ),
             CopyAudit::Rsync {
                 direction, path, ..
             } => (
-                "scp",
+                EventType::Scp,
                 json!({"tool": "rsync", "path": path, "direction": direction.as_str(), "result": why}),
             ),
         }
     }
 
-    pub fn finish(&mut self, exit_code: Option<i64>) -> Vec<(&'static str, serde_json::Value)> {
+    pub fn finish(&mut self, exit_code: Option<i64>) -> Vec<(EventType, serde_json::Value)> {
         match self {
             CopyAudit::Sftp(a) => a.finish().into_iter().map(sftp_event).collect(),
             CopyAudit::Scp { .. } => vec![],
@@ -120,7 +121,7 @@ impl CopyAudit {
                 path,
                 bytes,
             } => vec![(
-                "scp",
+                EventType::Scp,
                 json!({"tool": "rsync", "path": path, "direction": direction.as_str(),
                     "size": *bytes, "exit_code": exit_code}),
             )],
@@ -128,7 +129,7 @@ impl CopyAudit {
     }
 }
 
-fn sftp_event(op: sallyport_core::sftp::Op) -> (&'static str, serde_json::Value) {
+fn sftp_event(op: sallyport_core::sftp::Op) -> (EventType, serde_json::Value) {
     let mut e =
         json!({"action": op.action, "path": op.path, "bytes": op.bytes, "result": op.result});
     if let Some(t) = op.target {
@@ -140,13 +141,13 @@ fn sftp_event(op: sallyport_core::sftp::Op) -> (&'static str, serde_json::Value)
     if let Some(x) = op.extension {
         e["extension"] = x.into();
     }
-    ("sftp", e)
+    (EventType::Sftp, e)
 }
 
 /// The event that says why an SFTP channel was ended: see [`CopyAudit::aborted`].
-pub fn copy_aborted(why: &str) -> (&'static str, serde_json::Value) {
+pub fn copy_aborted(why: &str) -> (EventType, serde_json::Value) {
     (
-        "sftp",
+        EventType::Sftp,
         json!({"action": "abort", "path": "", "bytes": 0, "result": why}),
     )
 }

@@ -7,6 +7,8 @@
 use bytes::Bytes;
 use russh::ChannelWriteHalf;
 use russh::client::Msg as ClientMsg;
+use sallyport_core::api::{NodeKind, RecordMode, SessionKind};
+use sallyport_core::audit::EventType;
 use sallyport_core::scp::{Direction, FileCopy};
 use sallyport_core::sftp::SftpAudit;
 use serde_json::json;
@@ -66,7 +68,7 @@ impl<'a, D: Door> CommandState<'a, D> {
                 true
             }
             Command::Shell => {
-                if let Err(e) = self.begin("shell", None, true).await {
+                if let Err(e) = self.begin(SessionKind::Shell, None, true).await {
                     return self.fail(e).await;
                 }
                 self.sent(node.request_shell(true).await.is_ok()).await
@@ -80,7 +82,7 @@ impl<'a, D: Door> CommandState<'a, D> {
                 if !live.grant.file_copy {
                     live.audit
                         .event(
-                            "sftp",
+                            EventType::Sftp,
                             json!({"action": "start", "result": FILE_COPY_REFUSED}),
                         )
                         .await;
@@ -89,7 +91,7 @@ impl<'a, D: Door> CommandState<'a, D> {
                 if let Ok(mut slot) = live.copy.lock() {
                     *slot = Some(CopyAudit::Sftp(SftpAudit::new()));
                 }
-                if let Err(e) = self.begin("sftp", None, false).await {
+                if let Err(e) = self.begin(SessionKind::Sftp, None, false).await {
                     return self.refuse(&e).await;
                 }
                 self.sent(node.request_subsystem(true, &name).await.is_ok())
@@ -102,7 +104,7 @@ impl<'a, D: Door> CommandState<'a, D> {
                     live.asked.agent.store(true, Ordering::Relaxed);
                     if node.agent_forward(false).await.is_ok() {
                         live.audit
-                            .event("agent-forward", json!({"result": "ok"}))
+                            .event(EventType::AgentForward, json!({"result": "ok"}))
                             .await;
                     }
                 }
@@ -131,7 +133,10 @@ impl<'a, D: Door> CommandState<'a, D> {
                     return true;
                 }
                 live.audit
-                    .event("x11-forward", json!({"screen": screen, "result": "ok"}))
+                    .event(
+                        EventType::X11Forward,
+                        json!({"screen": screen, "result": "ok"}),
+                    )
                     .await;
                 true
             }
@@ -211,14 +216,17 @@ impl<'a, D: Door> CommandState<'a, D> {
         // which the login can make run anything, and rsync's stream is not held to its
         // protocol as scp's and SFTP's are: there it is a recorded session. (An agent runs
         // copies itself, never through the shell.)
-        let agentless = live.grant.node.kind != "agent";
+        let agentless = live.grant.node.kind != NodeKind::Agent;
         let copy = sallyport_core::scp::classify(&cmd)
             .filter(|c| !(agentless && matches!(c, FileCopy::Rsync { .. })));
         // Refused when it is a copy or only wraps one: what `ssh_file_copy: false` refused
         // before stays refused, though only an exact copy goes unrecorded.
         if !live.grant.file_copy && (copy.is_some() || sallyport_core::scp::mentions_copy(&cmd)) {
             live.audit
-                .event("scp", json!({"command": cmd, "result": FILE_COPY_REFUSED}))
+                .event(
+                    EventType::Scp,
+                    json!({"command": cmd, "result": FILE_COPY_REFUSED}),
+                )
                 .await;
             return self.refuse(FILE_COPY_REFUSED).await;
         }
@@ -226,10 +234,10 @@ impl<'a, D: Door> CommandState<'a, D> {
             if let Ok(mut slot) = live.copy.lock() {
                 *slot = Some(CopyAudit::new(copy));
             }
-            if let Err(e) = self.begin("exec", Some(&cmd), false).await {
+            if let Err(e) = self.begin(SessionKind::Exec, Some(&cmd), false).await {
                 return self.refuse(&e).await;
             }
-        } else if let Err(e) = self.begin("exec", Some(&cmd), true).await {
+        } else if let Err(e) = self.begin(SessionKind::Exec, Some(&cmd), true).await {
             return self.fail(e).await;
         }
         self.sent(self.node.exec(true, data).await.is_ok()).await
@@ -273,7 +281,7 @@ impl<'a, D: Door> CommandState<'a, D> {
     /// it is a file copy (audited per file instead).
     async fn begin(
         &mut self,
-        kind: &'static str,
+        kind: SessionKind,
         command: Option<&str>,
         record: bool,
     ) -> Result<(), String> {
@@ -297,7 +305,7 @@ impl<'a, D: Door> CommandState<'a, D> {
             title: &live.title,
             command,
         };
-        let strict = live.grant.record == "strict";
+        let strict = live.grant.record == RecordMode::Strict;
         let limits = Limits {
             input: live.grant.record_input,
             max_bytes: live.state.max_recording_size,
