@@ -406,4 +406,20 @@ async fn refusals_say_why() {
     let (got, body) = call(&f, &login, &cert(Editor)).await;
     assert_eq!(got, FORBIDDEN);
     assert!(body.contains("eddie is not a proxy"), "{body}");
+
+    // A caller without the right is refused before the body is read: a malformed role is 403
+    // for them (it was 422, the parser's answer, before the rule was checked), 422 for an editor.
+    let malformed = Row {
+        method: Method::Post,
+        path: routes::auth::ROLES,
+        pattern: routes::auth::ROLES,
+        body: Some("{"),
+        who: ADMINS,
+        allowed: StatusCode::BAD_REQUEST,
+    };
+    let (got, body) = call(&f, &malformed, &cert(Access)).await;
+    assert_eq!(got, FORBIDDEN, "{body}");
+    assert!(body.contains("access denied"), "{body}");
+    let (got, _) = call(&f, &malformed, &cert(Editor)).await;
+    assert!(got.is_client_error() && got != FORBIDDEN, "{got}");
 }

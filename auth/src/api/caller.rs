@@ -8,6 +8,7 @@
 //! their locks, so a removed, locked or expired user is refused at once, even on an HTTP/2
 //! connection that was opened while they were still valid.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
@@ -55,6 +56,65 @@ impl Caller {
 #[derive(Debug, Clone)]
 pub struct Proxy {
     pub name: String,
+}
+
+/// What a route requires: `VERB` on `RESOURCE`, by role `rules` (the admin identity may do
+/// everything, services nothing).
+pub trait Rule {
+    const RESOURCE: &'static str;
+    const VERB: &'static str;
+}
+
+/// A caller that role rules allow `R`. As an extractor it refuses the request before its body is
+/// read: a caller without the right learns nothing from how the route would parse it.
+pub struct Allowed<R>(pub Caller, PhantomData<R>);
+
+impl<R> std::ops::Deref for Allowed<R> {
+    type Target = Caller;
+    fn deref(&self) -> &Caller {
+        &self.0
+    }
+}
+
+macro_rules! rules {
+    ($($name:ident: $resource:literal $verb:literal,)*) => {
+        $(
+            #[doc = concat!("`", $verb, "` on `", $resource, "`.")]
+            pub struct $name;
+            impl Rule for $name {
+                const RESOURCE: &'static str = $resource;
+                const VERB: &'static str = $verb;
+            }
+        )*
+    };
+}
+
+/// The rules the admin routes require, one type each.
+pub mod rule {
+    use super::Rule;
+    rules! {
+        ClusterRead: "cluster" "read",
+        UserList: "user" "list",
+        UserRead: "user" "read",
+        UserCreate: "user" "create",
+        UserUpdate: "user" "update",
+        UserDelete: "user" "delete",
+        RoleList: "role" "list",
+        RoleRead: "role" "read",
+        RoleCreate: "role" "create",
+        RoleDelete: "role" "delete",
+        ConnectorList: "connector" "list",
+        ConnectorCreate: "connector" "create",
+        ConnectorDelete: "connector" "delete",
+        NodeCreate: "node" "create",
+        NodeDelete: "node" "delete",
+        TokenList: "token" "list",
+        TokenCreate: "token" "create",
+        LockCreate: "lock" "create",
+        LockDelete: "lock" "delete",
+        EventList: "event" "list",
+        EventRead: "event" "read",
+    }
 }
 
 impl AuthServer {
@@ -218,5 +278,18 @@ impl FromRequestParts<Arc<AuthServer>> for Proxy {
                 caller.name()
             )))
         }
+    }
+}
+
+impl<R: Rule> FromRequestParts<Arc<AuthServer>> for Allowed<R> {
+    type Rejection = AuthError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        auth: &Arc<AuthServer>,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = resolve(parts, auth).await?;
+        auth.authorize(&caller, R::RESOURCE, R::VERB).await?;
+        Ok(Allowed(caller, PhantomData))
     }
 }

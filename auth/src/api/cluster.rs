@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use sallyport_core::api::{CaExport, Ping, Status};
 use sallyport_core::ca::CaKind;
 
-use super::{Auth, Caller};
+use super::{Allowed, Auth, Caller, rule};
 use crate::AuthError;
 
 pub(super) async fn ping(State(auth): Auth) -> Result<Json<Ping>, AuthError> {
@@ -17,8 +17,10 @@ pub(super) async fn ping(State(auth): Auth) -> Result<Json<Ping>, AuthError> {
     Ok(Json(p))
 }
 
-pub(super) async fn status(State(auth): Auth, caller: Caller) -> Result<Json<Status>, AuthError> {
-    auth.authorize(&caller, "cluster", "read").await?;
+pub(super) async fn status(
+    State(auth): Auth,
+    _: Allowed<rule::ClusterRead>,
+) -> Result<Json<Status>, AuthError> {
     Ok(Json(auth.status().await?))
 }
 

@@ -6,23 +6,21 @@ use axum::http::StatusCode;
 use sallyport_core::api::{PutConnector, PutRoleResult};
 use sallyport_core::oidc::OidcConnector;
 
-use super::{Auth, Caller, done};
+use super::{Allowed, Auth, done, rule};
 use crate::AuthError;
 
 pub(super) async fn list(
     State(auth): Auth,
-    caller: Caller,
+    _: Allowed<rule::ConnectorList>,
 ) -> Result<Json<Vec<OidcConnector>>, AuthError> {
-    auth.authorize(&caller, "connector", "list").await?;
     Ok(Json(auth.list_connectors().await?))
 }
 
 pub(super) async fn put(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::ConnectorCreate>,
     Json(req): Json<PutConnector>,
 ) -> Result<(StatusCode, Json<PutRoleResult>), AuthError> {
-    auth.authorize(&caller, "connector", "create").await?;
     if req.overwrite {
         auth.authorize(&caller, "connector", "update").await?;
     }
@@ -44,10 +42,9 @@ pub(super) async fn put(
 
 pub(super) async fn remove(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::ConnectorDelete>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.authorize(&caller, "connector", "delete").await?;
     auth.remove_connector(&name, caller.name()).await?;
     Ok(done())
 }

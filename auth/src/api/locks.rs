@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use sallyport_core::api::{AddLock, LockInfo};
 
-use super::{Auth, Caller, done};
+use super::{Allowed, Auth, Caller, done, rule};
 use crate::AuthError;
 
 pub(super) async fn list(
@@ -21,19 +21,17 @@ pub(super) async fn list(
 
 pub(super) async fn add(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::LockCreate>,
     Json(req): Json<AddLock>,
 ) -> Result<Json<LockInfo>, AuthError> {
-    auth.authorize(&caller, "lock", "create").await?;
     Ok(Json(auth.add_lock(&req, caller.name()).await?))
 }
 
 pub(super) async fn remove(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::LockDelete>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.authorize(&caller, "lock", "delete").await?;
     auth.remove_lock(&id, caller.name()).await?;
     Ok(done())
 }

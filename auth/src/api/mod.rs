@@ -38,7 +38,7 @@ use crate::{AuthError, AuthServer};
 
 /// Where roles match nodes; kept here for callers of the old path.
 pub use crate::access::node_labels;
-pub use caller::{Caller, PeerVerifier, Proxy};
+pub use caller::{Allowed, Caller, PeerVerifier, Proxy, Rule, rule};
 
 /// The built-in administrator's user name (no real user name can start with `@`).
 pub const ADMIN: &str = "@admin";

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use sallyport_core::api::{AddNode, JoinRequest, Joined, NodeInfo, Presence};
 use serde::Deserialize;
 
-use super::{Auth, Caller, Proxy, done};
+use super::{Allowed, Auth, Caller, Proxy, done, rule};
 use crate::AuthError;
 use crate::access::node_labels;
 
@@ -39,10 +39,9 @@ pub(super) async fn list(
 
 pub(super) async fn add(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::NodeCreate>,
     Json(req): Json<AddNode>,
 ) -> Result<(StatusCode, Json<NodeInfo>), AuthError> {
-    auth.authorize(&caller, "node", "create").await?;
     Ok((
         StatusCode::CREATED,
         Json(auth.add_node(&req, caller.name()).await?),
@@ -51,10 +50,9 @@ pub(super) async fn add(
 
 pub(super) async fn remove(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::NodeDelete>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.authorize(&caller, "node", "delete").await?;
     auth.remove_node(&name, caller.name()).await?;
     Ok(done())
 }

@@ -5,20 +5,21 @@ use axum::extract::{Path, State};
 use sallyport_core::api::{AccessCheck, PutRole, PutRoleResult};
 use sallyport_core::role::{Decision, Role};
 
-use super::{Auth, Caller, done};
+use super::{Allowed, Auth, done, rule};
 use crate::AuthError;
 
-pub(super) async fn list(State(auth): Auth, caller: Caller) -> Result<Json<Vec<Role>>, AuthError> {
-    auth.authorize(&caller, "role", "list").await?;
+pub(super) async fn list(
+    State(auth): Auth,
+    _: Allowed<rule::RoleList>,
+) -> Result<Json<Vec<Role>>, AuthError> {
     Ok(Json(auth.list_roles().await?))
 }
 
 pub(super) async fn get(
     State(auth): Auth,
-    caller: Caller,
+    _: Allowed<rule::RoleRead>,
     Path(name): Path<String>,
 ) -> Result<Json<Role>, AuthError> {
-    auth.authorize(&caller, "role", "read").await?;
     let role = auth
         .get_role(&name)
         .await?
@@ -28,10 +29,9 @@ pub(super) async fn get(
 
 pub(super) async fn put(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::RoleCreate>,
     Json(req): Json<PutRole>,
 ) -> Result<Json<PutRoleResult>, AuthError> {
-    auth.authorize(&caller, "role", "create").await?;
     if req.overwrite {
         auth.authorize(&caller, "role", "update").await?;
     }
@@ -46,10 +46,9 @@ pub(super) async fn put(
 
 pub(super) async fn delete(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::RoleDelete>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.authorize(&caller, "role", "delete").await?;
     auth.delete_role(&name, caller.name()).await?;
     Ok(done())
 }
@@ -57,10 +56,9 @@ pub(super) async fn delete(
 /// Reads a user's roles against a resource: `read` on both `role` and `user`.
 pub(super) async fn access_check(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::RoleRead>,
     Json(req): Json<AccessCheck>,
 ) -> Result<Json<Decision>, AuthError> {
-    auth.authorize(&caller, "role", "read").await?;
     auth.authorize(&caller, "user", "read").await?;
     Ok(Json(auth.access_check(&req).await?))
 }

@@ -4,22 +4,20 @@ use axum::Json;
 use axum::extract::State;
 use sallyport_core::api::{AddJoinToken, JoinToken, TokenInfo};
 
-use super::{Auth, Caller};
+use super::{Allowed, Auth, rule};
 use crate::AuthError;
 
 pub(super) async fn list(
     State(auth): Auth,
-    caller: Caller,
+    _: Allowed<rule::TokenList>,
 ) -> Result<Json<Vec<TokenInfo>>, AuthError> {
-    auth.authorize(&caller, "token", "list").await?;
     Ok(Json(auth.list_tokens().await?))
 }
 
 pub(super) async fn add_join_token(
     State(auth): Auth,
-    caller: Caller,
+    caller: Allowed<rule::TokenCreate>,
     Json(req): Json<AddJoinToken>,
 ) -> Result<Json<JoinToken>, AuthError> {
-    auth.authorize(&caller, "token", "create").await?;
     Ok(Json(auth.add_join_token(&req, caller.name()).await?))
 }
