@@ -150,6 +150,19 @@ pub fn server_credit(handle: russh::server::Handle, channel: russh::ChannelId) -
     })
 }
 
+/// The credit for channel `channel` of a russh client connection (`Handle::consumed`).
+pub fn client_credit<H: russh::client::Handler + 'static>(
+    handle: Arc<russh::client::Handle<H>>,
+    channel: russh::ChannelId,
+) -> Credit
+where
+    russh::client::Handle<H>: Send + Sync,
+{
+    Arc::new(move |n| {
+        let _ = handle.consumed(channel, n);
+    })
+}
+
 /// A channel's byte stream (russh's `Channel::into_stream`) under `WindowPolicy::Consumed`:
 /// each read first reports the bytes the previous read returned, as [`Receiver::recv`] does,
 /// so a relay (`splice`) that reads again only once it has written the last chunk on re-opens

@@ -433,6 +433,9 @@ pub fn server_settings(
             inactivity_timeout: Some(Duration::from_secs(3600)),
             max_auth_attempts: 6,
             window_size: crate::flow::CLIENT_WINDOW,
+            // Its channels carry inner connections: their window is given back as the inner
+            // server reads them (`crate::flow`, `vendor/russh/PATCHES.md`).
+            window_policy: russh::WindowPolicy::Consumed,
             ..server_config(key, certificate, Transport::Open)
         },
         ServerRole::ProxyInner => russh::server::Config {
@@ -440,6 +443,9 @@ pub fn server_settings(
             // The door's connection and the session watchdogs bound it.
             inactivity_timeout: None,
             window_size: crate::flow::CLIENT_WINDOW,
+            // A channel's window is given back as the node takes its input: a slow reader on
+            // the node holds the person back instead of the proxy buffering.
+            window_policy: russh::WindowPolicy::Consumed,
             ..server_config(key, certificate, Transport::Open)
         },
         ServerRole::Agent => russh::server::Config {

@@ -69,7 +69,9 @@ pub async fn dial(
     let cert = Certificate::from_openssh(grant.ssh_cert.trim()).map_err(|e| e.to_string())?;
     let host_key_problem: Shared<Option<String>> = Arc::new(Mutex::new(None));
     let open_failure: Shared<Option<String>> = Arc::new(Mutex::new(None));
+    let this_conn: ConnSlot = Arc::new(OnceLock::new());
     let client = NodeClient {
+        conn: this_conn.clone(),
         state: state.clone(),
         node: grant.node.clone(),
         open_failure: open_failure.clone(),
@@ -85,7 +87,7 @@ pub async fn dial(
     // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
     // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
     let agent = grant.node.kind == "agent";
-    let config = if agent {
+    let mut config = if agent {
         sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
     } else {
         russh::client::Config {
@@ -93,6 +95,10 @@ pub async fn dial(
             ..sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred())
         }
     };
+    // The node's window is given back only as what it sent is handed on to the person
+    // (`relay::output`, and the channels below): a slow reader holds the node back instead of
+    // the proxy buffering (`sallyport_core::flow`, `vendor/russh/PATCHES.md`).
+    config.window_policy = russh::WindowPolicy::Consumed;
     let config = Arc::new(config);
     let mut handle = if agent {
         let stream = state.tunnels.open(&grant.node.id).await.ok_or_else(|| {
@@ -143,14 +149,48 @@ pub async fn dial(
         )));
     }
     Ok(Dialed {
-        conn: Arc::new(handle),
+        conn: {
+            let conn = Arc::new(handle);
+            let _ = this_conn.set(Arc::downgrade(&conn));
+            conn
+        },
         open_failure,
     })
 }
 
 /// The proxy's SSH client toward a node: checks the node's host certificate (agents) or its
 /// pinned host key (agentless OpenSSH servers), and keeps the reason of a refused channel.
+/// The node connection a [`NodeClient`] belongs to, once it is made: what gives window back for
+/// the channels the node opens.
+type ConnSlot = Arc<OnceLock<std::sync::Weak<russh::client::Handle<NodeClient>>>>;
+
+/// Both ends of a channel the node opened toward the person, as streams that give each peer its
+/// window back as what is read from it is written on to the other (both connections run
+/// `WindowPolicy::Consumed`).
+fn credited_pair(
+    conn: &ConnSlot,
+    node: Channel<ClientMsg>,
+    user: &russh::server::Handle,
+    person: Channel<russh::server::Msg>,
+) -> (
+    sallyport_core::flow::Credited<russh::ChannelStream<ClientMsg>>,
+    sallyport_core::flow::Credited<russh::ChannelStream<russh::server::Msg>>,
+) {
+    let (slot, id) = (conn.clone(), node.id());
+    let node_credit: sallyport_core::flow::Credit = Arc::new(move |n| {
+        if let Some(conn) = slot.get().and_then(std::sync::Weak::upgrade) {
+            let _ = conn.consumed(id, n);
+        }
+    });
+    let user_credit = sallyport_core::flow::server_credit(user.clone(), person.id());
+    (
+        sallyport_core::flow::Credited::new(node.into_stream(), node_credit),
+        sallyport_core::flow::Credited::new(person.into_stream(), user_credit),
+    )
+}
+
 pub struct NodeClient {
+    conn: ConnSlot,
     state: Arc<ProxyState>,
     node: NodeInfo,
     open_failure: Shared<Option<String>>,
@@ -273,7 +313,7 @@ impl russh::client::Handler for NodeClient {
                 .await;
             return Ok(());
         };
-        let user = t.user.clone();
+        let (user, conn) = (t.user.clone(), self.conn.clone());
         let events = t.audit.get().cloned();
         let bytes = t.forward_bytes.clone();
         let activity = t.activity.clone();
@@ -308,12 +348,9 @@ impl russh::client::Handler for NodeClient {
             {
                 Ok(uch) => {
                     reply.accept().await;
-                    let (down, up) = sallyport_core::flow::splice_with(
-                        channel.into_stream(),
-                        uch.into_stream(),
-                        Some(&activity),
-                    )
-                    .await;
+                    let (node, person) = credited_pair(&conn, channel, &user, uch);
+                    let (down, up) =
+                        sallyport_core::flow::splice_with(node, person, Some(&activity)).await;
                     bytes.0.fetch_add(up, Ordering::Relaxed);
                     bytes.1.fetch_add(down, Ordering::Relaxed);
                     if let Some(ev) = events {
@@ -352,7 +389,7 @@ impl russh::client::Handler for NodeClient {
                 .await;
             return Ok(());
         };
-        let user = t.user.clone();
+        let (user, conn) = (t.user.clone(), self.conn.clone());
         let asked = t.asked.clone();
         tokio::spawn(async move {
             if let Err(why) = recheck_node_channel(&asked, "agent-forward", true).await {
@@ -365,7 +402,8 @@ impl russh::client::Handler for NodeClient {
             match user.channel_open_agent().await {
                 Ok(uch) => {
                     reply.accept().await;
-                    splice(channel.into_stream(), uch.into_stream()).await;
+                    let (node, person) = credited_pair(&conn, channel, &user, uch);
+                    splice(node, person).await;
                 }
                 Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
             }
@@ -392,7 +430,7 @@ impl russh::client::Handler for NodeClient {
                 .await;
             return Ok(());
         };
-        let user = t.user.clone();
+        let (user, conn) = (t.user.clone(), self.conn.clone());
         let origin = originator_address.to_string();
         let asked = t.asked.clone();
         tokio::spawn(async move {
@@ -406,7 +444,8 @@ impl russh::client::Handler for NodeClient {
             match user.channel_open_x11(origin, originator_port).await {
                 Ok(uch) => {
                     reply.accept().await;
-                    splice(channel.into_stream(), uch.into_stream()).await;
+                    let (node, person) = credited_pair(&conn, channel, &user, uch);
+                    splice(node, person).await;
                 }
                 Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
             }

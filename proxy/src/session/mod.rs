@@ -133,6 +133,22 @@ pub enum Event {
 }
 
 /// A door's side of one session: where its events go. Returns false when the person is gone.
+///
+/// Flow control runs end to end through the session: [`Event::Data`] is sent no faster than the
+/// person's side takes it (`send` returns once their window has room), and the person's input
+/// is reported through [`Door::consumed`] once the node took it, so a door with windows of its
+/// own (SSH's) gives them back at the node's pace.
 pub trait Door: Send + Sync + 'static {
     fn send(&self, event: Event) -> impl std::future::Future<Output = bool> + Send;
+
+    /// The most input the person may have sent and the session not yet handed to the node,
+    /// when the door gives window back through [`Door::consumed`]; more is a peer ignoring
+    /// flow control, and the session is closed. `None`: only the flood cap
+    /// ([`HIGH_WATER`](sallyport_core::flow::HIGH_WATER)) bounds it.
+    fn window(&self) -> Option<u32> {
+        None
+    }
+
+    /// `bytes` of the person's input reached the node.
+    fn consumed(&self, _bytes: usize) {}
 }

@@ -70,18 +70,23 @@ pub async fn open(
 pub struct Commands {
     tx: mpsc::UnboundedSender<Command>,
     queued: Arc<AtomicUsize>,
+    /// The door's window ([`Door::window`]), or the flood cap.
+    limit: usize,
 }
 
+
 impl Commands {
-    /// Queues `command`. False when the session is gone, or when the node has fallen
-    /// [`HIGH_WATER`](sallyport_core::flow::HIGH_WATER) bytes behind the person's input: the
-    /// door then closes the session (a flood closes its channel, never stalls the connection).
+    /// Queues `command`. False when the session is gone, or when the input would take what
+    /// waits for the node past the door's window (a peer ignoring flow control) or, for a door
+    /// without one, past [`HIGH_WATER`](sallyport_core::flow::HIGH_WATER): the door then closes
+    /// the session (its channel, never stalling the connection).
     pub fn send(&self, command: Command) -> bool {
         if let Command::Data(d) = &command {
-            if self.queued.load(Ordering::Acquire) > sallyport_core::flow::HIGH_WATER {
+            let queued = self.queued.fetch_add(d.len(), Ordering::AcqRel);
+            if queued.saturating_add(d.len()) > self.limit {
+                self.queued.fetch_sub(d.len(), Ordering::AcqRel);
                 return false;
             }
-            self.queued.fetch_add(d.len(), Ordering::AcqRel);
         }
         self.tx.send(command).is_ok()
     }
@@ -105,6 +110,9 @@ pub(super) struct Live<D> {
     /// When data last moved either way on any of the person's channels (Unix milliseconds).
     pub(super) activity: Arc<AtomicU64>,
     pub(super) closed: AtomicBool,
+    /// The command task ended (the person closed the session or left): output that waits
+    /// for the person's window will never get it.
+    pub(super) input_ended: AtomicBool,
 }
 
 impl<D: Door> Live<D> {
@@ -159,13 +167,21 @@ pub fn start<D: Door>(
         bytes_in: AtomicU64::new(0),
         activity,
         closed: AtomicBool::new(false),
+        input_ended: AtomicBool::new(false),
     });
+    let limit = live
+        .door
+        .window()
+        .map_or(sallyport_core::flow::HIGH_WATER, |w| w as usize);
+    // The node connection runs `WindowPolicy::Consumed` (`dial`): its window is given back as
+    // the output task hands the node's bytes on.
+    let credit = sallyport_core::flow::client_credit(conn.clone(), channel.id());
     let (read, write) = channel.split();
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
     tokio::spawn(commands(live.clone(), rx, queued.clone(), Arc::new(write)));
-    tokio::spawn(output(live, read, conn));
-    Commands { tx, queued }
+    tokio::spawn(output(live, read, conn, credit));
+    Commands { tx, queued, limit }
 }
 
 /// The command task: the person's requests and input, in order, to the node.
@@ -177,20 +193,57 @@ async fn commands<D: Door>(
 ) {
     let mut c = super::request::CommandState::new(&live, &node);
     while let Some(command) = rx.recv().await {
-        if let Command::Data(d) = &command {
-            queued.fetch_sub(d.len(), Ordering::AcqRel);
-        }
+        let input = match &command {
+            Command::Data(d) => {
+                queued.fetch_sub(d.len(), Ordering::AcqRel);
+                d.len()
+            }
+            _ => 0,
+        };
         if !c.run(command).await {
             break;
         }
+        // Written into the node's window (or dropped): the person may send that much more.
+        if input > 0 {
+            live.door.consumed(input);
+        }
     }
+    live.input_ended.store(true, Ordering::Release);
     let _ = node.close().await;
+}
+
+/// Sends the node's output to the person, which waits for their window; meanwhile the session
+/// is still watched. `Err` with why the session ends when it must end first (or the person
+/// left: `None`).
+async fn deliver<D: Door>(live: &Live<D>, event: Event) -> Result<bool, Option<Refusal>> {
+    let watch = async {
+        let mut tick = tokio::time::interval(watchdog::TICK);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if live.closed.load(Ordering::Acquire) || live.input_ended.load(Ordering::Acquire) {
+                return None;
+            }
+            if let Some(end) = watchdog::check(&live.grant, &live.activity, live.cert_expires) {
+                return Some(end);
+            }
+        }
+    };
+    tokio::select! {
+        sent = live.door.send(event) => Ok(sent),
+        end = watch => Err(end),
+    }
 }
 
 /// The output task: node → person. Output, exit status, replies; records output; audits file
 /// copies; watches the session; at the end finishes the recording before the person sees the
 /// end, closes the node connection and ends the session in auth.
-async fn output<D: Door>(live: Arc<Live<D>>, mut read: ChannelReadHalf, conn: NodeConn) {
+async fn output<D: Door>(
+    live: Arc<Live<D>>,
+    mut read: ChannelReadHalf,
+    conn: NodeConn,
+    credit: sallyport_core::flow::Credit,
+) {
     let grant = &live.grant;
     let door = &live.door;
     let mut exit_code: Option<i64> = None;
@@ -241,6 +294,7 @@ async fn output<D: Door>(live: Arc<Live<D>>, mut read: ChannelReadHalf, conn: No
         let Some(msg) = msg else { break };
         match msg {
             ChannelMsg::Data { mut data } => {
+                let received = data.len();
                 bytes_out += data.len() as u64;
                 watchdog::touch(&live.activity);
                 // What the recording does not take is not shown; the loop's check then ends
@@ -270,30 +324,45 @@ async fn output<D: Door>(live: Arc<Live<D>>, mut read: ChannelReadHalf, conn: No
                         break;
                     }
                 }
-                if !data.is_empty() && !door.send(Event::Data { ext: None, data }).await {
-                    break;
+                if !data.is_empty() {
+                    match deliver(&live, Event::Data { ext: None, data }).await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(end) => {
+                            why = end;
+                            break;
+                        }
+                    }
                 }
+                credit(received);
             }
             // The agent's own report (`host_user.create`): audited, never shown or recorded.
             ChannelMsg::ExtendedData { data, ext }
                 if ext == sallyport_core::api::AGENT_EVENT_EXT =>
             {
                 agent_event(&live, &data, &mut agent_reported).await;
+                credit(data.len());
             }
             ChannelMsg::ExtendedData { mut data, ext } => {
+                let received = data.len();
                 bytes_out += data.len() as u64;
                 watchdog::touch(&live.activity);
                 data.truncate(record(&data));
-                if !data.is_empty()
-                    && !door
-                        .send(Event::Data {
-                            ext: Some(ext),
-                            data,
-                        })
-                        .await
-                {
-                    break;
+                if !data.is_empty() {
+                    let event = Event::Data {
+                        ext: Some(ext),
+                        data,
+                    };
+                    match deliver(&live, event).await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(end) => {
+                            why = end;
+                            break;
+                        }
+                    }
                 }
+                credit(received);
             }
             ChannelMsg::ExitStatus { exit_status } => {
                 exit_code = Some(i64::from(exit_status));

@@ -244,13 +244,18 @@ impl russh::server::Handler for Outer {
         // The node's identity comes from auth: asked on a task, the channel answered then.
         let state = self.state.clone();
         let (addr, host) = (self.addr, host.to_string());
+        // The door runs `WindowPolicy::Consumed`: the channel's window is given back as the
+        // inner server reads the stream (`Decoupled` reads only as far as its small queue lets
+        // it), so what one jump holds here is bounded by the window, whatever the client sends.
+        let credit = sallyport_core::flow::server_credit(_session.handle(), channel.id());
         tokio::spawn(async move {
             match state.node_identity(&host).await {
                 Ok((cert, node)) => {
                     reply.accept().await;
+                    let stream = sallyport_core::flow::Credited::new(channel.into_stream(), credit);
                     super::inner::serve(
                         state,
-                        sallyport_core::flow::Decoupled::new(channel.into_stream()),
+                        sallyport_core::flow::Decoupled::new(stream),
                         user,
                         node,
                         cert,

@@ -186,6 +186,9 @@ pub(super) fn direct_tcpip(
     (originator, originator_port): (&str, u32),
     reply: russh::server::ChannelOpenHandle,
 ) {
+    // Both connections run `WindowPolicy::Consumed`: each side's window is given back as what
+    // was read from it is written on to the other (`flow::Credited`).
+    let person_credit = sallyport_core::flow::server_credit(user.clone(), channel.id());
     let forwarder = forwarder_of(inner, user);
     let activity = inner.activity.clone();
     let (host, originator) = (host.to_string(), originator.to_string());
@@ -225,9 +228,10 @@ pub(super) fn direct_tcpip(
         {
             Ok(nch) => {
                 reply.accept().await;
+                let node_credit = sallyport_core::flow::client_credit(fwd.conn.clone(), nch.id());
                 let (up, down) = sallyport_core::flow::splice_with(
-                    channel.into_stream(),
-                    nch.into_stream(),
+                    sallyport_core::flow::Credited::new(channel.into_stream(), person_credit),
+                    sallyport_core::flow::Credited::new(nch.into_stream(), node_credit),
                     Some(&activity),
                 )
                 .await;

@@ -126,6 +126,10 @@ impl Drop for Inner {
 /// The SSH door's side of one session channel: renders the engine's events as SSH messages.
 struct SshDoor {
     user: Handle,
+    /// The channel's output, which waits for the person's window: the node's output reaches
+    /// the person no faster than their client takes it (the session then gives the node its
+    /// window back), instead of queueing in the proxy.
+    output: russh::ChannelWriteHalf<Msg>,
     ch: ChannelId,
     sessions: Sessions,
 }
@@ -134,11 +138,11 @@ impl Door for SshDoor {
     async fn send(&self, event: Event) -> bool {
         let (user, ch) = (&self.user, self.ch);
         match event {
-            Event::Data { ext: None, data } => user.data(ch, data).await.is_ok(),
+            Event::Data { ext: None, data } => self.output.data_bytes(data).await.is_ok(),
             Event::Data {
                 ext: Some(ext),
                 data,
-            } => user.extended_data(ch, ext, data).await.is_ok(),
+            } => self.output.extended_data_bytes(ext, data).await.is_ok(),
             Event::Reply(true) => user.channel_success(ch).await.is_ok(),
             Event::Reply(false) => user.channel_failure(ch).await.is_ok(),
             Event::Eof => user.eof(ch).await.is_ok(),
@@ -173,6 +177,16 @@ impl Door for SshDoor {
                 false
             }
         }
+    }
+
+    /// The inner connection's window (`sshcert::server_settings(ProxyInner)`), given back as
+    /// the node takes the person's input (`WindowPolicy::Consumed`).
+    fn window(&self) -> Option<u32> {
+        Some(sallyport_core::flow::CLIENT_WINDOW)
+    }
+
+    fn consumed(&self, bytes: usize) {
+        let _ = self.user.consumed(self.ch, bytes);
     }
 }
 
@@ -299,7 +313,8 @@ impl russh::server::Handler for Inner {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let id = channel.id();
-        drop(channel);
+        // Input arrives through `data`; output goes through the write half (see `SshDoor`).
+        let (_, output) = channel.split();
         let established = self.sessions.lock().map(|s| s.len()).unwrap_or(0);
         let open =
             u32::try_from(established + self.opening.load(Ordering::Acquire)).unwrap_or(u32::MAX);
@@ -352,6 +367,7 @@ impl russh::server::Handler for Inner {
                     let forward_agent = opened.grant.forward_agent;
                     let door = Arc::new(SshDoor {
                         user,
+                        output,
                         ch: id,
                         sessions: sessions.clone(),
                     });
@@ -529,7 +545,9 @@ impl russh::server::Handler for Inner {
         data: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        // One copy out of russh's buffer, shared by the recorder and the relay.
+        // One copy out of russh's buffer, shared by the recorder and the relay. Its window is
+        // given back once the node took it (`Door::consumed`); a forward's channel gives its own
+        // back as its stream is read (`flow::Credited`), and a closed session's never needs it.
         self.command(ch, Command::Data(Bytes::copy_from_slice(data)), session);
         Ok(())
     }
