@@ -1,8 +1,9 @@
 //! The auth API (port 3025, mutual TLS), one module per resource. The caller is whoever the
 //! verified client certificate says ([`caller`]): a user (user TLS CA; roles re-read from the
 //! backend on every request), the local admin identity `sallyport start` writes, or a cluster
-//! service (host TLS CA). Every admin route is authorized by role `rules`; the routes a proxy
-//! calls for the people and nodes it speaks for take a [`Proxy`] caller.
+//! service (host TLS CA). Every admin route is authorized by role `rules`, named in its handler's
+//! signature ([`Allowed`]`<rule::UserCreate>`) and checked before the body is read; the routes a
+//! proxy calls for the people and nodes it speaks for take a [`Proxy`] caller.
 //!
 //! This layer owns HTTP only: who is calling, which rule applies, and the wire shape of answers.
 //! What a request does is `AuthServer`'s, in the module that owns the data.
