@@ -74,7 +74,6 @@ pub struct Commands {
     limit: usize,
 }
 
-
 impl Commands {
     /// Queues `command`. False when the session is gone, or when the input would take what
     /// waits for the node past the door's window (a peer ignoring flow control) or, for a door
