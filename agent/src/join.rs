@@ -8,6 +8,7 @@ use base64::Engine;
 use rcgen::{KeyPair, PublicKeyData};
 use russh::keys::ssh_key::{Algorithm, LineEnding, PrivateKey};
 use sallyport_core::api::{ErrorBody, JoinRequest, Joined};
+use sallyport_core::routes;
 use sallyport_core::tls::{Trust, client_config};
 
 use crate::{AgentError, AgentIdentity};
@@ -27,7 +28,7 @@ fn err(e: impl std::fmt::Display) -> AgentError {
 /// The tunnel address the proxy's web API advertises, with the host the agent already uses.
 pub async fn tunnel_addr(http: &reqwest::Client, proxy: &str) -> Result<String, AgentError> {
     let ping: serde_json::Value = http
-        .get(format!("https://{proxy}/v1/webapi/ping"))
+        .get(format!("https://{proxy}{}", routes::web::PING))
         .send()
         .await
         .map_err(|e| {
@@ -80,7 +81,7 @@ pub async fn join(p: &JoinParams) -> Result<AgentIdentity, AgentError> {
         remote_addr: None,
     };
     let resp = http
-        .post(format!("https://{}/v1/webapi/join", p.proxy))
+        .post(format!("https://{}{}", p.proxy, routes::web::JOIN))
         .json(&req)
         .send()
         .await
