@@ -511,6 +511,15 @@ auth_service:
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // A daemon killed while its local agent is joining leaves the node registered in
+            // auth without the identity the agent would have kept, and the next start's join
+            // is then refused ("node name local1 is already taken"), as it should be.
+            let agent = std::fs::read_to_string(&self.config)
+                .is_ok_and(|t| t.contains("ssh_service:\n  enabled: true"));
+            if agent {
+                let identity = self.data_dir().join("agent-identity.json");
+                eventually(Duration::from_secs(30), || identity.exists());
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
