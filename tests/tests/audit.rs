@@ -671,3 +671,101 @@ fn clients_end_quietly_on_a_closed_pipe() {
         );
     }
 }
+
+/// The events and fields `docs/audit.md` documents (its table is generated from
+/// `core/src/audit/catalogue.rs`, and a unit test keeps the two equal): event → fields, and
+/// the fields every record has.
+fn documented() -> (std::collections::BTreeMap<String, Vec<String>>, Vec<String>) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/audit.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split("<br>")
+            .filter_map(|item| item.trim().strip_prefix('`')?.split('`').next())
+            .map(str::to_string)
+            .collect()
+    };
+    let (mut events, mut common) = (std::collections::BTreeMap::new(), vec![]);
+    let mut section = 0;
+    for line in text.lines() {
+        if line.starts_with("Every record also has these fields") {
+            section = 1;
+        } else if line.starts_with("Renamed events") {
+            section = 2;
+        }
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let Some(name) = cells[0]
+            .strip_prefix("| `")
+            .and_then(|c| c.strip_suffix('`'))
+        else {
+            continue;
+        };
+        match section {
+            0 if cells.len() == 3 => {
+                events.insert(name.to_string(), ticked(cells[2].trim_end_matches(" |")));
+            }
+            1 => common.push(name.to_string()),
+            _ => {}
+        }
+    }
+    (events, common)
+}
+
+/// Every record a cluster writes is an event `docs/audit.md` documents, with only the fields it
+/// documents for that event: the auditors' reference cannot fall behind what is written.
+#[test]
+fn every_record_is_documented_in_docs_audit_md() {
+    let (documented, common) = documented();
+    assert!(documented.len() > 20 && common.contains(&"hash".to_string()));
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    c.login(&home, "alice", "wrong password")
+        .fails_with("invalid");
+    let cfg = c.ssh_config(&home, "alice");
+    c.ssh(&cfg, &["root@local1", "true"], "").ok();
+    c.ssh(&cfg, &["nobody@local1", "true"], "")
+        .fails_with("no role allows login nobody");
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: ops}\nspec:\n  allow:\n    logins: [ops]\n",
+    )
+    .ok();
+    c.sallyctl(&["rm", "role/ops"]).ok();
+    c.sallyctl(&["lock", "--user", "alice", "--ttl", "1h"]).ok();
+    c.sallyctl(&["tokens", "add", "--type", "node"]).ok();
+    c.sallyctl(&["nodes", "add", "--name", "web9", "--addr", "127.0.0.1:22"])
+        .ok();
+    c.sallyctl(&["nodes", "rm", "web9"]).ok();
+    let all = events(&c, &[]);
+    let mut seen = std::collections::BTreeSet::new();
+    for e in &all {
+        let name = e["event"].as_str().unwrap();
+        let Some(fields) = documented.get(name) else {
+            panic!("{name} is not in docs/audit.md: {e}");
+        };
+        for key in e.as_object().unwrap().keys() {
+            assert!(
+                fields.contains(key) || common.contains(key),
+                "{name}: field {key} is not in docs/audit.md: {e}"
+            );
+        }
+        seen.insert(name);
+    }
+    for want in [
+        "user.create",
+        "user.signup",
+        "user.login",
+        "session.start",
+        "exec",
+        "session.end",
+        "session.reject",
+        "role.create",
+        "role.delete",
+        "lock.create",
+        "token.create",
+        "node.create",
+        "node.delete",
+        "node.join",
+    ] {
+        assert!(seen.contains(want), "no {want} among {seen:?}");
+    }
+}
