@@ -18,6 +18,8 @@ pub(super) enum AuditCommand {
     /// is checked against the signed chain first (a rewritten one fails the search); results
     /// no checkpoint covers yet are named in a warning on stderr.
     Search {
+        /// Only events of this type (`user.login`, `session.start`, ...: every type and its
+        /// fields are in docs/audit.md); a type's name from before it was renamed finds it too.
         #[arg(long = "type")]
         event_type: Option<String>,
         #[arg(long)]
