@@ -217,7 +217,7 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
     assert!(linked.adopted);
     auth.remove_user("legacy@x.io", "test").await.unwrap();
 
-    legacy_event_names(&auth).await;
+    legacy_event_names(auth).await;
 }
 
 /// A record written before the catalogue renamed its event keeps its old name (the chain hashes
