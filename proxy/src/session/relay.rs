@@ -12,7 +12,11 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use russh::client::Msg as ClientMsg;
 use russh::{Channel, ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
-use sallyport_core::api::{SessionEnd, SessionGrant};
+use sallyport_core::api::{
+    NodeKind, RecordMode, SessionEnd, SessionGrant, SessionKind, SessionStatus,
+};
+use sallyport_core::audit::EventType;
+use sallyport_core::audit::catalogue::Source;
 use sallyport_core::scp::Direction;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -104,7 +108,7 @@ pub(super) struct Live<D> {
     pub(super) rec: Mutex<Option<Recorder>>,
     pub(super) copy: Mutex<Option<CopyAudit>>,
     /// What the session turned out to be, once it began (`shell`, `exec`, `sftp`).
-    pub(super) kind: Mutex<Option<(&'static str, Option<String>)>>,
+    pub(super) kind: Mutex<Option<(SessionKind, Option<String>)>>,
     pub(super) bytes_in: AtomicU64,
     /// When data last moved either way on any of the person's channels (Unix milliseconds).
     pub(super) activity: Arc<AtomicU64>,
@@ -418,13 +422,13 @@ async fn output<D: Door>(
         .lock()
         .ok()
         .and_then(|c| c.clone())
-        .unwrap_or(("shell", None));
+        .unwrap_or((SessionKind::Shell, None));
     let end = SessionEnd {
         exit_code,
         bytes_in: live.bytes_in.load(Ordering::Relaxed),
         bytes_out,
-        status: "complete".into(),
-        kind: Some(kind.into()),
+        status: SessionStatus::Complete,
+        kind: Some(kind),
         command,
     };
     live.audit.end(end).await;
@@ -451,7 +455,7 @@ async fn recording_full<D: Door>(live: &Live<D>) -> bool {
 async fn recording_limit_reached<D: Door>(live: &Live<D>) -> bool {
     let grant = &live.grant;
     let max_bytes = live.state.max_recording_size;
-    let strict = grant.record == "strict";
+    let strict = grant.record == RecordMode::Strict;
     tracing::warn!(session = %grant.session_id, max_bytes, strict, "recording reached max_recording_size");
     let action = if strict {
         "session ended"
@@ -460,7 +464,7 @@ async fn recording_limit_reached<D: Door>(live: &Live<D>) -> bool {
     };
     live.audit
         .event(
-            "session.recording_limit",
+            EventType::SessionRecordingLimit,
             json!({"max_recording_size": max_bytes, "record_session": grant.record, "action": action}),
         )
         .await;
@@ -472,7 +476,7 @@ async fn recording_limit_reached<D: Door>(live: &Live<D>) -> bool {
 /// events an agent may report.
 async fn agent_event<D: Door>(live: &Live<D>, data: &[u8], reported: &mut bool) {
     let grant = &live.grant;
-    if grant.node.kind != "agent" {
+    if grant.node.kind != NodeKind::Agent {
         return;
     }
     // Not taken on trust: one report per session, small, and only when the grant let the agent
@@ -482,13 +486,18 @@ async fn agent_event<D: Door>(live: &Live<D>, data: &[u8], reported: &mut bool) 
         return;
     }
     *reported = true;
-    match serde_json::from_slice::<sallyport_core::api::SessionEvent>(data) {
-        Ok(e) if sallyport_core::api::AGENT_EVENTS.contains(&e.event.as_str()) => {
-            live.audit
-                .event(&e.event, serde_json::Value::Object(e.fields))
-                .await;
+    // Only the events the catalogue says an agent reports.
+    let event = serde_json::from_slice::<sallyport_core::api::SessionEvent>(data)
+        .ok()
+        .and_then(|e| {
+            let t = EventType::from_name(&e.event).filter(|t| t.source() == Source::Agent)?;
+            Some((t, e.fields))
+        });
+    match event {
+        Some((t, fields)) => {
+            live.audit.event(t, serde_json::Value::Object(fields)).await;
         }
-        _ => {
+        None => {
             tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event that is not one an agent may report")
         }
     }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use russh::server::{Handle, Msg};
 use russh::{Channel, ChannelOpenFailure};
-use sallyport_core::api::{SessionEnd, SessionGrant};
+use sallyport_core::api::{SessionEnd, SessionGrant, SessionKind, SessionStatus};
+use sallyport_core::audit::EventType;
 use serde_json::json;
 use tokio::sync::OnceCell;
 
@@ -65,10 +66,10 @@ impl Forwarding {
                 .disconnect(russh::Disconnect::ByApplication, "", "")
                 .await;
             let end = SessionEnd {
-                status: "complete".into(),
+                status: SessionStatus::Complete,
                 bytes_in: bytes.0.load(std::sync::atomic::Ordering::Relaxed),
                 bytes_out: bytes.1.load(std::sync::atomic::Ordering::Relaxed),
-                kind: Some("forward".into()),
+                kind: Some(SessionKind::Forward),
                 ..Default::default()
             };
             audit.end(end).await;
@@ -109,7 +110,7 @@ async fn open(
     let _ = audit_slot.set(audit.clone());
     let recheck = Arc::new(GrantRecheck::new(state.clone(), &grant));
     let _ = recheck_slot.set(recheck.clone());
-    audit.update("forward", None).await;
+    audit.update(SessionKind::Forward, None).await;
     let (stop, stopped) = tokio::sync::oneshot::channel();
     // A connection that only forwards has no session channel to watch it.
     let conn: Arc<dyn HangUp> = Arc::new(user);
@@ -214,7 +215,7 @@ pub(super) fn direct_tcpip(
             tracing::info!(session = %fwd.recheck.session_id, %why, "forwarded connection refused");
             fwd.audit
                 .event(
-                    "port",
+                    EventType::Port,
                     json!({"kind": "local", "addr": addr, "originator": from, "result": why}),
                 )
                 .await;
@@ -243,7 +244,7 @@ pub(super) fn direct_tcpip(
                     .fetch_add(down, std::sync::atomic::Ordering::Relaxed);
                 fwd.audit
                     .event(
-                        "port",
+                        EventType::Port,
                         json!({"kind": "local", "addr": addr, "originator": from,
                             "bytes_in": up, "bytes_out": down}),
                     )
@@ -285,7 +286,7 @@ pub(super) async fn tcpip_forward(
             tracing::info!(user = %who, address = %address_owned, port = asked, %why, "remote forward refused");
             fwd.audit
                 .event(
-                    "port",
+                    EventType::Port,
                     json!({"kind": "remote", "addr": format!("{address_owned}:{asked}"),
                     "result": why}),
                 )
