@@ -795,3 +795,55 @@ fn an_agent_channel_checks_the_grant_again() {
         })
     }));
 }
+
+/// Every SSH connection on the path runs consumer-driven windows (`vendor/russh/PATCHES.md`):
+/// a forward whose bytes were never given back as window would stall once one window (2 MiB to
+/// the person, 8 MiB to an agent) had passed. 40 MB through `-L` and back through `-R`, whole.
+#[test]
+fn forwards_carry_many_windows_each_way() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("alice", "access", "root");
+    let cfg = c.ssh_config(&home, "alice");
+    let site = c.dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    let blob: Vec<u8> = (0..40_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(site.join("blob"), &blob).unwrap();
+    let (_web, web) = http_server(&site);
+    let got = c.dir.path().join("got");
+
+    let lport = free_port();
+    let _l = forward(
+        &c,
+        &cfg,
+        &["-L", &format!("127.0.0.1:{lport}:127.0.0.1:{web}")],
+        lport,
+    );
+    let url = format!("http://127.0.0.1:{lport}/blob");
+    curl(&["--max-time", "60", "-o", got.to_str().unwrap(), &url]).ok();
+    assert!(
+        std::fs::read(&got).unwrap() == blob,
+        "-L: the file changed on the way"
+    );
+
+    let rport = free_port();
+    let r = run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-J", "proxy", "-o", "ExitOnForwardFailure=yes", "-R"])
+            .arg(format!("{rport}:127.0.0.1:{web}"))
+            .arg("root@local1")
+            .arg(format!(
+                "curl -s --max-time 60 http://127.0.0.1:{rport}/blob | cksum"
+            )),
+        "",
+    )
+    .ok();
+    let want = run(Command::new("cksum").arg(site.join("blob")), "").ok();
+    assert_eq!(
+        r.stdout.split_whitespace().take(2).collect::<Vec<_>>(),
+        want.stdout.split_whitespace().take(2).collect::<Vec<_>>(),
+        "-R: the file changed on the way"
+    );
+}
