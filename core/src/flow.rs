@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
-/// Bytes a channel may queue before it is closed as a flood.
+/// Bytes a channel whose window russh re-opens by itself ([`inbox`]) may queue before it is
+/// closed as a flood. A [`windowed_inbox`] is bounded by its window instead.
 pub const HIGH_WATER: usize = 64 * 1024 * 1024;
 
 /// Messages russh may queue for one channel before its session loop waits. An SSH connection
