@@ -118,11 +118,14 @@ impl AuthServer {
 
     /// Pins `key` as an agentless node's host key if none is pinned; returns the pinned key.
     pub async fn pin_host_key(&self, id: &str, key: &str) -> Result<String, AuthError> {
-        sqlx::query("UPDATE nodes SET host_key = $1 WHERE id = $2 AND host_key IS NULL AND kind = 'agentless'")
-            .bind(key)
-            .bind(id)
-            .execute(&self.backend.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE nodes SET host_key = $1 WHERE id = $2 AND host_key IS NULL AND kind = $3",
+        )
+        .bind(key)
+        .bind(id)
+        .bind(NodeKind::Agentless.as_str())
+        .execute(&self.backend.pool)
+        .await?;
         let row = sqlx::query("SELECT host_key FROM nodes WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.backend.pool)

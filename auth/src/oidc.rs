@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
-use sallyport_core::api::{Certs, LoginRequest};
+use sallyport_core::api::{Certs, ConnectorKind, LoginRequest};
 use sallyport_core::audit::{Event, EventType};
 use sallyport_core::oidc::{OidcConnector, map_roles, merge_userinfo};
 use serde::{Deserialize, Serialize};
@@ -436,8 +436,9 @@ fn form_encode(s: &str) -> String {
 
 impl AuthServer {
     pub(crate) async fn connector(&self, name: &str) -> Result<OidcConnector, AuthError> {
-        let row = sqlx::query("SELECT spec FROM connectors WHERE name = $1 AND kind = 'oidc'")
+        let row = sqlx::query("SELECT spec FROM connectors WHERE name = $1 AND kind = $2")
             .bind(name)
+            .bind(ConnectorKind::Oidc.as_str())
             .fetch_optional(&self.backend.pool)
             .await?
             .ok_or_else(|| {
@@ -468,12 +469,13 @@ impl AuthServer {
             )));
         }
         sqlx::query(
-            "INSERT INTO connectors (name, kind, spec, created) VALUES ($1, 'oidc', $2, $3)
+            "INSERT INTO connectors (name, kind, spec, created) VALUES ($1, $4, $2, $3)
              ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
         )
         .bind(c.name())
         .bind(&text)
         .bind(sallyport_core::unix_now())
+        .bind(c.kind.as_str())
         .execute(&self.backend.pool)
         .await?;
         self.emit(

@@ -88,10 +88,11 @@ impl AuthServer {
         let now = sallyport_core::unix_now();
         let hash = token_hash(&req.token);
         let valid = sqlx::query(
-            "SELECT 1 FROM join_tokens WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = 'node'",
+            "SELECT 1 FROM join_tokens WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3",
         )
         .bind(&hash)
         .bind(now)
+        .bind(TokenKind::Node.as_str())
         .fetch_optional(&self.backend.pool)
         .await?
         .is_some();
@@ -125,9 +126,10 @@ impl AuthServer {
             );
             return Err(AuthError::Conflict(refused(why).await));
         }
-        let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = 'node'")
+        let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3")
             .bind(&hash)
             .bind(now)
+            .bind(TokenKind::Node.as_str())
             .execute(&self.backend.pool)
             .await?;
         if claimed.rows_affected() != 1 {
@@ -135,11 +137,12 @@ impl AuthServer {
             return Err(self.join_refused(req, remote).await);
         }
         let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query("INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated, last_seen) VALUES ($1, $2, NULL, $3, 'agent', $4, $4, 0)")
+        sqlx::query("INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated, last_seen) VALUES ($1, $2, NULL, $3, $5, $4, $4, 0)")
             .bind(&id)
             .bind(&req.nodename)
             .bind(serde_json::to_string(&req.labels)?)
             .bind(now)
+            .bind(NodeKind::Agent.as_str())
             .execute(&self.backend.pool)
             .await
             .map_err(|_| AuthError::Conflict(format!("node name {} is already taken", req.nodename)))?;
@@ -236,24 +239,27 @@ impl AuthServer {
         } else {
             0
         };
-        let r =
-            match &p.labels {
-                Some(labels) => sqlx::query(
-                    "UPDATE nodes SET last_seen = $1, labels = $2 WHERE id = $3 AND kind = 'agent'",
+        let r = match &p.labels {
+            Some(labels) => {
+                sqlx::query(
+                    "UPDATE nodes SET last_seen = $1, labels = $2 WHERE id = $3 AND kind = $4",
                 )
                 .bind(seen)
                 .bind(serde_json::to_string(labels)?)
                 .bind(node_id)
+                .bind(NodeKind::Agent.as_str())
                 .execute(&self.backend.pool)
-                .await?,
-                None => {
-                    sqlx::query("UPDATE nodes SET last_seen = $1 WHERE id = $2 AND kind = 'agent'")
-                        .bind(seen)
-                        .bind(node_id)
-                        .execute(&self.backend.pool)
-                        .await?
-                }
-            };
+                .await?
+            }
+            None => {
+                sqlx::query("UPDATE nodes SET last_seen = $1 WHERE id = $2 AND kind = $3")
+                    .bind(seen)
+                    .bind(node_id)
+                    .bind(NodeKind::Agent.as_str())
+                    .execute(&self.backend.pool)
+                    .await?
+            }
+        };
         if r.rows_affected() == 0 {
             return Err(AuthError::NotFound(format!(
                 "node {node_id} is not registered"
@@ -376,13 +382,15 @@ impl AuthServer {
         )
         .map_err(|e| AuthError::Internal(e.to_string()))?;
         let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, start, status) VALUES ($1, $2, $3, $4, $5, 'ssh', $6, 'running')")
+        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, start, status) VALUES ($1, $2, $3, $4, $5, $7, $6, $8)")
             .bind(&id)
             .bind(&user.name)
             .bind(&req.login)
             .bind(&node.hostname)
             .bind(&node.id)
             .bind(sallyport_core::unix_now())
+            .bind(SessionKind::Ssh.as_str())
+            .bind(SessionStatus::Running.as_str())
             .execute(&self.backend.pool)
             .await?;
         let record = set.record_ssh();
@@ -515,7 +523,9 @@ impl AuthServer {
     /// Sessions still marked running when their proxy stopped: their recordings end where the
     /// proxy stopped writing.
     pub async fn mark_interrupted_sessions(&self) -> Result<u64, AuthError> {
-        let r = sqlx::query("UPDATE sessions SET status = 'incomplete' WHERE status = 'running'")
+        let r = sqlx::query("UPDATE sessions SET status = $1 WHERE status = $2")
+            .bind(SessionStatus::Incomplete.as_str())
+            .bind(SessionStatus::Running.as_str())
             .execute(&self.backend.pool)
             .await?;
         Ok(r.rows_affected())
@@ -529,14 +539,13 @@ impl AuthServer {
         kind: SessionKind,
         command: Option<&str>,
     ) -> Result<(), AuthError> {
-        sqlx::query(
-            "UPDATE sessions SET kind = $1, command = $2 WHERE id = $3 AND status = 'running'",
-        )
-        .bind(kind.as_str())
-        .bind(command)
-        .bind(id)
-        .execute(&self.backend.pool)
-        .await?;
+        sqlx::query("UPDATE sessions SET kind = $1, command = $2 WHERE id = $3 AND status = $4")
+            .bind(kind.as_str())
+            .bind(command)
+            .bind(id)
+            .bind(SessionStatus::Running.as_str())
+            .execute(&self.backend.pool)
+            .await?;
         Ok(())
     }
 
@@ -587,7 +596,8 @@ impl AuthServer {
 
     /// At an all-in-one start no tunnel exists yet: every agent is offline until it dials in.
     pub async fn mark_agents_offline(&self) -> Result<(), AuthError> {
-        sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind = 'agent'")
+        sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind = $1")
+            .bind(NodeKind::Agent.as_str())
             .execute(&self.backend.pool)
             .await?;
         Ok(())
