@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
@@ -59,22 +58,11 @@ impl NodeServer {
             .map(|k| PublicKey::from_openssh(k.trim()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad(&e))?;
-        let config = russh::server::Config {
-            auth_rejection_time: Duration::from_millis(100),
-            inactivity_timeout: None,
-            window_size: 8 * 1024 * 1024,
-            // The window is given back as the session's input reaches its command (and a
-            // forward's bytes their socket): a command that reads slowly holds the proxy back
-            // instead of this agent buffering for it (`core::flow`, `vendor/russh/PATCHES.md`).
-            window_policy: russh::WindowPolicy::Consumed,
-            event_buffer_size: 1024,
-            // Only the proxy reaches this server, through the mTLS tunnel: `none` is offered.
-            ..sallyport_core::sshcert::server_config(
-                key,
-                cert,
-                sallyport_core::sshcert::Transport::InsideTunnel,
-            )
-        };
+        let config = sallyport_core::sshcert::server_settings(
+            sallyport_core::sshcert::ServerRole::Agent,
+            key,
+            cert,
+        );
         Ok(NodeServer {
             config: Arc::new(config),
             user_cas,

@@ -452,6 +452,10 @@ pub fn server_settings(
             auth_rejection_time: Duration::from_millis(100),
             inactivity_timeout: None,
             window_size: 8 * 1024 * 1024,
+            // The window is given back as the session's input reaches its command (and a
+            // forward's bytes their socket): a command that reads slowly holds the proxy back
+            // instead of the agent buffering for it (`crate::flow`).
+            window_policy: russh::WindowPolicy::Consumed,
             event_buffer_size: 1024,
             // Only the proxy reaches this server, through the mTLS tunnel: `none` is offered.
             ..server_config(key, certificate, Transport::InsideTunnel)
