@@ -108,6 +108,16 @@ mod build {
             && newest_source(root, target).is_none_or(|s| s <= built)
     }
 
+    /// The error of a build that failed after the last change to the sources: every other test
+    /// process reports it instead of building again (a broken build takes a while to fail).
+    fn failed_since_last_change(failed: &Path, dir: &Path, root: &Path) -> Option<String> {
+        let at = std::fs::metadata(failed).and_then(|m| m.modified()).ok()?;
+        let target = dir.parent().unwrap_or(dir);
+        newest_source(root, target)
+            .is_none_or(|s| s <= at)
+            .then(|| std::fs::read_to_string(failed).unwrap_or_default())
+    }
+
     /// Runs `cargo build --workspace --bins` into `dir` (`target/<profile>`) unless the last
     /// one is newer than every source. Test processes run in parallel (nextest runs each test
     /// in its own): the first builds under an exclusive lock, the others wait and then find
@@ -126,6 +136,10 @@ mod build {
         lock.lock().expect("build lock");
         if fresh(dir, &stamp, &root) {
             return;
+        }
+        let failed = dir.join(".sallyport-tests-bins.failed");
+        if let Some(error) = failed_since_last_change(&failed, dir, &root) {
+            panic!("{error}");
         }
         // Files changed while cargo builds are newer than the stamp: the next test rebuilds.
         let started = SystemTime::now();
@@ -149,12 +163,19 @@ mod build {
         }
         eprintln!("building the binaries the tests run: {cmd:?}");
         let out = cmd.output().expect("run cargo");
-        assert!(
-            out.status.success(),
-            "cargo build --workspace --bins failed (SALLYPORT_TEST_NO_BUILD=1 runs the binaries \
-             that are there):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            let error = format!(
+                "cargo build --workspace --bins failed (SALLYPORT_TEST_NO_BUILD=1 runs the \
+                 binaries that are there):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if let Ok(f) = File::create(&failed) {
+                let _ = std::io::Write::write_all(&mut &f, error.as_bytes());
+                let _ = f.set_modified(started);
+            }
+            panic!("{error}");
+        }
+        let _ = std::fs::remove_file(&failed);
         let f = File::create(&stamp).expect("build stamp");
         std::io::Write::write_all(&mut &f, root.display().to_string().as_bytes())
             .expect("build stamp");
@@ -163,8 +184,8 @@ mod build {
 }
 
 /// A loopback port nothing listens on, for what must know its port before it starts (an
-/// external `sshd`, a forward's listening end); the daemon itself listens on port 0. From below the kernel's ephemeral range (32768 and up
-/// here): a port the kernel hands out for `bind(0)` can be taken again, between this call and
+/// external `sshd`, a forward's listening end); the daemon itself listens on port 0. From below
+/// the kernel's ephemeral range (32768 and up here): a port the kernel hands out for `bind(0)` can be taken again, between this call and
 /// the daemon's bind, as the source port of any of the many client connections the tests make,
 /// and the daemon then fails with "Address already in use". Ports are picked pseudo-randomly per
 /// process (nextest runs each test in its own) and checked by binding.
