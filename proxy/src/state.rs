@@ -154,7 +154,7 @@ impl ProxyState {
                 .auth
                 .json::<(), Vec<sallyport_core::api::LockInfo>>(
                     reqwest::Method::GET,
-                    "/v1/locks",
+                    sallyport_core::routes::auth::LOCKS,
                     None,
                 )
                 .await

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sallyport_core::api::{SessionEnd, SessionEvent, path_segment};
+use sallyport_core::api::{SessionEnd, SessionEvent, SessionKind};
+use sallyport_core::audit::EventType;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::state::ProxyState;
@@ -43,31 +44,31 @@ impl Audit {
     }
 
     /// Queues `event` with `fields` (a JSON object).
-    pub async fn event(&self, event: &str, fields: serde_json::Value) {
+    pub async fn event(&self, event: EventType, fields: serde_json::Value) {
         let fields = match fields {
             serde_json::Value::Object(m) => m,
             _ => serde_json::Map::new(),
         };
         let e = SessionEvent {
-            event: event.to_string(),
+            event: event.name().to_string(),
             fields,
         };
         if self.tx.send(Report::Event(e)).await.is_err() {
-            tracing::error!(event, session = %self.session_id, "session event queue closed");
+            tracing::error!(%event, session = %self.session_id, "session event queue closed");
         }
     }
 
     /// Queues each of `list`.
-    pub async fn events(&self, list: Vec<(&'static str, serde_json::Value)>) {
+    pub async fn events(&self, list: Vec<(EventType, serde_json::Value)>) {
         for (name, fields) in list {
             self.event(name, fields).await;
         }
     }
 
     /// The session turned out to be `kind` (`shell`, `exec`, `sftp`, `forward`).
-    pub async fn update(&self, kind: &str, command: Option<&str>) {
+    pub async fn update(&self, kind: SessionKind, command: Option<&str>) {
         let body = SessionEnd {
-            kind: Some(kind.into()),
+            kind: Some(kind),
             command: command.map(str::to_string),
             ..Default::default()
         };
@@ -86,7 +87,7 @@ impl Audit {
 
 /// Ends a session that never got an [`Audit`] (its node could not be reached, say).
 pub async fn end_now(state: &ProxyState, session_id: &str, end: SessionEnd) {
-    let path = format!("/v1/sessions/{}/end", path_segment(session_id));
+    let path = sallyport_core::routes::auth::session_end(session_id);
     if let Err(e) = state
         .auth
         .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&end))
@@ -97,9 +98,8 @@ pub async fn end_now(state: &ProxyState, session_id: &str, end: SessionEnd) {
 }
 
 async fn post(state: Arc<ProxyState>, session_id: String, mut rx: mpsc::Receiver<Report>) {
-    let seg = path_segment(&session_id);
-    let events_path = format!("/v1/sessions/{seg}/events");
-    let update_path = format!("/v1/sessions/{seg}/update");
+    let events_path = sallyport_core::routes::auth::session_events(&session_id);
+    let update_path = sallyport_core::routes::auth::session_update(&session_id);
     let mut next: Option<Report> = None;
     loop {
         let report = match next.take() {

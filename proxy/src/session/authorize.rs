@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sallyport_core::api::{GrantCheck, NodeInfo, SessionEnd, SessionGrant, SessionRequest};
+use sallyport_core::api::{
+    GrantCheck, NodeInfo, SessionEnd, SessionGrant, SessionRequest, SessionStatus,
+};
 
 use super::Refusal;
 use crate::auth_client::ClientError;
@@ -46,7 +48,11 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
     };
     let grant: SessionGrant = state
         .auth
-        .json(reqwest::Method::POST, "/v1/sessions", Some(&req))
+        .json(
+            reqwest::Method::POST,
+            sallyport_core::routes::auth::SESSIONS,
+            Some(&req),
+        )
         .await
         .map_err(refusal)?;
     if let Some(why) = &target.credential_refusal {
@@ -63,7 +69,7 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
 /// The end of a session that never ran.
 pub fn failed_end() -> SessionEnd {
     SessionEnd {
-        status: "complete".into(),
+        status: SessionStatus::Complete,
         exit_code: Some(255),
         ..Default::default()
     }
@@ -161,10 +167,7 @@ impl GrantRecheck {
         {
             return answer.clone();
         }
-        let path = format!(
-            "/v1/sessions/{}/check",
-            sallyport_core::api::path_segment(&self.session_id)
-        );
+        let path = sallyport_core::routes::auth::session_check(&self.session_id);
         let answer = match self
             .state
             .auth

@@ -15,7 +15,8 @@ use std::time::Duration;
 use russh::client::Msg as ClientMsg;
 use russh::keys::ssh_key::Certificate;
 use russh::{Channel, ChannelId, ChannelOpenFailure};
-use sallyport_core::api::{NodeInfo, SessionGrant};
+use sallyport_core::api::{NodeInfo, NodeKind, SessionGrant};
+use sallyport_core::audit::EventType;
 use serde_json::json;
 
 use super::Refusal;
@@ -86,7 +87,7 @@ pub async fn dial(
     };
     // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
     // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
-    let agent = grant.node.kind == "agent";
+    let agent = grant.node.kind == NodeKind::Agent;
     let mut config = if agent {
         sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
     } else {
@@ -229,13 +230,10 @@ impl russh::client::Handler for NodeClient {
                 Ok(ok.is_ok())
             }
             russh::keys::PublicKeyOrCertificate::PublicKey { key, .. }
-                if self.node.kind == "agentless" =>
+                if self.node.kind == NodeKind::Agentless =>
             {
                 let text = key.to_openssh().map_err(russh::Error::from)?;
-                let path = format!(
-                    "/v1/nodes/{}/host-key",
-                    sallyport_core::api::path_segment(&self.node.id)
-                );
+                let path = sallyport_core::routes::auth::node_host_key(&self.node.id);
                 let pinned: Result<serde_json::Value, _> = self
                     .state
                     .auth
@@ -326,7 +324,7 @@ impl russh::client::Handler for NodeClient {
                 tracing::info!(session = %recheck.session_id, %why, "remote-forwarded connection refused");
                 if let Some(ev) = events {
                     ev.event(
-                        "port",
+                        EventType::Port,
                         json!({"kind": "remote", "addr": format!("{addr}:{connected_port}"),
                         "originator": format!("{oaddr}:{originator_port}"), "result": why}),
                     )
@@ -355,7 +353,7 @@ impl russh::client::Handler for NodeClient {
                     bytes.1.fetch_add(down, Ordering::Relaxed);
                     if let Some(ev) = events {
                         ev.event(
-                            "port",
+                            EventType::Port,
                             json!({"kind": "remote", "addr": format!("{addr}:{connected_port}"),
                             "originator": format!("{oaddr}:{originator_port}"),
                             "bytes_in": up, "bytes_out": down}),
@@ -392,7 +390,7 @@ impl russh::client::Handler for NodeClient {
         let (user, conn) = (t.user.clone(), self.conn.clone());
         let asked = t.asked.clone();
         tokio::spawn(async move {
-            if let Err(why) = recheck_node_channel(&asked, "agent-forward", true).await {
+            if let Err(why) = recheck_node_channel(&asked, EventType::AgentForward, true).await {
                 tracing::info!(%why, "agent channel refused");
                 reply
                     .reject(ChannelOpenFailure::AdministrativelyProhibited)
@@ -434,7 +432,7 @@ impl russh::client::Handler for NodeClient {
         let origin = originator_address.to_string();
         let asked = t.asked.clone();
         tokio::spawn(async move {
-            if let Err(why) = recheck_node_channel(&asked, "x11-forward", false).await {
+            if let Err(why) = recheck_node_channel(&asked, EventType::X11Forward, false).await {
                 tracing::info!(%why, "X11 channel refused");
                 reply
                     .reject(ChannelOpenFailure::AdministrativelyProhibited)
@@ -485,7 +483,7 @@ impl russh::client::Handler for NodeClient {
 /// Checks a session's grant again before an agent (`agent`) or X11 channel the node opens
 /// toward the person; a refusal is audited as an `agent-forward` / `x11-forward` event
 /// (`event`) with its `result`.
-async fn recheck_node_channel(asked: &Asked, event: &str, agent: bool) -> Result<(), String> {
+async fn recheck_node_channel(asked: &Asked, event: EventType, agent: bool) -> Result<(), String> {
     let answer = match asked.recheck.get() {
         Some(r) if agent => r.agent_allowed().await,
         Some(r) => r.x11_allowed().await,
