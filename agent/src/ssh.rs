@@ -1201,6 +1201,7 @@ fn still_the_same(login: &Login, node: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use sallyport_core::sshcert::{self, Transport};
+    use std::time::Duration;
 
     /// A session's pid is forgotten once the process has exited and before it is reaped, so
     /// a later signal or hang-up cannot reach a process that reuses the number.
