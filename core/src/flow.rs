@@ -245,7 +245,16 @@ pub struct Decoupled {
     rx: mpsc::Receiver<bytes::Bytes>,
     pending: bytes::Bytes,
     tx: Option<mpsc::UnboundedSender<bytes::Bytes>>,
+    /// Bytes that may still be queued for writing ([`WRITE_QUEUE`] in all); the writing task
+    /// gives them back as it writes.
+    room: tokio_util::sync::PollSemaphore,
 }
+
+/// The most a [`Decoupled`] queues for writing before its writer waits. Peers that keep to the
+/// windows they advertise never come near it (what is queued is bounded by their channels'
+/// windows); a peer that advertises huge windows and stops reading stalls only its own
+/// connection here instead of growing the queue without bound.
+pub const WRITE_QUEUE: usize = 64 * 1024 * 1024;
 
 impl Decoupled {
     pub fn new<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
@@ -253,6 +262,8 @@ impl Decoupled {
     ) -> Self {
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<bytes::Bytes>();
         let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(16);
+        let room = Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE));
+        let given_back = room.clone();
         tokio::spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let (mut r, mut w) = tokio::io::split(stream);
@@ -293,8 +304,10 @@ impl Decoupled {
                     if write_all_vectored(&mut w, &mut chunks).await.is_err()
                         || w.flush().await.is_err()
                     {
+                        given_back.close();
                         return;
                     }
+                    given_back.add_permits(queued);
                 }
                 let _ = w.shutdown().await;
             };
@@ -304,6 +317,7 @@ impl Decoupled {
             rx: in_rx,
             pending: bytes::Bytes::new(),
             tx: Some(out_tx),
+            room: tokio_util::sync::PollSemaphore::new(room),
         }
     }
 }
@@ -369,10 +383,23 @@ impl tokio::io::AsyncRead for Decoupled {
 impl tokio::io::AsyncWrite for Decoupled {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
+        cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        let sent = self
+        let this = self.get_mut();
+        // Room for what is written is taken first; past [`WRITE_QUEUE`] this waits until the
+        // writing task has written some of the queue.
+        let take = buf.len().min(WRITE_QUEUE / 4);
+        let want = u32::try_from(take).unwrap_or(u32::MAX);
+        match this.room.poll_acquire_many(cx, want) {
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+            std::task::Poll::Ready(None) => {
+                return std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+            }
+            std::task::Poll::Ready(Some(permit)) => permit.forget(),
+        }
+        let buf = &buf[..take];
+        let sent = this
             .tx
             .as_ref()
             .is_some_and(|tx| tx.send(bytes::Bytes::copy_from_slice(buf)).is_ok());
@@ -520,6 +547,56 @@ mod tests {
         ) -> std::task::Poll<std::io::Result<()>> {
             std::task::Poll::Ready(Ok(()))
         }
+    }
+
+    /// A peer that stops reading holds the writer back at [`WRITE_QUEUE`], not at memory's end;
+    /// once it reads, everything queued arrives in order.
+    #[tokio::test]
+    async fn a_decoupled_writer_waits_once_its_queue_is_full() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+        let mut d = Decoupled::new(ours);
+        let chunk = vec![7u8; 1024 * 1024];
+        let mut written = 0usize;
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_millis(200), d.write_all(&chunk))
+                .await
+            {
+                Ok(Ok(())) => written += chunk.len(),
+                Ok(Err(e)) => panic!("{e}"),
+                Err(_) => break,
+            }
+            assert!(
+                written <= WRITE_QUEUE + 2 * chunk.len(),
+                "queued {written} bytes"
+            );
+        }
+        assert!(
+            written >= WRITE_QUEUE - chunk.len(),
+            "stalled early, at {written}"
+        );
+        // The peer reads: the writer goes on.
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 1024 * 1024];
+            let mut total = 0usize;
+            loop {
+                match theirs.read(&mut buf).await {
+                    Ok(0) | Err(_) => return total,
+                    Ok(n) => total += n,
+                }
+            }
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(20), d.write_all(&chunk))
+            .await
+            .unwrap_or_else(|_| panic!("the writer stayed stalled once the peer read"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        d.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+        drop(d);
+        let total = reader.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            total >= written,
+            "{total} of at least {written} bytes arrived"
+        );
     }
 
     #[tokio::test]

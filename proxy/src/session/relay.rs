@@ -76,6 +76,32 @@ pub struct Commands {
     queued: Arc<AtomicUsize>,
     /// The door's window ([`Door::window`]), or the flood cap.
     limit: usize,
+    /// Commands of any kind waiting for the node (see [`MAX_PENDING`]).
+    pending: Arc<AtomicUsize>,
+}
+
+/// The most commands a session holds for its node at once: the window bounds the input's bytes,
+/// this its messages (a request or a one-byte packet costs the proxy far more than its payload),
+/// so a peer flooding requests, or input in tiny packets, at a node that does not read is
+/// closed rather than queued without end. Requests count their payload against the window too.
+pub const MAX_PENDING: usize = 16 * 1024;
+
+/// Room for requests' payloads (environment, commands) beside the input the window allows.
+const REQUEST_ROOM: usize = 1024 * 1024;
+
+/// What a command's payload weighs against the window.
+fn weight(command: &Command) -> usize {
+    match command {
+        Command::Data(d) => d.len(),
+        Command::Env { name, value } => name.len() + value.len(),
+        Command::Exec(c) => c.len(),
+        Command::Subsystem(n) => n.len(),
+        Command::Pty { term, modes, .. } => term.len() + modes.len() * 8,
+        Command::X11 {
+            protocol, cookie, ..
+        } => protocol.len() + cookie.len(),
+        _ => 0,
+    }
 }
 
 impl Commands {
@@ -84,10 +110,18 @@ impl Commands {
     /// without one, past [`HIGH_WATER`](sallyport_core::flow::HIGH_WATER): the door then closes
     /// the session (its channel, never stalling the connection).
     pub fn send(&self, command: Command) -> bool {
-        if let Command::Data(d) = &command {
-            let queued = self.queued.fetch_add(d.len(), Ordering::AcqRel);
-            if queued.saturating_add(d.len()) > self.limit {
-                self.queued.fetch_sub(d.len(), Ordering::AcqRel);
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        let w = weight(&command);
+        // Requests get room of their own beyond the window that bounds input.
+        let limit = self.limit.saturating_add(REQUEST_ROOM);
+        if w > 0 {
+            let queued = self.queued.fetch_add(w, Ordering::AcqRel);
+            if queued.saturating_add(w) > limit {
+                self.queued.fetch_sub(w, Ordering::AcqRel);
+                self.pending.fetch_sub(1, Ordering::AcqRel);
                 return false;
             }
         }
@@ -182,25 +216,35 @@ pub fn start<D: Door>(
     let (read, write) = channel.split();
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
-    tokio::spawn(commands(live.clone(), rx, queued.clone(), Arc::new(write)));
+    let pending = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(commands(
+        live.clone(),
+        rx,
+        (queued.clone(), pending.clone()),
+        Arc::new(write),
+    ));
     tokio::spawn(output(live, read, conn, credit));
-    Commands { tx, queued, limit }
+    Commands {
+        tx,
+        queued,
+        limit,
+        pending,
+    }
 }
 
 /// The command task: the person's requests and input, in order, to the node.
 async fn commands<D: Door>(
     live: Arc<Live<D>>,
     mut rx: mpsc::UnboundedReceiver<Command>,
-    queued: Arc<AtomicUsize>,
+    (queued, pending): (Arc<AtomicUsize>, Arc<AtomicUsize>),
     node: Arc<ChannelWriteHalf<ClientMsg>>,
 ) {
     let mut c = super::request::CommandState::new(&live, &node);
     while let Some(command) = rx.recv().await {
+        pending.fetch_sub(1, Ordering::AcqRel);
+        queued.fetch_sub(weight(&command), Ordering::AcqRel);
         let input = match &command {
-            Command::Data(d) => {
-                queued.fetch_sub(d.len(), Ordering::AcqRel);
-                d.len()
-            }
+            Command::Data(d) => d.len(),
             _ => 0,
         };
         if !c.run(command).await {

@@ -44,6 +44,9 @@ pub struct Forwarding {
     forwarder: Arc<OnceCell<Forwarder>>,
     activity: Arc<AtomicU64>,
     remote_forwards: Shared<HashSet<(String, u32)>>,
+    /// Set when the inner connection ended, and when the forwarder's end was reported: a
+    /// forwarder whose opening finishes after the connection ended is ended then, once.
+    closed: Arc<(std::sync::atomic::AtomicBool, std::sync::atomic::AtomicBool)>,
 }
 
 impl Forwarding {
@@ -52,29 +55,44 @@ impl Forwarding {
             forwarder: Arc::new(OnceCell::new()),
             activity,
             remote_forwards,
+            closed: Default::default(),
         }
     }
 
     /// The inner connection ended: the forwarding connection goes and its session ends.
     pub fn close(&self) {
-        let Some(f) = self.forwarder.get() else {
-            return;
-        };
-        let (conn, bytes, audit) = (f.conn.clone(), f.bytes.clone(), f.audit.clone());
-        tokio::spawn(async move {
-            let _ = conn
-                .disconnect(russh::Disconnect::ByApplication, "", "")
-                .await;
-            let end = SessionEnd {
-                status: SessionStatus::Complete,
-                bytes_in: bytes.0.load(std::sync::atomic::Ordering::Relaxed),
-                bytes_out: bytes.1.load(std::sync::atomic::Ordering::Relaxed),
-                kind: Some(SessionKind::Forward),
-                ..Default::default()
-            };
-            audit.end(end).await;
-        });
+        self.closed
+            .0
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        end_once(&self.forwarder, &self.closed);
     }
+}
+
+/// Ends the forwarding connection and reports its session's end, once, if it is open.
+fn end_once(
+    cell: &OnceCell<Forwarder>,
+    closed: &(std::sync::atomic::AtomicBool, std::sync::atomic::AtomicBool),
+) {
+    let Some(f) = cell.get() else {
+        return;
+    };
+    if closed.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let (conn, bytes, audit) = (f.conn.clone(), f.bytes.clone(), f.audit.clone());
+    tokio::spawn(async move {
+        let _ = conn
+            .disconnect(russh::Disconnect::ByApplication, "", "")
+            .await;
+        let end = SessionEnd {
+            status: SessionStatus::Complete,
+            bytes_in: bytes.0.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_out: bytes.1.load(std::sync::atomic::Ordering::Relaxed),
+            kind: Some(SessionKind::Forward),
+            ..Default::default()
+        };
+        audit.end(end).await;
+    });
 }
 
 /// Opens (authorizes and dials) the forwarding connection for `inner`'s person.
@@ -154,11 +172,17 @@ fn forwarder_of(
     let target = inner.target(None);
     let activity = inner.forwarding.activity.clone();
     let remote_forwards = inner.forwarding.remote_forwards.clone();
+    let closed = inner.forwarding.closed.clone();
     async move {
         let target = target?;
         let f = cell
             .get_or_try_init(|| open(state, target, user, activity, remote_forwards))
             .await?;
+        if closed.0.load(std::sync::atomic::Ordering::SeqCst) {
+            // The person's connection ended while this opened.
+            end_once(&cell, &closed);
+            return Err(Refusal::Failed("the connection ended".into()));
+        }
         Ok(Ready {
             port_forwarding: f.grant.port_forwarding,
             recheck: f.recheck.clone(),

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -60,6 +60,7 @@ pub async fn serve<S>(
         login: None,
         refusal: None,
         sessions: Arc::new(Mutex::new(HashMap::new())),
+        gone: Arc::new(AtomicBool::new(false)),
         opening: Arc::new(AtomicUsize::new(0)),
         cert_expires: u64::MAX,
         activity,
@@ -94,6 +95,8 @@ pub(super) struct Inner {
     /// does not cover the login: said at channel open, where OpenSSH shows it to the user.
     refusal: Option<String>,
     sessions: Sessions,
+    /// Set (under the sessions' lock) when the connection has ended.
+    gone: Arc<AtomicBool>,
     /// Session channels being opened (authorized and dialed) right now.
     opening: Arc<AtomicUsize>,
     pub(super) forwarding: Forwarding,
@@ -114,7 +117,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // The person's connection is gone without closing its sessions: close them on the
         // node, which hangs up everything they started there, as sshd's hang-up would.
+        // Under the map's lock, so a session still opening sees it and ends itself.
         if let Ok(mut sessions) = self.sessions.lock() {
+            self.gone.store(true, Ordering::SeqCst);
             for (_, s) in sessions.drain() {
                 s.commands.send(Command::Close);
             }
@@ -126,6 +131,9 @@ impl Drop for Inner {
 /// The SSH door's side of one session channel: renders the engine's events as SSH messages.
 struct SshDoor {
     user: Handle,
+    /// True once the person's client has the channel's confirmation: nothing is sent on a
+    /// channel before it is open.
+    confirmed: tokio::sync::watch::Receiver<bool>,
     /// The channel's output, which waits for the person's window: the node's output reaches
     /// the person no faster than their client takes it (the session then gives the node its
     /// window back), instead of queueing in the proxy.
@@ -136,6 +144,13 @@ struct SshDoor {
 
 impl Door for SshDoor {
     async fn send(&self, event: Event) -> bool {
+        let confirmed = *self.confirmed.borrow();
+        if !confirmed {
+            let mut wait = self.confirmed.clone();
+            if wait.wait_for(|c| *c).await.is_err() {
+                return false;
+            }
+        }
         let (user, ch) = (&self.user, self.ch);
         match event {
             Event::Data { ext: None, data } => self.output.data_bytes(data).await.is_ok(),
@@ -350,10 +365,11 @@ impl russh::server::Handler for Inner {
             activity: self.activity.clone(),
         };
         let proxy = self.state.proxy.clone();
-        let (sessions, opening, cap) = (
+        let (sessions, opening, cap, gone) = (
             self.sessions.clone(),
             self.opening.clone(),
             self.session_cap.clone(),
+            self.gone.clone(),
         );
         let (user, activity) = (session.handle(), self.activity.clone());
         opening.fetch_add(1, Ordering::AcqRel);
@@ -365,24 +381,37 @@ impl russh::server::Handler for Inner {
                         c.cap = opened.grant.max_sessions;
                     }
                     let forward_agent = opened.grant.forward_agent;
+                    let (confirm, confirmed) = tokio::sync::watch::channel(false);
                     let door = Arc::new(SshDoor {
                         user,
+                        confirmed,
                         output,
                         ch: id,
                         sessions: sessions.clone(),
                     });
                     let commands = session::start(proxy, &target, opened, door, activity);
-                    if let Ok(mut s) = sessions.lock() {
-                        s.insert(
-                            id,
-                            Live {
-                                commands,
-                                forward_agent,
-                            },
-                        );
-                    }
+                    let kept = match sessions.lock() {
+                        Ok(mut s) if !gone.load(Ordering::SeqCst) => {
+                            s.insert(
+                                id,
+                                Live {
+                                    commands: commands.clone(),
+                                    forward_agent,
+                                },
+                            );
+                            true
+                        }
+                        _ => false,
+                    };
                     opening.fetch_sub(1, Ordering::AcqRel);
+                    if !kept {
+                        // The connection ended while the session opened: it ends at once, and
+                        // is reported as ended.
+                        commands.send(Command::Close);
+                        return;
+                    }
                     reply.accept().await;
+                    let _ = confirm.send(true);
                 }
                 Err(why) => {
                     opening.fetch_sub(1, Ordering::AcqRel);
