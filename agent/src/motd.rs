@@ -32,6 +32,7 @@ pub fn motd() -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -53,15 +54,15 @@ mod tests {
         let me = std::fs::metadata(&dir).unwrap().uid();
         let hush = &dir.join(".hushlogin");
         assert!(shown(&login(&dir, me), true, None));
-        std::fs::write(&hush, b"").unwrap();
+        std::fs::write(hush, b"").unwrap();
         assert!(!shown(&login(&dir, me), true, None));
         // Someone else's file does not hush this login.
         assert!(shown(&login(&dir, me + 1), true, None));
         // A link to an existing file is no hushlogin: no existence test through it.
-        std::fs::remove_file(&hush).unwrap();
+        std::fs::remove_file(hush).unwrap();
         let target = &dir.join("target");
-        std::fs::write(&target, b"").unwrap();
-        std::os::unix::fs::symlink(&target, &hush).unwrap();
+        std::fs::write(target, b"").unwrap();
+        std::os::unix::fs::symlink(target, hush).unwrap();
         assert!(shown(&login(&dir, me), true, None));
         std::fs::remove_dir_all(&dir).unwrap();
     }

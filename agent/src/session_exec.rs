@@ -320,6 +320,7 @@ fn die_by(sig: Signal) -> ! {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
