@@ -37,6 +37,13 @@ pub enum AuthError {
     Unauthenticated(String),
     #[error("access denied: {0}")]
     AccessDenied(String),
+    /// Refused because the user is locked (`sallyctl lock`); 403 like `AccessDenied`, with
+    /// its own code on the wire.
+    #[error("access denied: {0}")]
+    UserLocked(String),
+    /// Refused because a limit of the roles is reached (`max_sessions`, `max_connections`).
+    #[error("access denied: {0}")]
+    OverLimit(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]

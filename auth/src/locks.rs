@@ -122,7 +122,7 @@ impl AuthServer {
     /// Refuses a locked user with the lock's message.
     pub async fn check_lock(&self, user: &str) -> Result<(), AuthError> {
         match self.lock_of(user).await? {
-            Some(message) => Err(AuthError::AccessDenied(format!(
+            Some(message) => Err(AuthError::UserLocked(format!(
                 "user {user} is locked: {message}"
             ))),
             None => Ok(()),

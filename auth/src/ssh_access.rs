@@ -341,7 +341,7 @@ impl AuthServer {
         }
         if let Some(why) = over_limits(&set, req) {
             self.emit_logged(reject(why.clone())).await;
-            return Err(AuthError::AccessDenied(why));
+            return Err(AuthError::OverLimit(why));
         }
         let key = PublicKey::from_openssh(req.public_key.trim())
             .map_err(|e| AuthError::BadRequest(e.to_string()))?;

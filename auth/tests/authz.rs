@@ -395,6 +395,16 @@ async fn refusals_say_why() {
         let (_, body) = call(&f, &status, &cert(kind)).await;
         assert!(body.contains(needle), "{kind:?}: {body}");
     }
+    // A refusal says its kind on the wire, so a door tells a lock from a denial without
+    // reading the text.
+    for (kind, code) in [(Locked, "locked"), (Access, "denied")] {
+        let (got, body) = call(&f, &status, &cert(kind)).await;
+        assert_eq!(got, FORBIDDEN, "{kind:?}: {body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["code"], code, "{kind:?}: {body}");
+    }
+    let (_, body) = call(&f, &status, &cert(Anonymous)).await;
+    assert!(!body.contains("\"code\""), "a 401 has no refusal code: {body}");
     let login = Row {
         method: Method::Post,
         path: routes::auth::SESSIONS,

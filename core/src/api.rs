@@ -14,10 +14,26 @@ pub use kinds::{ConnectorKind, NodeKind, SessionKind, SessionStatus, TokenKind, 
 /// The ALPN protocol that asks the proxy's web port to pipe a TLS connection to auth unopened.
 pub const AUTH_ALPN: &[u8] = b"sallyport-auth";
 
-/// Every error body: a message meant for the person at the keyboard.
+/// Every error body: a message meant for the person at the keyboard, and for a refusal (403)
+/// what kind it is, so that a client tells a lock from a limit without reading the text.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<RefusalCode>,
+}
+
+/// The kind of a refusal by auth (`ErrorBody::code`): each door renders it its own way (an SSH
+/// message, a WebSocket close code, a Kubernetes `Status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCode {
+    /// The roles do not allow it.
+    Denied,
+    /// The user is locked (`sallyctl lock`).
+    Locked,
+    /// A limit of the roles (`max_sessions`, `max_connections`) is reached.
+    Limit,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -454,6 +470,7 @@ pub const SESSION_EVENTS: &[&str] = &[
     EventType::X11Forward.name(),
     EventType::AgentForward.name(),
     EventType::SessionRecordingLimit.name(),
+    EventType::SessionRecordingFail.name(),
     EventType::HostUserCreate.name(),
 ];
 

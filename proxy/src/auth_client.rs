@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sallyport_core::api::{AuthFailure, ErrorBody};
+use sallyport_core::api::{AuthFailure, ErrorBody, RefusalCode};
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 use sallyport_core::x509::pem_to_ders;
 use serde::Serialize;
@@ -74,9 +74,13 @@ pub enum ClientError {
         addr: String,
         source: reqwest::Error,
     },
-    /// Auth answered with an error meant for the user.
+    /// Auth answered with an error meant for the user; a refusal says its kind.
     #[error("{message}")]
-    Refused { status: u16, message: String },
+    Refused {
+        status: u16,
+        message: String,
+        code: Option<RefusalCode>,
+    },
 }
 
 impl AuthClient {
@@ -197,10 +201,14 @@ impl AuthClient {
             .map_err(|e| ClientError::Setup(e.to_string()))?;
         let (status, bytes) = self.call(method, path, body).await?;
         if !(200..300).contains(&status) {
-            let message = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|b| b.error)
-                .unwrap_or_else(|_| format!("auth answered {status}"));
-            return Err(ClientError::Refused { status, message });
+            let (message, code) = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| (b.error, b.code))
+                .unwrap_or_else(|_| (format!("auth answered {status}"), None));
+            return Err(ClientError::Refused {
+                status,
+                message,
+                code,
+            });
         }
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))

@@ -103,6 +103,7 @@ async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
                         Err(ClientError::Refused {
                             status: 400,
                             message,
+                            ..
                         }) => Some(message),
                         // Auth being away is not the agent's fault: keep the tunnel.
                         Err(e) => {
@@ -193,8 +194,14 @@ pub async fn serve(
                     "not a node certificate from this cluster's host CA".into(),
                     [
                         ("cert_subject_cn".to_string(), subject.common_name.clone()),
-                        ("cert_issuer_cn".to_string(), subject.issuer_common_name.clone()),
-                        ("cert_organizations".to_string(), subject.organizations.join(",")),
+                        (
+                            "cert_issuer_cn".to_string(),
+                            subject.issuer_common_name.clone(),
+                        ),
+                        (
+                            "cert_organizations".to_string(),
+                            subject.organizations.join(","),
+                        ),
                     ]
                     .into(),
                 );

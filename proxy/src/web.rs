@@ -71,6 +71,7 @@ async fn forward(
                 StatusCode::BAD_GATEWAY,
                 Json(ErrorBody {
                     error: "the auth service is unreachable; try again shortly".into(),
+                    code: None,
                 }),
             )
                 .into_response()
@@ -103,6 +104,7 @@ async fn ping(State(web): Auth) -> Response {
                 StatusCode::BAD_GATEWAY,
                 Json(ErrorBody {
                     error: "the auth service is unreachable; try again shortly".into(),
+                    code: None,
                 }),
             )
                 .into_response()
@@ -187,7 +189,9 @@ async fn oidc_callback(
                 .into_response(),
             None => page(StatusCode::BAD_GATEWAY, "auth gave no next step"),
         },
-        Err(crate::auth_client::ClientError::Refused { status, message }) => page(
+        Err(crate::auth_client::ClientError::Refused {
+            status, message, ..
+        }) => page(
             StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
             &message,
         ),

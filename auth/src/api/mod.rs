@@ -30,7 +30,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 use axum::{Extension, Json, Router};
-use sallyport_core::api::ErrorBody;
+use sallyport_core::api::{ErrorBody, RefusalCode};
 use sallyport_core::https::PeerCertificates;
 use sallyport_core::routes::{self, Method, Route};
 use serde::Deserialize;
@@ -146,7 +146,9 @@ impl IntoResponse for AuthError {
         let status = match &self {
             AuthError::BadRequest(_) => StatusCode::BAD_REQUEST,
             AuthError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            AuthError::AccessDenied(_) => StatusCode::FORBIDDEN,
+            AuthError::AccessDenied(_) | AuthError::UserLocked(_) | AuthError::OverLimit(_) => {
+                StatusCode::FORBIDDEN
+            }
             AuthError::NotFound(_) => StatusCode::NOT_FOUND,
             AuthError::Conflict(_) => StatusCode::CONFLICT,
             AuthError::Locked(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -158,10 +160,17 @@ impl IntoResponse for AuthError {
             tracing::error!(error = %self, "auth request failed");
         }
         let message = self.to_string();
+        let code = match &self {
+            AuthError::AccessDenied(_) => Some(RefusalCode::Denied),
+            AuthError::UserLocked(_) => Some(RefusalCode::Locked),
+            AuthError::OverLimit(_) => Some(RefusalCode::Limit),
+            _ => None,
+        };
         let mut resp = (
             status,
             Json(ErrorBody {
                 error: message.clone(),
+                code,
             }),
         )
             .into_response();

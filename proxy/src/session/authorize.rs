@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sallyport_core::api::{
-    GrantCheck, NodeInfo, SessionEnd, SessionGrant, SessionRequest, SessionStatus,
+    GrantCheck, NodeInfo, RefusalCode, SessionEnd, SessionGrant, SessionRequest, SessionStatus,
 };
 
 use super::Refusal;
@@ -75,24 +75,20 @@ pub fn failed_end() -> SessionEnd {
     }
 }
 
-/// Auth's refusal of a grant, by kind. Auth answers 403 for every refusal by the roles, with
-/// the explanation; a lock and the limits read as such from it (`core::api`'s texts).
+/// Auth's refusal of a grant, by the kind auth gives it on the wire (`ErrorBody::code`).
 fn refusal(e: ClientError) -> Refusal {
     match e {
         ClientError::Refused {
             status: 403,
             message,
-        } => {
-            if message.contains("(max_sessions") || message.contains("(max_connections") {
-                Refusal::Limit(message)
-            } else if message.starts_with("user ") && message.contains(" is locked") {
-                Refusal::Locked(message)
-            } else {
-                Refusal::Denied {
-                    explanation: message,
-                }
-            }
-        }
+            code,
+        } => match code {
+            Some(RefusalCode::Limit) => Refusal::Limit(message),
+            Some(RefusalCode::Locked) => Refusal::Locked(message),
+            Some(RefusalCode::Denied) | None => Refusal::Denied {
+                explanation: message,
+            },
+        },
         e => Refusal::Failed(e.to_string()),
     }
 }
@@ -185,30 +181,49 @@ impl GrantRecheck {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sallyport_core::api::ErrorBody;
 
     #[test]
-    fn auth_refusals_are_told_apart_by_kind() {
-        let r = |status, m: &str| {
+    fn auth_refusals_are_told_apart_by_their_code_not_their_text() {
+        // The bodies as auth's `AuthError` writes them (`access denied: ...`).
+        let r = |status, body: &str| {
+            let b: ErrorBody = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}"));
             refusal(ClientError::Refused {
                 status,
-                message: m.into(),
+                message: b.error,
+                code: b.code,
             })
         };
         assert!(matches!(
             r(
                 403,
-                "alice has 2 other connections open, the most your roles allow (max_connections: 2)"
+                r#"{"error":"access denied: alice has 2 other connections open, the most your roles allow (max_connections: 2)","code":"limit"}"#
             ),
             Refusal::Limit(_)
         ));
         assert!(matches!(
-            r(403, "user alice is locked: incident 42"),
+            r(
+                403,
+                r#"{"error":"access denied: user alice is locked: incident 42","code":"locked"}"#
+            ),
             Refusal::Locked(_)
         ));
+        // A message that merely reads like a lock is what its code says.
         assert!(matches!(
-            r(403, "login root is not allowed on web1"),
+            r(
+                403,
+                r#"{"error":"access denied: user alice is locked: no","code":"denied"}"#
+            ),
             Refusal::Denied { .. }
         ));
-        assert!(matches!(r(500, "boom"), Refusal::Failed(_)));
+        // An older auth without codes: every 403 is a denial.
+        assert!(matches!(
+            r(
+                403,
+                r#"{"error":"access denied: login root is not allowed on web1"}"#
+            ),
+            Refusal::Denied { .. }
+        ));
+        assert!(matches!(r(500, r#"{"error":"boom"}"#), Refusal::Failed(_)));
     }
 }
