@@ -296,12 +296,16 @@ pub(super) async fn tcpip_forward(
     let forwarder = forwarder_of(inner, user);
     let asked = *port;
     let address_owned = address.to_string();
-    let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, async move {
+    // The work runs as a task of its own so that a bind the node makes after the person's
+    // answer timed out is not left behind: the task finds nobody waiting and undoes it.
+    let (answer, answered) = tokio::sync::oneshot::channel::<Option<u32>>();
+    tokio::spawn(async move {
         let fwd = match forwarder.await {
             Ok(f) => f,
             Err(reason) => {
                 tracing::info!(user = %who, %reason, "remote forward refused");
-                return None;
+                let _ = answer.send(None);
+                return;
             }
         };
         // A new bind asks as a new connection does: the roles may have changed since the
@@ -315,19 +319,30 @@ pub(super) async fn tcpip_forward(
                     "result": why}),
                 )
                 .await;
-            return None;
+            let _ = answer.send(None);
+            return;
         }
-        match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
+        let bound = match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
             Ok(allocated) => Some(if asked == 0 { allocated } else { asked }),
             Err(e) => {
                 tracing::info!(user = %who, address = %address_owned, port = asked, error = %e, "node refused a remote forward");
                 None
             }
+        };
+        if let Err(Some(port)) = answer.send(bound) {
+            tracing::info!(user = %who, address = %address_owned, port, "remote forward bound after its answer timed out; cancelled");
+            let _ = tokio::time::timeout(
+                GLOBAL_REQUEST_LIMIT,
+                fwd.conn.cancel_tcpip_forward(address_owned, port),
+            )
+            .await;
         }
-    })
-    .await
-    .ok()
-    .flatten();
+    });
+    let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, answered)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
     match bound {
         Some(p) => {
             *port = p;
@@ -347,8 +362,14 @@ pub(super) async fn cancel_tcpip_forward(inner: &Inner, address: &str, port: u32
         .lock()
         .map(|mut f| f.remove(&(address.to_string(), port)))
         .unwrap_or(false);
+    // russh takes the answer from the callback: the node has as long as a bind to answer.
     match (inner.forwarding.forwarder.get(), known) {
-        (Some(f), true) => f.conn.cancel_tcpip_forward(address, port).await.is_ok(),
+        (Some(f), true) => tokio::time::timeout(
+            GLOBAL_REQUEST_LIMIT,
+            f.conn.cancel_tcpip_forward(address, port),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok()),
         _ => false,
     }
 }
