@@ -370,6 +370,17 @@ catalogue! {
         "record_session": "`strict` or `best_effort`",
         "action": "`session ended` or `recording stopped`",
     }
+    /// A session's recording could not be created or written (a full disk, an I/O error): a
+    /// `strict` session ended (or was refused), a `best_effort` one went on unrecorded; the
+    /// session's `session.end` says `incomplete`. `user` is the person.
+    SessionRecordingFail = "session.recording_fail", by Proxy {
+        "session_id": "the session",
+        "login": "the login on the node",
+        "node": "the node's name",
+        "error": "what failed, as the system said it",
+        "record_session": "`strict` or `best_effort`",
+        "action": "`session ended` or `recording stopped`",
+    }
     /// An agent created the session's login on its node (roles' `create_host_user_mode`).
     /// `user` is the person.
     HostUserCreate = "host_user.create", by Agent {
