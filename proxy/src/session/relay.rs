@@ -12,13 +12,10 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use russh::client::Msg as ClientMsg;
 use russh::{Channel, ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
-use sallyport_core::api::{
-    NodeKind, RecordMode, SessionEnd, SessionGrant, SessionKind, SessionStatus,
-};
+use sallyport_core::api::{NodeKind, SessionEnd, SessionGrant, SessionKind, SessionStatus};
 use sallyport_core::audit::EventType;
 use sallyport_core::audit::catalogue::Source;
 use sallyport_core::scp::Direction;
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::audit::Audit;
@@ -139,7 +136,11 @@ pub(super) struct Live<D> {
     /// `login@host (user)`: a recording's title.
     pub(super) title: String,
     pub(super) cert_expires: u64,
-    pub(super) rec: Mutex<Option<Recorder>>,
+    /// The recording, once a shell or command starts it; both tasks take a handle from here
+    /// and use it with no lock held (`record::ended`).
+    pub(super) rec: Mutex<Option<Arc<Recorder>>>,
+    /// The recording could not be created or written: the session's end says `incomplete`.
+    pub(super) recording_failed: AtomicBool,
     pub(super) copy: Mutex<Option<CopyAudit>>,
     /// What the session turned out to be, once it began (`shell`, `exec`, `sftp`).
     pub(super) kind: Mutex<Option<(SessionKind, Option<String>)>>,
@@ -199,6 +200,7 @@ pub fn start<D: Door>(
         audit,
         asked,
         rec: Mutex::new(None),
+        recording_failed: AtomicBool::new(false),
         copy: Mutex::new(None),
         kind: Mutex::new(None),
         bytes_in: AtomicU64::new(0),
@@ -298,25 +300,17 @@ async fn output<D: Door>(
     let mut agent_reported = false;
     let mut why: Option<Refusal> = None;
     let mut tick = tokio::time::interval(watchdog::TICK);
-    let max_recording = live.state.max_recording_size;
-    // How many leading bytes of `data` the recording takes: under `strict` near the limit,
-    // fewer than all, and the person is shown only those before the session ends.
+    // How many leading bytes of `data` the recording takes: under `strict` near the limit
+    // (or once it failed), fewer than all, and the person is shown only those before the
+    // session ends.
     let record = |data: &Bytes| -> usize {
-        match live.rec.lock() {
-            Ok(mut r) => match r.as_mut() {
-                Some(r) => r.output(data.clone()),
-                None => data.len(),
-            },
-            Err(_) => data.len(),
-        }
+        live.recorder()
+            .map_or(data.len(), |r| r.output(data.clone()))
     };
     loop {
         // Checked before anything more reaches the person: under `strict` nothing is shown
         // that the recording no longer holds.
-        if recording_full(&live).await {
-            let text = format!(
-                "this session's recording reached max_recording_size ({max_recording} bytes) and it must be recorded (record_session: strict); the session ends"
-            );
+        if let Some(text) = live.recording_stopped().await {
             live.notice(format!("\r\nsallyport: {text}\r\n")).await;
             door.send(Event::ExitStatus(255)).await;
             exit_code = Some(255);
@@ -443,13 +437,7 @@ async fn output<D: Door>(
         }
     }
     // The recording is complete on disk before the person sees the session end.
-    let finished = live.rec.lock().ok().and_then(|mut r| r.take());
-    if let Some(r) = finished
-        && r.finish()
-    {
-        // The session ended before the loop saw the limit (the writer reached it late).
-        recording_limit_reached(&live).await;
-    }
+    live.finish_recording().await;
     live.close(why).await;
     let _ = conn
         .disconnect(russh::Disconnect::ByApplication, "", "")
@@ -471,48 +459,15 @@ async fn output<D: Door>(
         exit_code,
         bytes_in: live.bytes_in.load(Ordering::Relaxed),
         bytes_out,
-        status: SessionStatus::Complete,
+        status: if live.recording_failed.load(Ordering::Acquire) {
+            SessionStatus::Incomplete
+        } else {
+            SessionStatus::Complete
+        },
         kind: Some(kind),
         command,
     };
     live.audit.end(end).await;
-}
-
-/// Whether the recording reached `max_recording_size` and the session must end (`strict`).
-/// Under `best_effort` the recording is finished where it stopped and the session goes on
-/// unrecorded; both are audited (`session.recording_limit`).
-async fn recording_full<D: Door>(live: &Live<D>) -> bool {
-    let full = live
-        .rec
-        .lock()
-        .ok()
-        .and_then(|mut r| r.take_if(|r| r.is_full()));
-    let Some(full) = full else {
-        return false;
-    };
-    full.finish();
-    recording_limit_reached(live).await
-}
-
-/// Audits a recording that reached `max_recording_size`; answers whether the session must end
-/// (`strict`).
-async fn recording_limit_reached<D: Door>(live: &Live<D>) -> bool {
-    let grant = &live.grant;
-    let max_bytes = live.state.max_recording_size;
-    let strict = grant.record == RecordMode::Strict;
-    tracing::warn!(session = %grant.session_id, max_bytes, strict, "recording reached max_recording_size");
-    let action = if strict {
-        "session ended"
-    } else {
-        "recording stopped"
-    };
-    live.audit
-        .event(
-            EventType::SessionRecordingLimit,
-            json!({"max_recording_size": max_bytes, "record_session": grant.record, "action": action}),
-        )
-        .await;
-    strict
 }
 
 /// An agent's report of what it did for a session (`api::AGENT_EVENT_EXT`): only from an agent

@@ -12,6 +12,7 @@ use sallyport_core::audit::EventType;
 use sallyport_core::scp::{Direction, FileCopy};
 use sallyport_core::sftp::SftpAudit;
 use serde_json::json;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::authorize::X11_FORWARDING_REFUSED;
@@ -143,9 +144,7 @@ impl<'a, D: Door> CommandState<'a, D> {
             Command::Data(data) => self.input(data).await,
             Command::Eof => node.eof().await.is_ok(),
             Command::Resize { cols, rows } => {
-                if let Ok(mut rec) = live.rec.lock()
-                    && let Some(rec) = rec.as_mut()
-                {
+                if let Some(rec) = live.recorder() {
                     rec.resize(cols, rows);
                 }
                 node.window_change(cols, rows, 0, 0).await.is_ok()
@@ -190,9 +189,7 @@ impl<'a, D: Door> CommandState<'a, D> {
             }
         }
         let mut chunk = data;
-        if let Ok(mut rec) = live.rec.lock()
-            && let Some(rec) = rec.as_mut()
-        {
+        if let Some(rec) = live.recorder() {
             // Under `strict` (and `record_input`), input the recording cannot hold does not
             // reach the node either; the output task then ends the session.
             chunk.truncate(rec.input(chunk.clone()));
@@ -319,15 +316,18 @@ impl<'a, D: Door> CommandState<'a, D> {
         ) {
             Ok(rec) => {
                 if let Ok(mut slot) = live.rec.lock() {
-                    *slot = Some(rec);
+                    *slot = Some(Arc::new(rec));
                 }
                 Ok(())
             }
-            Err(e) if strict => Err(format!(
-                "this session must be recorded (record_session: strict) and the recording failed: {e}"
-            )),
             Err(e) => {
-                tracing::error!(session = %live.grant.session_id, error = %e, "recording failed; session continues unrecorded (best_effort)");
+                // Audited either way; under `best_effort` the session goes on unrecorded.
+                live.recording_failed(&e.to_string()).await;
+                if strict {
+                    return Err(format!(
+                        "this session must be recorded (record_session: strict) and the recording failed: {e}"
+                    ));
+                }
                 Ok(())
             }
         }

@@ -1,0 +1,333 @@
+//! The recorder's own tests: the asciicast it writes, its limits, and what it does when its
+//! file cannot be written.
+
+use super::*;
+
+const UNLIMITED: Limits = Limits {
+    input: true,
+    max_bytes: u64::MAX,
+    strict: false,
+};
+
+fn header() -> Header<'static> {
+    Header {
+        width: 80,
+        height: 24,
+        term: "xterm",
+        title: "t",
+        command: None,
+    }
+}
+
+#[test]
+fn binary_output_reads_as_lossy_utf8_however_it_is_cut() {
+    let dir = std::env::temp_dir().join(format!("rec-bin-{}", std::process::id()));
+    let h = header();
+    use rand::Rng;
+    let mut data = vec![0u8; 20_000];
+    rand::rng().fill_bytes(&mut data);
+    data.extend_from_slice("snow ☃ and \"quotes\" \\ \u{1} end".as_bytes());
+    let r = Recorder::create(&dir, "bin", &h, UNLIMITED).unwrap_or_else(|e| panic!("{e}"));
+    let mut at = 0;
+    let mut step = 1;
+    while at < data.len() {
+        let end = (at + step).min(data.len());
+        r.output(bytes::Bytes::copy_from_slice(&data[at..end]));
+        at = end;
+        step = step % 97 + 1;
+    }
+    let path = r.path.clone();
+    r.finish();
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut got = String::new();
+    for l in text.lines().skip(1) {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        got.push_str(v[2].as_str().unwrap_or_default());
+    }
+    assert_eq!(got, String::from_utf8_lossy(&data));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn utf8_split_across_chunks_and_escaped_lines() {
+    let dir = std::env::temp_dir().join(format!("rec-test-{}", std::process::id()));
+    let h = header();
+    let r = Recorder::create(&dir, "s1", &h, UNLIMITED).unwrap_or_else(|e| panic!("{e}"));
+    let snow = "☃".as_bytes();
+    r.output(bytes::Bytes::copy_from_slice(&snow[..1]));
+    r.output(bytes::Bytes::copy_from_slice(&snow[1..]));
+    r.output(bytes::Bytes::from_static(b"a\nb\x1b[0m\xff"));
+    r.resize(100, 30);
+    let path = r.path.clone();
+    r.finish();
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_default())
+        .collect();
+    assert_eq!(lines[0]["version"], 2);
+    assert_eq!(lines[1][2], "☃");
+    assert_eq!(lines[2][2], "a\nb\u{1b}[0m\u{fffd}");
+    assert_eq!(lines[3][1], "r");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn input_is_written_only_when_asked_for() {
+    let dir = std::env::temp_dir().join(format!("rec-input-{}", std::process::id()));
+    for input in [false, true] {
+        let id = format!("in-{input}");
+        let limits = Limits {
+            input,
+            max_bytes: u64::MAX,
+            strict: false,
+        };
+        let r = Recorder::create(&dir, &id, &header(), limits).unwrap_or_else(|e| panic!("{e}"));
+        r.input(bytes::Bytes::from_static(b"hunter2\n"));
+        r.output(bytes::Bytes::from_static(b"ok\n"));
+        let path = r.path.clone();
+        r.finish();
+        let kinds: Vec<String> = events(&path)
+            .iter()
+            .map(|e| e[1].as_str().unwrap_or_default().to_string())
+            .collect();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if input {
+            assert_eq!(kinds, ["i", "o"]);
+        } else {
+            assert_eq!(kinds, ["o"]);
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_recording_stops_whole_at_its_size_limit() {
+    let dir = std::env::temp_dir().join(format!("rec-limit-{}", std::process::id()));
+    let max = 4096;
+    let limits = Limits {
+        input: false,
+        max_bytes: max,
+        strict: false,
+    };
+    let r = Recorder::create(&dir, "limit", &header(), limits).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.stopped(), None);
+    for i in 0..200 {
+        r.output(bytes::Bytes::from(format!("line {i} \x01\n")));
+    }
+    let path = r.path.clone();
+    assert_eq!(r.finish(), Some(Stop::Full));
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    assert!(size <= max && size > max / 2, "{size}");
+    // Every line written is whole, and they stop at a line, not in the middle.
+    let got = events(&path);
+    assert!(!got.is_empty());
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e[2], format!("line {i} \u{1}\n"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn under_strict_only_what_the_recording_will_hold_is_taken() {
+    let dir = std::env::temp_dir().join(format!("rec-strict-{}", std::process::id()));
+    let max = 64 * 1024;
+    let limits = Limits {
+        input: false,
+        max_bytes: max,
+        strict: true,
+    };
+    let r = Recorder::create(&dir, "strict", &header(), limits).unwrap_or_else(|e| panic!("{e}"));
+    // 32 KiB chunks (an SSH packet each), control bytes and a UTF-8 sequence cut between
+    // chunks among them, queued faster than the writer writes.
+    let mut chunk = Vec::new();
+    while chunk.len() < 32 * 1024 {
+        chunk.extend_from_slice("ligne \x01 é\n".as_bytes());
+    }
+    chunk.truncate(32 * 1024 - 1);
+    let mut taken = Vec::new();
+    for _ in 0..40 {
+        let n = r.output(bytes::Bytes::from(chunk.clone()));
+        taken.extend_from_slice(&chunk[..n]);
+        if n < chunk.len() {
+            break;
+        }
+    }
+    assert_eq!(r.stopped(), Some(Stop::Full), "the limit was reached");
+    assert_eq!(r.output(bytes::Bytes::from_static(b"more")), 0);
+    let path = r.path.clone();
+    r.finish();
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    assert!(size <= max, "{size}");
+    // Close to the limit: the writer caught up before the last pieces were cut.
+    assert!(size > max * 3 / 4, "{size}");
+    let recorded: String = events(&path)
+        .iter()
+        .map(|e| e[2].as_str().unwrap_or_default().to_string())
+        .collect();
+    // Everything taken (the relay shows exactly that) is in the recording, a UTF-8
+    // sequence cut at the very end included (as U+FFFD).
+    assert_eq!(recorded, String::from_utf8_lossy(&taken));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A destination that takes `room` bytes, then fails once (as a full disk does), then would
+/// take anything again: what reaches it after the failure shows whether the recorder stopped.
+#[derive(Clone, Default)]
+struct Failing {
+    got: Arc<Mutex<Vec<u8>>>,
+    room: usize,
+    failed: Arc<AtomicBool>,
+    fail_sync: bool,
+}
+
+impl std::io::Write for Failing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut got = self.got.lock().unwrap_or_else(|e| e.into_inner());
+        let room = self.room.saturating_sub(got.len());
+        if room == 0 && !self.failed.swap(true, Ordering::AcqRel) {
+            return Err(std::io::Error::other("disk full (test)"));
+        }
+        let n = if self.failed.load(Ordering::Acquire) {
+            buf.len()
+        } else {
+            buf.len().min(room)
+        };
+        got.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl writer::Durable for Failing {
+    fn sync_all(&self) -> std::io::Result<()> {
+        if self.fail_sync {
+            return Err(std::io::Error::other("sync failed (test)"));
+        }
+        Ok(())
+    }
+}
+
+fn failing(sink: &Failing, strict: bool) -> Recorder {
+    let limits = Limits {
+        input: true,
+        max_bytes: u64::MAX,
+        strict,
+    };
+    let w = std::io::BufWriter::new(sink.clone());
+    Recorder::start(w, PathBuf::from("mem.cast"), &header(), limits)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_write_error_stops_the_recording_and_nothing_is_written_after_it() {
+    for strict in [false, true] {
+        let sink = Failing {
+            room: 20_000,
+            ..Failing::default()
+        };
+        let r = failing(&sink, strict);
+        let chunk = bytes::Bytes::from(vec![b'x'; 4096]);
+        let mut taken = 0;
+        for _ in 0..10 {
+            taken += r.output(chunk.clone());
+        }
+        // Everything queued so far is written (or met the error).
+        assert!(r.settle() || strict);
+        let stop = r.stopped();
+        assert!(
+            matches!(&stop, Some(Stop::Failed(e)) if e.contains("disk full (test)")),
+            "strict {strict}: {stop:?}"
+        );
+        // Nothing more is taken under strict (the relay shows nothing more and ends the
+        // session); under best_effort the session goes on, unrecorded.
+        let more = r.output(chunk.clone());
+        let typed = r.input(bytes::Bytes::from_static(b"ls\n"));
+        if strict {
+            assert_eq!((more, typed), (0, 0));
+        } else {
+            assert_eq!((taken, more, typed), (40_960, 4096, 3));
+        }
+        r.resize(100, 40);
+        assert_eq!(r.finish(), stop);
+        // The failed write's buffer was let go, not flushed when the file was dropped.
+        let got = sink.got.lock().map(|g| g.len()).unwrap_or_default();
+        assert_eq!(got, 20_000, "strict {strict}");
+    }
+}
+
+#[test]
+fn a_sync_error_at_the_end_is_a_failure() {
+    let sink = Failing {
+        room: usize::MAX,
+        fail_sync: true,
+        ..Failing::default()
+    };
+    let r = failing(&sink, true);
+    assert_eq!(r.output(bytes::Bytes::from_static(b"hello\n")), 6);
+    assert_eq!(r.finish(), Some(Stop::Failed("sync failed (test)".into())));
+}
+
+#[test]
+fn two_tasks_taking_at_once_under_strict_never_pass_the_limit() {
+    let dir = std::env::temp_dir().join(format!("rec-two-{}", std::process::id()));
+    let max = 512 * 1024;
+    let limits = Limits {
+        input: true,
+        max_bytes: max,
+        strict: true,
+    };
+    let r = Recorder::create(&dir, "two", &header(), limits).unwrap_or_else(|e| panic!("{e}"));
+    let ready = std::sync::Barrier::new(2);
+    // Shared by reference between the output and the input side, as the relay's two tasks
+    // share it: no lock around it.
+    let (out, inp) = std::thread::scope(|s| {
+        let take = |input: bool| {
+            let (r, ready) = (&r, &ready);
+            s.spawn(move || {
+                ready.wait();
+                let chunk = bytes::Bytes::from("a\x01".repeat(1000));
+                let mut taken = 0;
+                loop {
+                    let n = if input {
+                        r.input(chunk.clone())
+                    } else {
+                        r.output(chunk.clone())
+                    };
+                    taken += n;
+                    if n < chunk.len() {
+                        return taken;
+                    }
+                }
+            })
+        };
+        let (o, i) = (take(false), take(true));
+        (o.join().unwrap_or_default(), i.join().unwrap_or_default())
+    });
+    assert_eq!(r.finish(), Some(Stop::Full));
+    let size = std::fs::metadata(&r.path).map(|m| m.len()).unwrap_or(0);
+    assert!(size <= max, "{size}");
+    // Everything either side took is in the recording.
+    let mut recorded = [0, 0];
+    for e in events(&r.path) {
+        let i = usize::from(e[1] == "i");
+        recorded[i] += e[2].as_str().unwrap_or_default().len();
+    }
+    assert_eq!(recorded, [out, inp]);
+    // Close to the limit: the writer caught up before the last pieces were cut.
+    assert!(size > max * 3 / 4, "{size}");
+    let _ = std::fs::remove_dir_all(dir);
+}
