@@ -132,10 +132,16 @@ pub fn spawn(
     Ok(child)
 }
 
+/// How the agent asks for a client's `KILL` to reach the shell: SIGKILL itself cannot be caught,
+/// so sent here it would end this process and leave the shell running with its PAM session
+/// never closed. No client request maps to this signal and nothing else sends it here (this
+/// process sets no virtual timer).
+pub const KILL_SHELL: Signal = Signal::SIGVTALRM;
+
 /// The signals passed on to the shell (and SIGCHLD, to know it ended); blocked here and read
 /// with sigwait, so no handler runs. Every signal the agent maps from a client's request is
-/// here (ssh.rs `signal_number`), so none of them ends this root process instead of the shell
-/// (SIGKILL, which cannot be caught, still can).
+/// here (ssh.rs `signal_number`), so none of them ends this root process instead of the shell;
+/// a client's `KILL` arrives as [`KILL_SHELL`].
 fn signals() -> SigSet {
     let mut set = SigSet::empty();
     for s in [
@@ -152,6 +158,7 @@ fn signals() -> SigSet {
         Signal::SIGUSR1,
         Signal::SIGUSR2,
         Signal::SIGALRM,
+        KILL_SHELL,
     ] {
         set.add(s);
     }
@@ -294,6 +301,11 @@ fn session(spec: &Spec) -> Result<Ended, String> {
             // The agent's signal (the client's, or a hang-up): to the shell's process group,
             // as the agent would send it without PAM.
             Ok(sig) => {
+                let sig = if sig == KILL_SHELL {
+                    Signal::SIGKILL
+                } else {
+                    sig
+                };
                 if nix::sys::signal::killpg(pid, sig).is_err() {
                     let _ = nix::sys::signal::kill(pid, sig);
                 }
@@ -344,6 +356,27 @@ mod tests {
         ] {
             assert!(set.contains(s), "{s} is not forwarded");
         }
+        // KILL cannot be caught: it arrives as another signal, one no client request maps to.
+        assert!(set.contains(KILL_SHELL));
+        assert!(
+            [
+                Signal::SIGHUP,
+                Signal::SIGINT,
+                Signal::SIGQUIT,
+                Signal::SIGTERM,
+                Signal::SIGUSR1,
+                Signal::SIGUSR2,
+                Signal::SIGALRM,
+                Signal::SIGPIPE,
+                Signal::SIGABRT,
+                Signal::SIGFPE,
+                Signal::SIGILL,
+                Signal::SIGSEGV,
+                Signal::SIGCHLD,
+            ]
+            .iter()
+            .all(|s| *s != KILL_SHELL)
+        );
     }
 
     #[test]

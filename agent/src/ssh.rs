@@ -255,8 +255,12 @@ fn signal_name(n: i32) -> Sig {
 
 /// A session's process while it is not yet reaped: cleared before the agent reaps it (see
 /// [`reap`]), so a signal or hang-up never reaches whatever process later gets its number.
+/// The flag: the process is `session-exec` (PAM), which passes signals on to the shell.
 #[derive(Default, Clone)]
-struct PidSlot(Arc<std::sync::Mutex<Option<u32>>>);
+struct PidSlot(
+    Arc<std::sync::Mutex<Option<u32>>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 impl PidSlot {
     fn set(&self, pid: Option<u32>) {
@@ -265,9 +269,23 @@ impl PidSlot {
         }
     }
 
+    /// The process set next is `session-exec` (PAM enabled), not the shell itself.
+    fn through_session_exec(&self, yes: bool) {
+        self.1.store(yes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Signals the session's process group (every session leads one), else its process;
     /// under the lock, so the process cannot be reaped meanwhile.
     fn kill(&self, sig: nix::sys::signal::Signal) {
+        // SIGKILL cannot be passed on: it would end session-exec and leave the shell running
+        // with its PAM session open. session-exec turns this one into SIGKILL for the shell.
+        let sig = if sig == nix::sys::signal::Signal::SIGKILL
+            && self.1.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::session_exec::KILL_SHELL
+        } else {
+            sig
+        };
         if let Ok(p) = self.0.lock()
             && let Some(pid) = *p
         {
@@ -464,6 +482,7 @@ impl Conn {
                     .map_err(|e| format!("cannot start {program}: {e}"))?
             };
             let pid = child.id();
+            slot.through_session_exec(self.srv.pam.is_some());
             slot.set(pid);
             // A login the system sees (who, w, last, lastlog) while the pty session runs.
             let record = pid.map(|pid| {
@@ -508,6 +527,7 @@ impl Conn {
                 cmd.spawn()
                     .map_err(|e| format!("cannot start {program}: {e}"))?
             };
+            slot.through_session_exec(self.srv.pam.is_some());
             slot.set(child.id());
             let stdin = child.stdin.take();
             let stdout = child.stdout.take();
@@ -1202,6 +1222,34 @@ mod tests {
     use super::*;
     use sallyport_core::sshcert::{self, Transport};
     use std::time::Duration;
+
+    /// A client's KILL for a session under PAM reaches session-exec as the signal it turns
+    /// into SIGKILL for the shell (SIGKILL itself would end session-exec and leave the shell
+    /// and its PAM session behind); without PAM it is SIGKILL, and other signals pass as they
+    /// are.
+    #[tokio::test]
+    async fn a_kill_for_a_pam_session_is_sent_as_session_execs_own_signal() {
+        let run = |pam: bool, sig: nix::sys::signal::Signal| async move {
+            let mut child = tokio::process::Command::new("sleep")
+                .arg("100")
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let slot = PidSlot::default();
+            slot.through_session_exec(pam);
+            slot.set(child.id());
+            slot.kill(sig);
+            let status = child.wait().await.unwrap_or_else(|e| panic!("{e}"));
+            status.signal()
+        };
+        use nix::sys::signal::Signal::{SIGKILL, SIGTERM};
+        assert_eq!(
+            run(true, SIGKILL).await,
+            Some(session_exec::KILL_SHELL as i32)
+        );
+        assert_eq!(run(false, SIGKILL).await, Some(SIGKILL as i32));
+        assert_eq!(run(true, SIGTERM).await, Some(SIGTERM as i32));
+    }
 
     /// A session's pid is forgotten once the process has exited and before it is reaped, so
     /// a later signal or hang-up cannot reach a process that reuses the number.
