@@ -521,6 +521,88 @@ fn through_pam_a_session_is_the_same_process_tree_without_pam() {
     assert_eq!(r.code, 255, "{}", r.stderr);
 }
 
+/// A client's `KILL` under PAM ends the shell and the PAM session is closed. SIGKILL cannot be
+/// passed on, so the agent sends session-exec its own signal for it (`session_exec::KILL_SHELL`,
+/// which `ssh.rs`'s `PidSlot` sends for a `KILL` request: unit-tested there); here, that
+/// signal as the agent sends it, against the real session-exec, real PAM and a real shell.
+#[test]
+fn through_pam_a_kill_ends_the_shell_and_closes_the_pam_session() {
+    let login = HostLogin::new("kill");
+    let log = std::env::temp_dir().join(unique("sallyport-pamlog-"));
+    let script = std::env::temp_dir().join(format!("{}.sh", unique("sallyport-pamexec-")));
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$PAM_TYPE\" >> {}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let service = PamService::new(&format!(
+        "account required pam_permit.so\nsession required pam_permit.so\nsession optional pam_exec.so {}\n",
+        script.display()
+    ));
+    let c = with_pam(&service);
+    let home = c.user("alice", "access", &login.name);
+    let cfg = c.ssh_config(&home, "alice");
+    let target = format!("{}@local1", login.name);
+    let mut ssh = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-J", "proxy", "-tt", &target, "echo $$; exec sleep 300"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(ssh.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let shell = line.trim().to_string();
+    assert!(shell.parse::<u32>().is_ok(), "{line:?}");
+    let stat = std::fs::read_to_string(format!("/proc/{shell}/stat")).unwrap();
+    let parent = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .unwrap()
+        .to_string();
+    let cmdline = std::fs::read(format!("/proc/{parent}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("session-exec"),
+        "the shell's parent is not session-exec: {cmdline:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default().trim(),
+        "open_session"
+    );
+    let sent = Command::new("kill")
+        .args(["-VTALRM", &parent])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    assert!(
+        eventually(Duration::from_secs(10), || gone(&shell)),
+        "the shell {shell} outlived the KILL"
+    );
+    let status = ssh.wait().unwrap();
+    // The client is told its command was killed (OpenSSH exits 255 on an exit signal).
+    assert_eq!(status.code(), Some(255));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l == "close_session")
+        }),
+        "the PAM session was not closed: {:?}",
+        std::fs::read_to_string(&log)
+    );
+    assert!(gone(&parent), "session-exec {parent} is still there");
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&script);
+}
+
 /// Kills a process when dropped.
 struct Killed(std::process::Child);
 
