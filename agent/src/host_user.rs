@@ -33,10 +33,66 @@ const SUDOERS_DIR: &str = "/etc/sudoers.d";
 /// run `useradd`, and a removal must not race a session that is just reusing the login.
 static ADMIN: Mutex<()> = Mutex::new(());
 
-/// The highest uid this agent process has created: useradd is told to start above it, so a
-/// dropped login's uid is never handed to the next new login (a file, cron job or connection
-/// left with that uid would become the new login's). In memory only: an agent restart forgets.
+/// The highest uid this agent has created: useradd is told to start above it, so a dropped
+/// login's uid is never handed to the next new login (a file, cron job or connection left with
+/// that uid would become the new login's). Kept in the data dir ([`keep_state_in`]) so that a
+/// restart does not forget it.
 static UID_HIGH_WATER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Where [`UID_HIGH_WATER`] is kept: `<data dir>/host-users.json`.
+static STATE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// The file in the agent's data dir that keeps what must outlive the process.
+pub const STATE_FILE: &str = "host-users.json";
+
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct State {
+    uid_high_water: u32,
+}
+
+/// Reads what an earlier run of this agent left in `dir` (the uid high-water mark) and keeps it
+/// there from now on. A file that cannot be read is an error: starting without it could hand
+/// a dropped login's uid to a new one.
+pub fn keep_state_in(dir: &std::path::Path) -> Result<(), String> {
+    let path = dir.join(STATE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let state: State = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{} is unreadable: {e}", path.display()))?;
+            UID_HIGH_WATER.fetch_max(state.uid_high_water, std::sync::atomic::Ordering::SeqCst);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    }
+    let _ = STATE.set(path);
+    Ok(())
+}
+
+/// Writes the high-water mark (atomically, 0600) where [`keep_state_in`] said.
+fn save_state() -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(path) = STATE.get() else {
+        return Ok(());
+    };
+    let state = State {
+        uid_high_water: UID_HIGH_WATER.load(std::sync::atomic::Ordering::SeqCst),
+    };
+    let text = serde_json::to_vec(&state).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
 
 /// Live sessions of each login this agent created under `insecure-drop`.
 static DROPS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
@@ -189,6 +245,11 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
     }
     if let Some(made) = crate::passwd::lookup(login) {
         UID_HIGH_WATER.fetch_max(made.uid, std::sync::atomic::Ordering::SeqCst);
+        if let Err(e) = save_state() {
+            // The login exists and works; only a restart before the next save could reuse a
+            // dropped uid. Said loudly, not turned into a refused session.
+            tracing::error!(error = %e, "the host-user uid high-water mark was not saved");
+        }
     }
     let sudoers_file = match staged {
         Some(s) => match crate::passwd::lookup(login)
@@ -539,6 +600,22 @@ impl Drop for Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The high-water mark survives a restart: read back from the data dir; a damaged file
+    /// stops the agent with its name rather than start without it.
+    #[test]
+    fn the_uid_high_water_mark_is_read_back_and_a_damaged_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("sallyport-hw-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join(STATE_FILE);
+        let _ = std::fs::write(&path, br#"{"uid_high_water": 64000}"#);
+        assert_eq!(keep_state_in(&dir), Ok(()));
+        assert!(UID_HIGH_WATER.load(std::sync::atomic::Ordering::SeqCst) >= 64000);
+        let _ = std::fs::write(&path, b"not json");
+        let err = keep_state_in(&dir).err().unwrap_or_default();
+        assert!(err.contains("host-users.json is unreadable"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn only_lower_case_logins_are_created_and_drop_ins_name_the_uid() {

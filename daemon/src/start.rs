@@ -529,6 +529,7 @@ async fn agent_main(
         ),
         None => None,
     };
+    sallyport_agent::host_user::keep_state_in(dir).map_err(|e| anyhow::anyhow!(e))?;
     let identity = match sallyport_agent::AgentIdentity::load(dir)? {
         Some(id) => id,
         None => {

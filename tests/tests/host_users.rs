@@ -194,7 +194,7 @@ fn keep_creates_the_login_with_its_groups_and_sudo_and_keeps_it() {
 #[test]
 fn insecure_drop_removes_the_login_when_its_last_session_ends() {
     let login = NewLogin::new("drop");
-    let c = Cluster::start();
+    let mut c = Cluster::start();
     c.wait_online("local1");
     create_role(
         &c,
@@ -235,6 +235,16 @@ fn insecure_drop_removes_the_login_when_its_last_session_ends() {
         host_user_events(&c)
     );
 
+    // The agent keeps the highest uid it made across a restart (0600 in its data dir): a
+    // restarted agent must not hand the dropped login's uid out again either.
+    let state = c.data_dir().join("host-users.json");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&state).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", state.display());
+    c.stop();
+    c.boot();
+    c.wait_online("local1");
+
     // A second session gets a fresh login. While it runs, a third one comes and goes: the
     // login stays until the last of them ends.
     let mut long = Command::new("ssh")
@@ -247,7 +257,8 @@ fn insecure_drop_removes_the_login_when_its_last_session_ends() {
     assert!(eventually(Duration::from_secs(10), || exists(&login.name)));
     let out = c.ssh(&cfg, &[&target, "id -un; id -u"], "").ok().stdout;
     assert_eq!(out.lines().next().unwrap_or(""), login.name);
-    // The dropped login's uid is never handed out again: what it left would be the new one's.
+    // The dropped login's uid is never handed out again, not even after the agent restarted:
+    // what it left would be the new one's.
     let second_uid: u32 = out.lines().nth(1).unwrap().trim().parse().unwrap();
     assert!(
         second_uid > first_uid,
