@@ -218,6 +218,11 @@ pub enum Error {
     #[error("The peer sent more data than its channel window allowed")]
     WindowExceeded,
 
+    /// The peer has more channel requests awaiting a reply than
+    /// [`MAX_PENDING_REPLIES`] (sallyport patch, see PATCHES.md).
+    #[error("The peer has too many channel requests awaiting a reply")]
+    TooManyPendingReplies,
+
     #[error("Failed to decrypt a packet")]
     DecryptionError,
 
@@ -534,8 +539,11 @@ pub(crate) struct ChannelParams {
     sender_maximum_packet_size: u32,
     /// Has the other side confirmed the channel?
     pub confirmed: bool,
+    /// The answers owed to the peer's channel requests, in the order they were received
+    /// (sallyport patch, see PATCHES.md): replaces russh's single `wants_reply` flag, which a
+    /// later request overwrote while an earlier one was still being answered.
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
-    wants_reply: bool,
+    pub(crate) replies: Replies,
     /// (buffer, extended stream #, data offset in buffer)
     pending_data: std::collections::VecDeque<(bytes::Bytes, Option<u32>, usize)>,
     pending_eof: bool,
@@ -543,6 +551,80 @@ pub(crate) struct ChannelParams {
     /// [`WindowPolicy::Consumed`]: bytes the application consumed that the peer was not yet
     /// given back as window.
     consumed: u32,
+}
+
+/// The most answers a channel may owe its peer at once (sallyport patch, see PATCHES.md): a
+/// peer pipelining requests that want a reply faster than the handler answers them is
+/// disconnected ([`Error::TooManyPendingReplies`]) rather than queued without end.
+pub const MAX_PENDING_REPLIES: usize = 1024;
+
+/// sallyport patch (see PATCHES.md): the replies a channel owes its peer, oldest first. RFC 4254
+/// §5.4: replies to channel requests are sent in the order the requests were received. Only
+/// requests that asked for a reply are owed one; each is either awaiting the handler's answer
+/// (`None`, answered through `channel_success`/`channel_failure`, oldest first) or was answered
+/// by russh itself (`Some`: an agent request's return value, an unknown request's failure) and
+/// waits its turn. The front is never `Some`: decided answers are sent as soon as nothing
+/// older is owed.
+#[derive(Debug, Default)]
+pub(crate) struct Replies {
+    owed: std::collections::VecDeque<Option<bool>>,
+    /// Whether the request being handled asked for a reply.
+    pub(crate) current: bool,
+}
+
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+impl Replies {
+    /// A request was received; one the handler answers (`by_handler`) is owed its answer.
+    pub(crate) fn received(&mut self, want_reply: bool, by_handler: bool) -> Result<(), Error> {
+        self.current = want_reply;
+        if want_reply && by_handler {
+            if self.owed.len() >= MAX_PENDING_REPLIES {
+                return Err(Error::TooManyPendingReplies);
+            }
+            self.owed.push_back(None);
+        }
+        Ok(())
+    }
+
+    /// russh answered a request itself: the answer to send now, if nothing older is owed;
+    /// otherwise it waits its turn.
+    pub(crate) fn decided(&mut self, want_reply: bool, ok: bool) -> Result<Option<bool>, Error> {
+        if !want_reply {
+            return Ok(None);
+        }
+        if self.owed.is_empty() {
+            return Ok(Some(ok));
+        }
+        if self.owed.len() >= MAX_PENDING_REPLIES {
+            return Err(Error::TooManyPendingReplies);
+        }
+        self.owed.push_back(Some(ok));
+        Ok(None)
+    }
+
+    /// The handler's answer, to the oldest request awaiting one; false when none does (the
+    /// request wanted no reply).
+    pub(crate) fn answered(&mut self, ok: bool) -> bool {
+        match self.owed.front_mut() {
+            Some(front @ None) => {
+                *front = Some(ok);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The next answer due, in order.
+    pub(crate) fn next_due(&mut self) -> Option<bool> {
+        match self.owed.front() {
+            Some(Some(ok)) => {
+                let ok = *ok;
+                self.owed.pop_front();
+                Some(ok)
+            }
+            _ => None,
+        }
+    }
 }
 
 impl ChannelParams {

@@ -863,7 +863,7 @@ impl Session {
                     recipient_maximum_packet_size: msg.recipient_maximum_packet_size,
                     sender_maximum_packet_size: self.common.config.maximum_packet_size,
                     confirmed: true,
-                    wants_reply: false,
+                    replies: Default::default(),
                     pending_data: std::collections::VecDeque::new(),
                     pending_eof: false,
                     pending_close: false,

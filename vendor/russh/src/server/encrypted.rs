@@ -32,6 +32,19 @@ use crate::helpers::{AlgorithmExt, NameList};
 use crate::map_err;
 use crate::parsing::{ChannelOpenConfirmation, ChannelType, OpenChannelMessage, ensure_end};
 
+/// sallyport patch (see PATCHES.md): the channel requests whose callbacks answer them (through
+/// `Session::channel_success`/`channel_failure`, now or later); russh answers the others.
+const HANDLER_ANSWERS: &[&str] = &[
+    "pty-req",
+    "x11-req",
+    "env",
+    "shell",
+    "exec",
+    "subsystem",
+    "window-change",
+    "signal",
+];
+
 impl Session {
     /// Returns false iff a request was rejected.
     pub(crate) async fn server_read_encrypted<H: Handler + Send>(
@@ -1604,16 +1617,17 @@ impl Session {
                 let channel_num = map_err!(ChannelId::decode(r))?;
                 let req_type = map_err!(String::decode(r))?;
                 let wants_reply = map_err!(u8::decode(r))?;
-                if let Some(ref mut enc) = self.common.encrypted
-                    && let Some(channel) = enc.channels.get_mut(&channel_num)
-                {
-                    channel.wants_reply = wants_reply != 0;
-                }
                 if !self.common.is_established_channel(channel_num) {
                     // Request for a channel that was never opened (or whose open
                     // was denied): drop it without invoking any handler callback.
                     return Ok(());
                 }
+                // sallyport patch: every request the handler answers is owed its reply in the
+                // order received (RFC 4254 §5.4), however late the handler answers; those russh
+                // answers itself (an agent request, an unknown request) take their turn too.
+                let wants_reply = wants_reply != 0;
+                let by_handler = HANDLER_ANSWERS.contains(&req_type.as_str());
+                self.request_received(channel_num, wants_reply, by_handler)?;
                 match req_type.as_str() {
                     "pty-req" => {
                         let term = map_err!(String::decode(r))?;
@@ -1768,11 +1782,8 @@ impl Session {
                         debug!("handler.agent_request {channel_num:?}");
 
                         let response = handler.agent_request(channel_num, self).await?;
-                        if response {
-                            self.channel_success(channel_num)?
-                        } else {
-                            self.channel_failure(channel_num)?
-                        }
+                        // sallyport patch: in its turn (see `Replies`).
+                        self.request_decided(channel_num, wants_reply, response)?;
                         Ok(())
                     }
                     "exec" => {
@@ -1849,7 +1860,8 @@ impl Session {
                     }
                     x => {
                         warn!("unknown channel request {x}");
-                        self.channel_failure(channel_num)?;
+                        // sallyport patch: in its turn (see `Replies`).
+                        self.request_decided(channel_num, wants_reply, false)?;
                         Ok(())
                     }
                 }
@@ -2053,7 +2065,7 @@ impl Session {
             recipient_maximum_packet_size: msg.recipient_maximum_packet_size,
             sender_maximum_packet_size: self.common.config.maximum_packet_size,
             confirmed: true,
-            wants_reply: false,
+            replies: Default::default(),
             pending_data: std::collections::VecDeque::new(),
             pending_eof: false,
             pending_close: false,

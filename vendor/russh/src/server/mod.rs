@@ -772,21 +772,9 @@ pub trait Handler: Sized {
 
     /// The client requests OpenSSH agent forwarding
     ///
-    /// **Note:** Success or failure should be communicated to the client by calling
-    /// [`Session::channel_success`] or [`Session::channel_failure`] respectively.
-    ///
-    /// For instance:
-    ///
-    /// ```ignore
-    /// async fn agent_request(
-    ///     &mut self,
-    ///     channel: ChannelId,
-    ///     session: &mut Session,
-    /// ) -> Result<bool, Self::Error> {
-    ///     session.channel_success(channel);
-    ///     Ok(())
-    /// }
-    /// ```
+    /// **Note:** the returned value is the answer: russh sends it, after the answers still owed
+    /// for older requests on this channel (sallyport patch, see PATCHES.md). Do not also call
+    /// [`Session::channel_success`] or [`Session::channel_failure`].
     #[allow(unused_variables)]
     fn agent_request(
         &mut self,

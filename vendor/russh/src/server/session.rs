@@ -175,7 +175,8 @@ impl Handle {
             .map_err(|_| ())
     }
 
-    /// Send success to the session referenced by this handler.
+    /// Send success to the session referenced by this handler: the answer to the oldest
+    /// request on `id` still owed one (sallyport patch, see [`Session::channel_success`]).
     pub async fn channel_success(&self, id: ChannelId) -> Result<(), ()> {
         self.sender
             .send(Msg::Channel(id, ChannelMsg::Success))
@@ -1092,16 +1093,46 @@ impl Session {
     /// Send a "success" reply to a channel request. Always call this
     /// function if the request was successful (it checks whether the
     /// client expects an answer).
+    ///
+    /// sallyport patch (see PATCHES.md): answers the oldest request on `channel` that asked for
+    /// a reply and has not been answered, so a handler may answer later (through
+    /// [`Handle::channel_success`]) as long as it answers exactly the requests that asked for a
+    /// reply ([`Session::wants_reply`]), in order; a handler that answers inside every request
+    /// callback needs no care (answering a request that wanted no reply then sends nothing).
     pub fn channel_success(&mut self, channel: ChannelId) -> Result<(), crate::Error> {
+        self.channel_reply(channel, true)
+    }
+
+    /// Send a "failure" reply to a channel request (see [`Session::channel_success`]).
+    pub fn channel_failure(&mut self, channel: ChannelId) -> Result<(), crate::Error> {
+        self.channel_reply(channel, false)
+    }
+
+    /// Whether the channel request being handled on `channel` asked for a reply: valid inside
+    /// a channel request callback (sallyport patch, see PATCHES.md).
+    pub fn wants_reply(&self, channel: ChannelId) -> bool {
+        self.common
+            .encrypted
+            .as_ref()
+            .and_then(|enc| enc.channels.get(&channel))
+            .is_some_and(|c| c.replies.current)
+    }
+
+    /// sallyport patch: the handler's answer to the oldest request owed one, then every answer
+    /// now due, in order.
+    fn channel_reply(&mut self, channel: ChannelId, ok: bool) -> Result<(), crate::Error> {
         if let Some(ref mut enc) = self.common.encrypted
             && let Some(channel) = enc.channels.get_mut(&channel)
+            && channel.replies.answered(ok)
         {
-            assert!(channel.confirmed);
-            if channel.wants_reply {
-                channel.wants_reply = false;
-                debug!("channel_success {channel:?}");
+            while let Some(ok) = channel.replies.next_due() {
+                debug!("channel reply {ok} {channel:?}");
                 push_packet!(enc.write, {
-                    msg::CHANNEL_SUCCESS.encode(&mut enc.write)?;
+                    enc.write.push(if ok {
+                        msg::CHANNEL_SUCCESS
+                    } else {
+                        msg::CHANNEL_FAILURE
+                    });
                     channel.recipient_channel.encode(&mut enc.write)?;
                 })
             }
@@ -1109,19 +1140,43 @@ impl Session {
         Ok(())
     }
 
-    /// Send a "failure" reply to a global request.
-    pub fn channel_failure(&mut self, channel: ChannelId) -> Result<(), crate::Error> {
+    /// sallyport patch: a channel request was received; one the handler answers (`by_handler`)
+    /// is owed its answer, in order, when it asked for one.
+    pub(crate) fn request_received(
+        &mut self,
+        channel: ChannelId,
+        want_reply: bool,
+        by_handler: bool,
+    ) -> Result<(), crate::Error> {
         if let Some(ref mut enc) = self.common.encrypted
             && let Some(channel) = enc.channels.get_mut(&channel)
         {
-            assert!(channel.confirmed);
-            if channel.wants_reply {
-                channel.wants_reply = false;
-                push_packet!(enc.write, {
-                    enc.write.push(msg::CHANNEL_FAILURE);
-                    channel.recipient_channel.encode(&mut enc.write)?;
-                })
-            }
+            channel.replies.received(want_reply, by_handler)?;
+        }
+        Ok(())
+    }
+
+    /// sallyport patch: russh answered a channel request itself (an agent request's return
+    /// value, an unknown request): sent now, or in its turn after the answers still owed for
+    /// older requests.
+    pub(crate) fn request_decided(
+        &mut self,
+        channel: ChannelId,
+        want_reply: bool,
+        ok: bool,
+    ) -> Result<(), crate::Error> {
+        if let Some(ref mut enc) = self.common.encrypted
+            && let Some(channel) = enc.channels.get_mut(&channel)
+            && let Some(ok) = channel.replies.decided(want_reply, ok)?
+        {
+            push_packet!(enc.write, {
+                enc.write.push(if ok {
+                    msg::CHANNEL_SUCCESS
+                } else {
+                    msg::CHANNEL_FAILURE
+                });
+                channel.recipient_channel.encode(&mut enc.write)?;
+            })
         }
         Ok(())
     }
