@@ -839,8 +839,11 @@ impl russh::server::Handler for Conn {
         ch: ChannelId,
         name: &str,
         value: &str,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
+        // Every request is answered, as sshd answers it (russh sends the answer only when one
+        // was asked for; one left unanswered would take the answer meant for the next).
+        let mut taken = false;
         if let Some(c) = self.channels.get_mut(&ch) {
             if !env_allowed(name) {
                 tracing::debug!(name, "ignored env request");
@@ -854,9 +857,10 @@ impl russh::server::Handler for Conn {
                     .get_or_insert(format!("more than {MAX_ENV_VARS} environment variables"));
             } else {
                 c.env.push((name.to_string(), value.to_string()));
+                taken = true;
             }
         }
-        Ok(())
+        answer(ch, taken, session)
     }
 
     async fn shell_request(
@@ -1139,24 +1143,27 @@ impl russh::server::Handler for Conn {
         rows: u32,
         _pw: u32,
         _ph: u32,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
+        let mut taken = false;
         if let Some(tx) = self.channels.get(&ch).and_then(|c| c.input.clone()) {
-            tx.send(Input::Resize { cols, rows }).await;
+            taken = tx.send(Input::Resize { cols, rows }).await;
         }
-        Ok(())
+        answer(ch, taken, session)
     }
 
     async fn signal(
         &mut self,
         ch: ChannelId,
         sig: Sig,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
+        let mut taken = false;
         if let (Some(c), Some(s)) = (self.channels.get(&ch), signal_number(&sig)) {
             c.pid.kill(s);
+            taken = true;
         }
-        Ok(())
+        answer(ch, taken, session)
     }
 
     async fn channel_close(
@@ -1192,6 +1199,15 @@ impl Conn {
             }
         }
         Ok(())
+    }
+}
+
+/// Answers a channel request (russh sends it only when the client asked for a reply).
+fn answer(ch: ChannelId, ok: bool, session: &mut Session) -> Result<(), russh::Error> {
+    if ok {
+        session.channel_success(ch)
+    } else {
+        session.channel_failure(ch)
     }
 }
 
