@@ -1071,3 +1071,85 @@ fn one_connection_to_the_proxy_carries_at_most_ten_jumps_at_once() {
     let _ = master.kill();
     let _ = master.wait();
 }
+
+/// The replies to its requests as `ssh -vv` read them ("PTY allocation request accepted"), in
+/// the order it matched them to its requests.
+fn openssh_replies(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start_matches("debug2: ");
+            l.split_once(" on channel ").map(|(what, _)| what)
+        })
+        .filter(|what| what.ends_with(" request accepted") || what.ends_with(" request failed"))
+        .collect()
+}
+
+/// RFC 4254 §5.4: replies to channel requests come in the order the requests did, and OpenSSH
+/// matches them by that order. It sends a session's requests back to back without waiting:
+/// here X11 (refused by the proxy at once: the roles do not permit it), a terminal (the node
+/// answers it, later), an environment variable (no reply wanted) and the command (the node
+/// answers). Before, russh kept one "wants a reply" flag per channel, which each request
+/// overwrote: the environment's cleared it, the X11 refusal took the command's, and the node's
+/// answers to the terminal and the command were dropped.
+#[test]
+fn replies_to_pipelined_requests_reach_openssh_in_order_one_each() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("rhea", "access", "root");
+    let cfg = c.ssh_config(&home, "rhea");
+    let r = run(
+        Command::new("ssh")
+            // A display makes OpenSSH ask for X11 (with made-up credentials, without xauth).
+            .env("DISPLAY", "127.0.0.1:97")
+            .arg("-F")
+            .arg(&cfg)
+            .args([
+                "-J",
+                "proxy",
+                "-vv",
+                "-tt",
+                "-X",
+                "-o",
+                "SetEnv=SALLYPORT_REPLY_TEST=1",
+                "root@local1",
+                "echo ran",
+            ]),
+        "",
+    );
+    assert_eq!(
+        openssh_replies(&r.stderr),
+        [
+            "X11 forwarding request failed",
+            "PTY allocation request accepted",
+            "exec request accepted"
+        ],
+        "{r:?}"
+    );
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("ran"), "{r:?}");
+    assert!(r.stderr.contains("permit_x11_forwarding"), "{r:?}");
+
+    // A command the proxy refuses at once (a file copy, under `ssh_file_copy: false`) after a
+    // terminal the node is still answering: its answer waits for the node's, which is not
+    // turned into a failure by the session's end (OpenSSH would quit on "PTY allocation
+    // request failed" with `-tt`, before showing why).
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: no-copy}\nspec:\n  options: {ssh_file_copy: false}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    let home = c.user("remo", "no-copy", "");
+    let cfg = c.ssh_config(&home, "remo");
+    let r = c.ssh(&cfg, &["-vv", "-tt", "root@local1", "scp -t /tmp"], "");
+    assert_eq!(
+        openssh_replies(&r.stderr),
+        ["PTY allocation request accepted", "exec request accepted"],
+        "{r:?}"
+    );
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("file copy (scp, sftp, rsync) is not allowed by your roles"),
+        "{r:?}"
+    );
+}

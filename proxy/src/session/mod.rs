@@ -6,7 +6,9 @@
 //!    certificate (or pinned host key) checked, the per-session certificate presented.
 //! 3. `relay` — one task per direction between the door and the node channel: the door's
 //!    [`Command`]s in order toward the node, the node's output back as [`Event`]s to the door's
-//!    [`Door`]; file copies checked and audited as they pass (`copy`).
+//!    [`Door`]; file copies checked and audited as they pass (`copy`). Every request gets
+//!    exactly one [`Event::Reply`], in the order given, whether the node or the session answers
+//!    it (`reply`).
 //! 4. `record` — the terminal recording (asciicast v2), finished before the person sees the end.
 //! 5. `audit` — one ordered sink per session for everything it reports to auth: the kind it
 //!    turned out to be, per-operation events, and its end.
@@ -23,6 +25,7 @@ pub mod copy;
 pub mod dial;
 pub mod record;
 pub mod relay;
+pub mod reply;
 mod request;
 pub mod watchdog;
 
@@ -90,7 +93,9 @@ pub enum Command {
     Shell,
     Exec(Vec<u8>),
     Subsystem(String),
-    /// Agent forwarding (`ssh -A`): answered with [`Event::Reply`].
+    /// Agent forwarding (`ssh -A`), when the grant allows it: the door answers it (russh takes
+    /// the answer from its callback and sends it in its turn), the session gets no
+    /// [`Event::Reply`] for it.
     Agent,
     X11 {
         single_connection: bool,
@@ -117,7 +122,10 @@ pub enum Event {
         ext: Option<u32>,
         data: Bytes,
     },
-    /// The answer to the oldest request that asked for one.
+    /// The answer to the oldest request command not yet answered: exactly one per request
+    /// (`Pty`, `Env`, `Shell`, `Exec`, `Subsystem`, `X11`, `Resize`, `Signal`), in the order
+    /// they were given, before [`Event::Closed`] (see [`reply`]). The door sends it on only if
+    /// the person asked for a reply.
     Reply(bool),
     Eof,
     ExitStatus(u32),

@@ -23,6 +23,7 @@ use super::authorize::{self, GrantRecheck, Target};
 use super::copy::{CopyAudit, copy_aborted};
 use super::dial::{Asked, Dialed, NodeConn, Toward};
 use super::record::Recorder;
+use super::reply::Replies;
 use super::{Command, Door, Event, Refusal, watchdog};
 use crate::state::ProxyState;
 
@@ -151,12 +152,16 @@ pub(super) struct Live<D> {
     /// The command task ended (the person closed the session or left): output that waits
     /// for the person's window will never get it.
     pub(super) input_ended: AtomicBool,
+    /// The answers owed to the person's requests, in their order (`reply`).
+    pub(super) replies: Replies,
 }
 
 impl<D: Door> Live<D> {
     /// Tells the door the session is over, once.
     pub(super) async fn close(&self, why: Option<Refusal>) {
         if !self.closed.swap(true, Ordering::AcqRel) {
+            // Every request answered before the end, none after.
+            self.replies.close(&*self.door).await;
             self.door.send(Event::Closed { why }).await;
         }
     }
@@ -207,6 +212,7 @@ pub fn start<D: Door>(
         activity,
         closed: AtomicBool::new(false),
         input_ended: AtomicBool::new(false),
+        replies: Replies::default(),
     });
     let limit = live
         .door
@@ -423,12 +429,9 @@ async fn output<D: Door>(
                 })
                 .await;
             }
-            ChannelMsg::Success => {
-                door.send(Event::Reply(true)).await;
-            }
-            ChannelMsg::Failure => {
-                door.send(Event::Reply(false)).await;
-            }
+            // The node's answer to the oldest request still awaiting it, sent in its turn.
+            ChannelMsg::Success => live.replies.node_answered(&**door, true).await,
+            ChannelMsg::Failure => live.replies.node_answered(&**door, false).await,
             ChannelMsg::Eof => {
                 door.send(Event::Eof).await;
             }

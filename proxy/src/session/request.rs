@@ -2,7 +2,8 @@
 //! node: a shell or command starts the recording (and tells auth the session's kind); a file
 //! copy (`sftp`, or a command that is exactly what scp or rsync sends) is checked against
 //! `ssh_file_copy` and audited instead of recorded; agent and X11 forwarding against the grant;
-//! the person's input is audited when it is a copy and recorded when a role asks.
+//! the person's input is audited when it is a copy and recorded when a role asks. Each request
+//! is answered once, in its turn (`reply`): here when the session decides it, else by the node.
 
 use bytes::Bytes;
 use russh::ChannelWriteHalf;
@@ -55,22 +56,26 @@ impl<'a, D: Door> CommandState<'a, D> {
                 modes,
             } => {
                 self.pty = Some((term.clone(), cols, rows));
-                if node
-                    .request_pty(true, &term, cols, rows, pix_width, pix_height, &modes)
-                    .await
-                    .is_err()
-                {
-                    live.door.send(Event::Reply(false)).await;
+                if !self.to_node().await {
+                    return false;
                 }
-                true
+                let sent = node
+                    .request_pty(true, &term, cols, rows, pix_width, pix_height, &modes)
+                    .await;
+                self.sent(sent.is_ok()).await
             }
             Command::Env { name, value } => {
+                // Passed on; whether the node takes it is its business (sshd and the agent
+                // ignore names they do not accept).
                 let _ = node.set_env(false, name, value).await;
-                true
+                self.answer(true).await
             }
             Command::Shell => {
                 if let Err(e) = self.begin(SessionKind::Shell, None, true).await {
                     return self.fail(e).await;
+                }
+                if !self.to_node().await {
+                    return false;
                 }
                 self.sent(node.request_shell(true).await.is_ok()).await
             }
@@ -94,6 +99,9 @@ impl<'a, D: Door> CommandState<'a, D> {
                 }
                 if let Err(e) = self.begin(SessionKind::Sftp, None, false).await {
                     return self.refuse(&e).await;
+                }
+                if !self.to_node().await {
+                    return false;
                 }
                 self.sent(node.request_subsystem(true, &name).await.is_ok())
                     .await
@@ -120,18 +128,19 @@ impl<'a, D: Door> CommandState<'a, D> {
                 if !live.grant.x11_forwarding {
                     live.notice(format!("sallyport: {X11_FORWARDING_REFUSED}\r\n"))
                         .await;
-                    live.door.send(Event::Reply(false)).await;
-                    return true;
+                    return self.answer(false).await;
                 }
                 live.asked.x11.store(true, Ordering::Relaxed);
                 // The node's answer reaches the person through the output task.
+                if !self.to_node().await {
+                    return false;
+                }
                 if node
                     .request_x11(true, single_connection, &protocol, &cookie, screen)
                     .await
                     .is_err()
                 {
-                    live.door.send(Event::Reply(false)).await;
-                    return true;
+                    return self.sent(false).await;
                 }
                 live.audit
                     .event(
@@ -147,11 +156,12 @@ impl<'a, D: Door> CommandState<'a, D> {
                 if let Some(rec) = live.recorder() {
                     rec.resize(cols, rows);
                 }
-                node.window_change(cols, rows, 0, 0).await.is_ok()
+                let ok = node.window_change(cols, rows, 0, 0).await.is_ok();
+                self.answer(ok).await && ok
             }
             Command::Signal(sig) => {
-                let _ = node.signal(sig).await;
-                true
+                let ok = node.signal(sig).await.is_ok();
+                self.answer(ok).await
             }
             Command::Close => false,
         }
@@ -183,6 +193,8 @@ impl<'a, D: Door> CommandState<'a, D> {
                     .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
                     .unwrap_or_else(|| copy_aborted(&e));
                 live.audit.events(vec![ev]).await;
+                // The node's answer to the copy's command first, as it gave it.
+                self.settle().await;
                 live.notice(format!("sallyport: {e}; closing\r\n")).await;
                 live.close(Some(Refusal::Failed(e))).await;
                 return false;
@@ -237,22 +249,59 @@ impl<'a, D: Door> CommandState<'a, D> {
         } else if let Err(e) = self.begin(SessionKind::Exec, Some(&cmd), true).await {
             return self.fail(e).await;
         }
+        if !self.to_node().await {
+            return false;
+        }
         self.sent(self.node.exec(true, data).await.is_ok()).await
     }
 
-    /// A request that could not be sent to the node is answered with a failure.
+    /// A request the session answers itself (`reply`: in its turn). False when the session
+    /// ended instead (too many answers owed).
+    async fn answer(&self, ok: bool) -> bool {
+        self.live.replies.decided(&*self.live.door, ok).await || self.owes_too_much().await
+    }
+
+    /// A request about to go to the node with a reply wanted: its place in the answers owed,
+    /// taken before it leaves so the node's answer always finds it. False when the session
+    /// ended instead (too many answers owed).
+    async fn to_node(&self) -> bool {
+        self.live.replies.await_node().await || self.owes_too_much().await
+    }
+
+    /// A request that could not be sent to the node is answered with a failure (in its turn).
     async fn sent(&self, ok: bool) -> bool {
         if !ok {
-            self.live.door.send(Event::Reply(false)).await;
+            self.live.replies.not_sent(&*self.live.door).await;
         }
         true
+    }
+
+    /// Before the session ends here: the node's answers to the requests before this one (a
+    /// terminal, say), up to [`SETTLE`](super::reply::SETTLE), so the person reads them as the
+    /// node gave them (failed answers would make OpenSSH quit before it shows why).
+    async fn settle(&self) {
+        let _ = tokio::time::timeout(super::reply::SETTLE, self.live.replies.settled()).await;
+    }
+
+    /// The node has left [`MAX_OWED`](super::reply::MAX_OWED) answers owed while the person
+    /// kept asking: the session ends (its channel closes, so nothing more is owed).
+    async fn owes_too_much(&self) -> bool {
+        let why = format!(
+            "more than {} requests are waiting for the node's answer; the session ends",
+            super::reply::MAX_OWED
+        );
+        tracing::warn!(session = %self.live.grant.session_id, node = %self.live.grant.node.hostname, "{why}");
+        self.live.notice(format!("sallyport: {why}\r\n")).await;
+        self.live.close(Some(Refusal::Limit(why))).await;
+        false
     }
 
     /// A session that cannot start as asked: the person is told why, the request fails, the
     /// session ends.
     async fn fail(&self, why: String) -> bool {
         self.live.notice(format!("sallyport: {why}\r\n")).await;
-        self.live.door.send(Event::Reply(false)).await;
+        self.live.replies.decided(&*self.live.door, false).await;
+        self.settle().await;
         self.live.close(Some(Refusal::Limit(why))).await;
         false
     }
@@ -263,7 +312,8 @@ impl<'a, D: Door> CommandState<'a, D> {
     async fn refuse(&self, why: &str) -> bool {
         let live = self.live;
         tracing::info!(session = %live.grant.session_id, node = %live.grant.node.hostname, why, "channel request refused");
-        live.door.send(Event::Reply(true)).await;
+        live.replies.decided(&*live.door, true).await;
+        self.settle().await;
         live.notice(format!("sallyport: {why}\r\n")).await;
         live.door.send(Event::ExitStatus(1)).await;
         live.door.send(Event::Eof).await;

@@ -6,10 +6,17 @@
 //! and signal into a [`Command`] queued for it. No callback waits on auth or on a node, but
 //! `tcpip-forward`, whose answer russh takes from the callback itself (`forward`).
 //!
+//! Every channel request gets exactly one answer, in the order the requests came (RFC 4254
+//! §5.4): a session's are the engine's ([`Event::Reply`], one per request command, in order;
+//! the door sends on those the client asked for, by a per-channel queue of whether each asked),
+//! an agent request's is russh's, from the callback, which russh sends in its turn (our patch,
+//! `vendor/russh/PATCHES.md`), and a request on a channel without a session is refused through
+//! the connection's handle, after whatever the engine still queued there.
+//!
 //! One node connection per session channel, so closing one never touches another
 //! (ControlMaster). Forwarding channels share one further node connection (`forward`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,7 +42,13 @@ type Sessions = Arc<Mutex<HashMap<ChannelId, Live>>>;
 struct Live {
     commands: Commands,
     forward_agent: bool,
+    /// Whether each request given to the engine and not yet answered asked for a reply.
+    owed: Owed,
 }
+
+/// Whether each request given to a session and not yet answered asked for a reply, oldest
+/// first: the engine answers every request ([`Event::Reply`]), the client only some.
+type Owed = Arc<Mutex<VecDeque<bool>>>;
 
 /// Serves the inner connection carried in a `direct-tcpip` channel of `user`'s outer one.
 pub async fn serve<S>(
@@ -140,6 +153,7 @@ struct SshDoor {
     output: russh::ChannelWriteHalf<Msg>,
     ch: ChannelId,
     sessions: Sessions,
+    owed: Owed,
 }
 
 impl Door for SshDoor {
@@ -158,8 +172,15 @@ impl Door for SshDoor {
                 ext: Some(ext),
                 data,
             } => self.output.extended_data_bytes(ext, data).await.is_ok(),
-            Event::Reply(true) => user.channel_success(ch).await.is_ok(),
-            Event::Reply(false) => user.channel_failure(ch).await.is_ok(),
+            // The answer to the oldest request given to the session, sent when it asked for one.
+            Event::Reply(ok) => {
+                let wanted = self.owed.lock().ok().and_then(|mut o| o.pop_front());
+                match (wanted, ok) {
+                    (Some(true), true) => user.channel_success(ch).await.is_ok(),
+                    (Some(true), false) => user.channel_failure(ch).await.is_ok(),
+                    _ => true,
+                }
+            }
             Event::Eof => user.eof(ch).await.is_ok(),
             Event::ExitStatus(status) => user.exit_status_request(ch, status).await.is_ok(),
             Event::ExitSignal {
@@ -259,16 +280,32 @@ impl Inner {
         }
     }
 
-    /// A request for channel `ch`, answered by the node (or the engine) through its session.
+    /// A request for channel `ch`, answered by the node or the engine through its session, in
+    /// order; on a channel without one (a forwarding channel, a session that has ended), refused.
     fn request(
         &mut self,
         ch: ChannelId,
         command: Command,
         session: &mut Session,
     ) -> Result<(), russh::Error> {
-        let known = self.sessions.lock().is_ok_and(|s| s.contains_key(&ch));
-        if !known {
-            return session.channel_failure(ch);
+        let wanted = session.wants_reply(ch);
+        let owed = self
+            .sessions
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&ch).map(|l| l.owed.clone()));
+        let Some(owed) = owed else {
+            // Through the handle, as the engine answers: after any answer it queued before its
+            // session ended (every answer here is a failure, so their own order is moot).
+            if wanted {
+                let user = session.handle();
+                tokio::spawn(async move { user.channel_failure(ch).await });
+            }
+            return Ok(());
+        };
+        // Before the command is queued, so the engine's answer always finds its place.
+        if let Ok(mut o) = owed.lock() {
+            o.push_back(wanted);
         }
         self.command(ch, command, session);
         Ok(())
@@ -382,12 +419,14 @@ impl russh::server::Handler for Inner {
                     }
                     let forward_agent = opened.grant.forward_agent;
                     let (confirm, confirmed) = tokio::sync::watch::channel(false);
+                    let owed = Owed::default();
                     let door = Arc::new(SshDoor {
                         user,
                         confirmed,
                         output,
                         ch: id,
                         sessions: sessions.clone(),
+                        owed: owed.clone(),
                     });
                     let commands = session::start(proxy, &target, opened, door, activity);
                     let kept = match sessions.lock() {
@@ -397,6 +436,7 @@ impl russh::server::Handler for Inner {
                                 Live {
                                     commands: commands.clone(),
                                     forward_agent,
+                                    owed,
                                 },
                             );
                             true
@@ -459,8 +499,7 @@ impl russh::server::Handler for Inner {
             name: name.to_string(),
             value: value.to_string(),
         };
-        self.command(ch, command, session);
-        Ok(())
+        self.request(ch, command, session)
     }
 
     async fn shell_request(
@@ -599,8 +638,7 @@ impl russh::server::Handler for Inner {
         _ph: u32,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.command(ch, Command::Resize { cols, rows }, session);
-        Ok(())
+        self.request(ch, Command::Resize { cols, rows }, session)
     }
 
     async fn signal(
@@ -609,8 +647,7 @@ impl russh::server::Handler for Inner {
         sig: Sig,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.command(ch, Command::Signal(sig), session);
-        Ok(())
+        self.request(ch, Command::Signal(sig), session)
     }
 
     async fn channel_close(
