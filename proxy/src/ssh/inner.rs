@@ -10,8 +10,9 @@
 //! §5.4): a session's are the engine's ([`Event::Reply`], one per request command, in order;
 //! the door sends on those the client asked for, by a per-channel queue of whether each asked),
 //! an agent request's is russh's, from the callback, which russh sends in its turn (our patch,
-//! `vendor/russh/PATCHES.md`), and a request on a channel without a session is refused through
-//! the connection's handle, after whatever the engine still queued there.
+//! `vendor/russh/PATCHES.md`). A request on a channel whose session has ended is refused
+//! through the connection's handle, after whatever the engine still queued there; on a
+//! forwarding channel, at once.
 //!
 //! One node connection per session channel, so closing one never touches another
 //! (ControlMaster). Forwarding channels share one further node connection (`forward`).
@@ -50,6 +51,10 @@ struct Live {
 /// first: the engine answers every request ([`Event::Reply`]), the client only some.
 type Owed = Arc<Mutex<VecDeque<bool>>>;
 
+/// Session channels whose session has ended and that the client has not closed yet: the
+/// engine's last answers there may still be on their way through the handle.
+type Ended = Arc<Mutex<HashSet<ChannelId>>>;
+
 /// Serves the inner connection carried in a `direct-tcpip` channel of `user`'s outer one.
 pub async fn serve<S>(
     state: Arc<SshState>,
@@ -73,6 +78,7 @@ pub async fn serve<S>(
         login: None,
         refusal: None,
         sessions: Arc::new(Mutex::new(HashMap::new())),
+        ended: Ended::default(),
         gone: Arc::new(AtomicBool::new(false)),
         opening: Arc::new(AtomicUsize::new(0)),
         cert_expires: u64::MAX,
@@ -108,6 +114,7 @@ pub(super) struct Inner {
     /// does not cover the login: said at channel open, where OpenSSH shows it to the user.
     refusal: Option<String>,
     sessions: Sessions,
+    ended: Ended,
     /// Set (under the sessions' lock) when the connection has ended.
     gone: Arc<AtomicBool>,
     /// Session channels being opened (authorized and dialed) right now.
@@ -153,6 +160,7 @@ struct SshDoor {
     output: russh::ChannelWriteHalf<Msg>,
     ch: ChannelId,
     sessions: Sessions,
+    ended: Ended,
     owed: Owed,
 }
 
@@ -192,6 +200,11 @@ impl Door for SshDoor {
                 .await
                 .is_ok(),
             Event::Closed { why } => {
+                // Ended before it is forgotten, so a request in between is refused after this
+                // session's last answers (`Inner::request`).
+                if let Ok(mut e) = self.ended.lock() {
+                    e.insert(ch);
+                }
                 if let Ok(mut s) = self.sessions.lock() {
                     s.remove(&ch);
                 }
@@ -268,6 +281,9 @@ impl Inner {
             Some(true) => true,
             Some(false) => {
                 tracing::warn!(user = %self.user, node = %self.node.hostname, "closing a channel the node stopped reading");
+                if let Ok(mut e) = self.ended.lock() {
+                    e.insert(ch);
+                }
                 if let Ok(mut s) = self.sessions.lock()
                     && let Some(l) = s.remove(&ch)
                 {
@@ -295,13 +311,18 @@ impl Inner {
             .ok()
             .and_then(|s| s.get(&ch).map(|l| l.owed.clone()));
         let Some(owed) = owed else {
-            // Through the handle, as the engine answers: after any answer it queued before its
-            // session ended (every answer here is a failure, so their own order is moot).
-            if wanted {
+            if !wanted {
+                return Ok(());
+            }
+            if self.ended.lock().is_ok_and(|e| e.contains(&ch)) {
+                // Through the handle, as the engine answered: after any answer it queued before
+                // its session ended (every answer here is a failure, so their own order is moot).
                 let user = session.handle();
                 tokio::spawn(async move { user.channel_failure(ch).await });
+                return Ok(());
             }
-            return Ok(());
+            // A forwarding channel: nothing else ever answers there.
+            return session.channel_failure(ch);
         };
         // Before the command is queued, so the engine's answer always finds its place.
         if let Ok(mut o) = owed.lock() {
@@ -402,6 +423,7 @@ impl russh::server::Handler for Inner {
             activity: self.activity.clone(),
         };
         let proxy = self.state.proxy.clone();
+        let ended = self.ended.clone();
         let (sessions, opening, cap, gone) = (
             self.sessions.clone(),
             self.opening.clone(),
@@ -426,6 +448,7 @@ impl russh::server::Handler for Inner {
                         output,
                         ch: id,
                         sessions: sessions.clone(),
+                        ended,
                         owed: owed.clone(),
                     });
                     let commands = session::start(proxy, &target, opened, door, activity);
@@ -656,6 +679,9 @@ impl russh::server::Handler for Inner {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let gone = self.sessions.lock().ok().and_then(|mut s| s.remove(&ch));
+        if let Ok(mut e) = self.ended.lock() {
+            e.remove(&ch);
+        }
         if let Some(l) = gone {
             l.commands.send(Command::Close);
         }
