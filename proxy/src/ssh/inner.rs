@@ -17,14 +17,14 @@
 //! One node connection per session channel, so closing one never touches another
 //! (ControlMaster). Forwarding channels share one further node connection (`forward`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use russh::keys::ssh_key::Certificate;
-use russh::server::{Auth, Handle, Msg, Session};
+use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, ChannelOpenFailure, Pty, Sig};
 use sallyport_core::api::NodeInfo;
 use sallyport_core::unix_now_ms as now_ms;
@@ -34,26 +34,10 @@ use super::SshState;
 use super::forward::Forwarding;
 use crate::session::authorize::AGENT_FORWARDING_REFUSED;
 use crate::session::dial::{Asked, Toward};
-use crate::session::{self, Command, Commands, Door, Event, Refusal, Target};
+use crate::session::{self, Command, Refusal, Target};
 use crate::state::OpenConnection;
 
-/// The engine's sessions on one inner connection, by channel.
-type Sessions = Arc<Mutex<HashMap<ChannelId, Live>>>;
-
-struct Live {
-    commands: Commands,
-    forward_agent: bool,
-    /// Whether each request given to the engine and not yet answered asked for a reply.
-    owed: Owed,
-}
-
-/// Whether each request given to a session and not yet answered asked for a reply, oldest
-/// first: the engine answers every request ([`Event::Reply`]), the client only some.
-type Owed = Arc<Mutex<VecDeque<bool>>>;
-
-/// Session channels whose session has ended and that the client has not closed yet: the
-/// engine's last answers there may still be on their way through the handle.
-type Ended = Arc<Mutex<HashSet<ChannelId>>>;
+use super::channel::{Ended, Live, Owed, Sessions, SshDoor};
 
 /// Serves the inner connection carried in a `direct-tcpip` channel of `user`'s outer one.
 pub async fn serve<S>(
@@ -145,97 +129,6 @@ impl Drop for Inner {
             }
         }
         self.forwarding.close();
-    }
-}
-
-/// The SSH door's side of one session channel: renders the engine's events as SSH messages.
-struct SshDoor {
-    user: Handle,
-    /// True once the person's client has the channel's confirmation: nothing is sent on a
-    /// channel before it is open.
-    confirmed: tokio::sync::watch::Receiver<bool>,
-    /// The channel's output, which waits for the person's window: the node's output reaches
-    /// the person no faster than their client takes it (the session then gives the node its
-    /// window back), instead of queueing in the proxy.
-    output: russh::ChannelWriteHalf<Msg>,
-    ch: ChannelId,
-    sessions: Sessions,
-    ended: Ended,
-    owed: Owed,
-}
-
-impl Door for SshDoor {
-    async fn send(&self, event: Event) -> bool {
-        let confirmed = *self.confirmed.borrow();
-        if !confirmed {
-            let mut wait = self.confirmed.clone();
-            if wait.wait_for(|c| *c).await.is_err() {
-                return false;
-            }
-        }
-        let (user, ch) = (&self.user, self.ch);
-        match event {
-            Event::Data { ext: None, data } => self.output.data_bytes(data).await.is_ok(),
-            Event::Data {
-                ext: Some(ext),
-                data,
-            } => self.output.extended_data_bytes(ext, data).await.is_ok(),
-            // The answer to the oldest request given to the session, sent when it asked for one.
-            Event::Reply(ok) => {
-                let wanted = self.owed.lock().ok().and_then(|mut o| o.pop_front());
-                match (wanted, ok) {
-                    (Some(true), true) => user.channel_success(ch).await.is_ok(),
-                    (Some(true), false) => user.channel_failure(ch).await.is_ok(),
-                    _ => true,
-                }
-            }
-            Event::Eof => user.eof(ch).await.is_ok(),
-            Event::ExitStatus(status) => user.exit_status_request(ch, status).await.is_ok(),
-            Event::ExitSignal {
-                signal,
-                core_dumped,
-                message,
-            } => user
-                .exit_signal_request(ch, signal, core_dumped, message, String::new())
-                .await
-                .is_ok(),
-            Event::Closed { why } => {
-                // Ended before it is forgotten, so a request in between is refused after this
-                // session's last answers (`Inner::request`).
-                if let Ok(mut e) = self.ended.lock() {
-                    e.insert(ch);
-                }
-                if let Ok(mut s) = self.sessions.lock() {
-                    s.remove(&ch);
-                }
-                match why {
-                    // Idle or expired: the whole connection ends, as sshd's would.
-                    Some(why @ Refusal::Expired(_)) => {
-                        let _ = user
-                            .disconnect(
-                                russh::Disconnect::ByApplication,
-                                why.to_string(),
-                                String::new(),
-                            )
-                            .await;
-                    }
-                    _ => {
-                        let _ = user.close(ch).await;
-                    }
-                }
-                false
-            }
-        }
-    }
-
-    /// The inner connection's window (`sshcert::server_settings(ProxyInner)`), given back as
-    /// the node takes the person's input (`WindowPolicy::Consumed`).
-    fn window(&self) -> Option<u32> {
-        Some(sallyport_core::flow::CLIENT_WINDOW)
-    }
-
-    fn consumed(&self, bytes: usize) {
-        let _ = self.user.consumed(self.ch, bytes);
     }
 }
 

@@ -9,11 +9,13 @@
 //!    proxy terminates with a host certificate for the node's names; there it authenticates the
 //!    user again for the login asked for and turns each session channel into a session of the
 //!    engine (`crate::session`: authorize, dial, relay, record, audit, watchdog), its requests
-//!    and bytes into the engine's commands and the engine's events into SSH messages.
+//!    and bytes into the engine's commands; `channel` renders the engine's events as SSH
+//!    messages on the person's channel (`SshDoor`, the SSH door's `session::Door`).
 //! 3. `forward` — `-L`, `-D` and `-R` on an inner connection, through one forwarding
 //!    connection to the node that the engine authorizes and dials.
 
 pub mod accept;
+mod channel;
 pub mod forward;
 pub mod inner;
 
