@@ -488,13 +488,7 @@ async fn agent_event<D: Door>(live: &Live<D>, data: &[u8], reported: &mut bool) 
         return;
     }
     *reported = true;
-    // Only the events the catalogue says an agent reports.
-    let event = serde_json::from_slice::<sallyport_core::api::SessionEvent>(data)
-        .ok()
-        .and_then(|e| {
-            let t = EventType::from_name(&e.event).filter(|t| t.source() == Source::Agent)?;
-            Some((t, e.fields))
-        });
+    let event = agent_report(data);
     match event {
         Some((t, fields)) => {
             live.audit.event(t, serde_json::Value::Object(fields)).await;
@@ -503,6 +497,20 @@ async fn agent_event<D: Door>(live: &Live<D>, data: &[u8], reported: &mut bool) 
             tracing::warn!(session = %grant.session_id, node = %grant.node.hostname, "ignored an agent event that is not one an agent may report")
         }
     }
+}
+
+/// An agent's report read: only an event the catalogue says an agent reports, with only the
+/// fields the catalogue documents for it, so the log says nothing an agent made up (auth sets
+/// session_id, login and node from the session itself).
+fn agent_report(data: &[u8]) -> Option<(EventType, serde_json::Map<String, serde_json::Value>)> {
+    let e = serde_json::from_slice::<sallyport_core::api::SessionEvent>(data).ok()?;
+    let t = EventType::from_name(&e.event).filter(|t| t.source() == Source::Agent)?;
+    let fields = e
+        .fields
+        .into_iter()
+        .filter(|(k, _)| t.fields().iter().any(|f| f.name == k))
+        .collect();
+    Some((t, fields))
 }
 
 /// The largest agent report taken (a `host_user.create` is a few hundred bytes).
@@ -517,6 +525,22 @@ fn agent_event_allowed(grant_has_host_user: bool, already: bool, len: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_report_keeps_only_an_agents_events_and_their_documented_fields() {
+        let (t, fields) = agent_report(
+            br#"{"event":"host_user.create","fields":{"mode":"keep","groups":["adm"],"result":"admin granted","user":"root"}}"#,
+        )
+        .unwrap_or_else(|| panic!("a host_user.create report was refused"));
+        assert_eq!(t, EventType::HostUserCreate);
+        let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["groups", "mode"]);
+        // Not an event an agent reports, or not JSON: nothing.
+        assert!(agent_report(br#"{"event":"user.create","fields":{"name":"mallory"}}"#).is_none());
+        assert!(agent_report(br#"{"event":"session.end"}"#).is_none());
+        assert!(agent_report(b"\xff not json").is_none());
+    }
 
     #[test]
     fn an_agent_report_is_taken_once_small_and_only_with_a_host_user_grant() {
