@@ -223,6 +223,11 @@ pub enum Error {
     #[error("The peer has too many channel requests awaiting a reply")]
     TooManyPendingReplies,
 
+    /// The peer has more global requests awaiting a reply than
+    /// `server::MAX_PENDING_GLOBAL_REPLIES` (sallyport patch, see PATCHES.md).
+    #[error("The peer has too many global requests awaiting a reply")]
+    TooManyPendingGlobalReplies,
+
     #[error("Failed to decrypt a packet")]
     DecryptionError,
 

@@ -873,6 +873,7 @@ mod tests {
             pending_len: 0,
             channels: std::collections::HashMap::new(),
             open_global_requests: std::collections::VecDeque::new(),
+            global_replies: Default::default(), // sallyport patch
             kex: SessionKexState::Idle,
         }
     }
@@ -1869,28 +1870,28 @@ impl Session {
             msg::GLOBAL_REQUEST => {
                 let req_type = map_err!(String::decode(r))?;
                 self.common.wants_reply = map_err!(u8::decode(r))? != 0;
+                // sallyport patch: every global request asking for a reply is owed one, in
+                // order (see `server/global.rs`); the answers below are sent at once when
+                // nothing older is owed, as before, else in their turn. Only a `tcpip-forward`
+                // to port 0 carries a port in its success.
+                self.global_replies.received(self.common.wants_reply)?;
                 match req_type.as_str() {
                     "tcpip-forward" => {
                         let address = map_err!(String::decode(r))?;
                         let port = map_err!(u32::decode(r))?;
                         map_err!(ensure_end(r))?;
+                        self.global_replies.current_port_payload = port == 0;
                         debug!("handler.tcpip_forward {address:?} {port:?}");
                         let mut returned_port = port;
                         let result = handler
                             .tcpip_forward(&address, &mut returned_port, self)
                             .await?;
+                        // sallyport patch: unless the handler deferred its answer
+                        // (`Session::defer_global_reply`), or gave it already.
                         if result {
-                            if self.common.wants_reply
-                                && let Some(ref mut enc) = self.common.encrypted
-                            {
-                                self.common.wants_reply = false;
-                                push_packet!(enc.write, {
-                                    enc.write.push(msg::REQUEST_SUCCESS);
-                                    if port == 0 && returned_port != 0 {
-                                        map_err!(returned_port.encode(&mut enc.write))?;
-                                    }
-                                })
-                            }
+                            self.global_decided(super::global::GlobalReply::Success(
+                                (port == 0 && returned_port != 0).then_some(returned_port),
+                            ));
                         } else {
                             self.request_failure();
                         }

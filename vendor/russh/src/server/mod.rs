@@ -60,6 +60,9 @@ mod kex;
 mod session;
 pub use self::session::*;
 mod encrypted;
+// sallyport patch (see PATCHES.md): global request replies in order, answerable later.
+mod global;
+pub use self::global::{GlobalRequestId, MAX_PENDING_GLOBAL_REPLIES};
 
 /// Configuration of a server.
 pub struct Config {
@@ -1117,6 +1120,7 @@ where
         pending_len: 0,
         channels: HashMap::new(),
         open_global_requests: VecDeque::new(),
+        global_replies: Default::default(), // sallyport patch
         kex: SessionKexState::Idle,
     };
 

@@ -28,6 +28,9 @@ pub struct Session {
     pub(crate) pending_len: u32,
     pub(crate) channels: HashMap<ChannelId, ChannelRef>,
     pub(crate) open_global_requests: VecDeque<GlobalRequestResponse>,
+    /// The replies owed to the peer's global requests, in order (sallyport patch, see
+    /// PATCHES.md).
+    pub(crate) global_replies: super::global::GlobalReplies,
     pub(crate) kex: SessionKexState<ServerKex>,
 }
 
@@ -94,6 +97,12 @@ pub enum Msg {
         pending: PendingChannelOpen,
         result: Result<(), ChannelOpenFailure>,
     },
+    /// The handler's later answer to a global request (sallyport patch, see PATCHES.md).
+    GlobalReply {
+        id: super::GlobalRequestId,
+        success: bool,
+        port: Option<u32>,
+    },
 }
 
 impl From<(ChannelId, ChannelMsg)> for Msg {
@@ -131,6 +140,24 @@ impl Handle {
     pub fn consumed(&self, id: ChannelId, bytes: usize) -> Result<(), crate::Error> {
         self.priority_sender
             .send(Msg::Consumed { id, bytes })
+            .map_err(|_| crate::Error::SendError)
+    }
+
+    /// Answers a global request the handler deferred ([`Session::defer_global_reply`]):
+    /// `REQUEST_SUCCESS` (with `port` as its payload when the request was a `tcpip-forward` to
+    /// port 0: the port allocated) or `REQUEST_FAILURE`, sent once every older global request
+    /// is answered. Never waits: it goes ahead of queued channel data and channel opens, so a
+    /// `tcpip-forward`'s answer precedes the `forwarded-tcpip` channels the handler opens
+    /// after calling this. Answering `id` twice does nothing.
+    /// (sallyport patch, see PATCHES.md)
+    pub fn global_reply(
+        &self,
+        id: super::GlobalRequestId,
+        success: bool,
+        port: Option<u32>,
+    ) -> Result<(), crate::Error> {
+        self.priority_sender
+            .send(Msg::GlobalReply { id, success, port })
             .map_err(|_| crate::Error::SendError)
     }
 
@@ -642,6 +669,10 @@ impl Session {
             Msg::ChannelOpenReply { pending, result } => {
                 self.finalize_channel_open_reply(pending, result)?;
             }
+            // sallyport patch: a deferred global request's answer (see PATCHES.md).
+            Msg::GlobalReply { id, success, port } => {
+                self.global_reply(id, success, port)?;
+            }
             other => {
                 // should be unreachable, since the receiver only gets
                 // messages from methods implemented within russh
@@ -1070,23 +1101,89 @@ impl Session {
     /// a channel number, such as TCP/IP forwarding or
     /// cancelling). Always call this function if the request was
     /// successful (it checks whether the client expects an answer).
+    ///
+    /// sallyport patch (see PATCHES.md): sent at once when no older global request is still
+    /// owed its answer, else in its turn.
     pub fn request_success(&mut self) {
-        if self.common.wants_reply
-            && let Some(ref mut enc) = self.common.encrypted
-        {
-            self.common.wants_reply = false;
-            push_packet!(enc.write, enc.write.push(msg::REQUEST_SUCCESS))
-        }
+        self.global_decided(super::global::GlobalReply::Success(None))
     }
 
     /// Send a "failure" reply to a global request (it checks whether the
     /// client expects an answer).
     pub fn request_failure(&mut self) {
-        if self.common.wants_reply
-            && let Some(ref mut enc) = self.common.encrypted
-        {
-            self.common.wants_reply = false;
-            push_packet!(enc.write, enc.write.push(msg::REQUEST_FAILURE))
+        self.global_decided(super::global::GlobalReply::Failure)
+    }
+
+    /// Inside a global request callback (`tcpip_forward`, `cancel_tcpip_forward`, ...): the
+    /// answer to the request being handled will be given later, through
+    /// [`Handle::global_reply`] or [`Session::global_reply`] with the id returned, and the
+    /// callback's return value is ignored. `None` when the request asked for no reply (or was
+    /// answered already): nothing is owed, and the return value is ignored too. Until it is
+    /// answered, the replies to later global requests wait (RFC 4254 §4: in order).
+    /// (sallyport patch, see PATCHES.md)
+    pub fn defer_global_reply(&mut self) -> Option<super::GlobalRequestId> {
+        if !self.common.wants_reply {
+            return None;
+        }
+        self.common.wants_reply = false;
+        Some(self.global_replies.deferred())
+    }
+
+    /// [`Handle::global_reply`] from inside a callback (sallyport patch, see PATCHES.md).
+    pub fn global_reply(
+        &mut self,
+        id: super::GlobalRequestId,
+        success: bool,
+        port: Option<u32>,
+    ) -> Result<(), crate::Error> {
+        let reply = if success {
+            super::global::GlobalReply::Success(port)
+        } else {
+            super::global::GlobalReply::Failure
+        };
+        self.global_reply_now(id, reply)
+    }
+
+    /// sallyport patch: the answer to the global request being handled, if it asked for one
+    /// and is not answered yet: sent now, or in its turn.
+    pub(crate) fn global_decided(&mut self, reply: super::global::GlobalReply) {
+        if !self.common.wants_reply {
+            return;
+        }
+        self.common.wants_reply = false;
+        if let Some(reply) = self.global_replies.decided(reply) {
+            self.send_global_reply(reply);
+        }
+    }
+
+    /// sallyport patch: the handler's later answer to `id`, then every answer now due.
+    fn global_reply_now(
+        &mut self,
+        id: super::GlobalRequestId,
+        reply: super::global::GlobalReply,
+    ) -> Result<(), crate::Error> {
+        if self.global_replies.answered(id, reply) {
+            while let Some(reply) = self.global_replies.next_due() {
+                self.send_global_reply(reply);
+            }
+        }
+        Ok(())
+    }
+
+    fn send_global_reply(&mut self, reply: super::global::GlobalReply) {
+        if let Some(ref mut enc) = self.common.encrypted {
+            debug!("global reply {reply:?}");
+            push_packet!(enc.write, {
+                match reply {
+                    super::global::GlobalReply::Success(port) => {
+                        enc.write.push(msg::REQUEST_SUCCESS);
+                        if let Some(port) = port {
+                            enc.write.extend(&port.to_be_bytes());
+                        }
+                    }
+                    super::global::GlobalReply::Failure => enc.write.push(msg::REQUEST_FAILURE),
+                }
+            })
         }
     }
 
@@ -1759,6 +1856,7 @@ mod tests {
             pending_len: 0,
             channels: HashMap::new(),
             open_global_requests: VecDeque::new(),
+            global_replies: Default::default(), // sallyport patch
             kex: SessionKexState::Idle,
         }
     }
