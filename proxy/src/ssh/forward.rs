@@ -3,13 +3,19 @@
 //! `forward`, dial) at the first forward, whose grant is checked again with auth before every
 //! new forwarded connection and every new `-R` bind. A connection that only forwards is
 //! watched by a watchdog of its own.
+//!
+//! `-R` binds and their cancels run one after the other, in the order asked, on a task per
+//! connection; the russh callbacks only queue them and defer their answers
+//! (`Session::defer_global_reply`), which the task gives through the handle within
+//! [`GLOBAL_REQUEST_LIMIT`] (a bind the node makes after that is undone), so the person's
+//! connection goes on meanwhile.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use russh::server::{Handle, Msg};
+use russh::server::{Handle, Msg, Session};
 use russh::{Channel, ChannelOpenFailure};
 use sallyport_core::api::{SessionEnd, SessionGrant, SessionKind, SessionStatus};
 use sallyport_core::audit::EventType;
@@ -23,9 +29,17 @@ use crate::session::dial::{self, Asked, NodeConn, Shared, Toward};
 use crate::session::{Refusal, watchdog};
 use crate::state::{HangUp, ProxyState};
 
-/// How long a `tcpip-forward` may take: russh takes its answer from the callback, which holds
-/// up the person's connection meanwhile.
+/// How long a `tcpip-forward` (or its cancel) may take before the person is refused: its
+/// answer holds back the answers to every later global request of the connection (they go in
+/// order), OpenSSH's keepalives among them.
 const GLOBAL_REQUEST_LIMIT: Duration = Duration::from_secs(15);
+
+/// A `tcpip-forward` or `cancel-tcpip-forward`, answered through the person's handle when done.
+type RemoteOp = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// How many `tcpip-forward`/`cancel-tcpip-forward` requests may wait their turn; more are
+/// refused at once (no client has more than a few in flight).
+const REMOTE_OPS_QUEUED: usize = 64;
 
 /// The node connection that carries an inner connection's forwards.
 pub struct Forwarder {
@@ -47,6 +61,8 @@ pub struct Forwarding {
     /// Set when the inner connection ended, and when the forwarder's end was reported: a
     /// forwarder whose opening finishes after the connection ended is ended then, once.
     closed: Arc<(std::sync::atomic::AtomicBool, std::sync::atomic::AtomicBool)>,
+    /// The queue of `-R` binds and cancels, started at the first.
+    remote_ops: std::sync::OnceLock<tokio::sync::mpsc::Sender<RemoteOp>>,
 }
 
 impl Forwarding {
@@ -56,7 +72,24 @@ impl Forwarding {
             activity,
             remote_forwards,
             closed: Default::default(),
+            remote_ops: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The connection's `-R` binds and cancels, run one after the other in the order asked by
+    /// a task of their own (it ends with the connection's handler, which holds the queue), so
+    /// no russh callback waits on them, and a cancel finds the bind asked before it done, as
+    /// when the callbacks themselves waited.
+    fn remote_ops(&self) -> &tokio::sync::mpsc::Sender<RemoteOp> {
+        self.remote_ops.get_or_init(|| {
+            let (ops, mut queued) = tokio::sync::mpsc::channel::<RemoteOp>(REMOTE_OPS_QUEUED);
+            tokio::spawn(async move {
+                while let Some(op) = queued.recv().await {
+                    op.await;
+                }
+            });
+            ops
+        })
     }
 
     /// The inner connection ended: the forwarding connection goes and its session ends.
@@ -283,93 +316,124 @@ pub(super) fn direct_tcpip(
 }
 
 /// A `tcpip-forward` (`-R`): bound on the node through the forwarding connection once the
-/// grant, checked again, allows it. russh takes the answer from the callback, so this waits,
-/// at most [`GLOBAL_REQUEST_LIMIT`].
-pub(super) async fn tcpip_forward(
+/// grant, checked again, allows it. The callback only queues it ([`Forwarding::remote_ops`]);
+/// its answer goes to the person through the handle, with the node's port for a port 0, at
+/// most [`GLOBAL_REQUEST_LIMIT`] later. Returns the callback's answer, which russh uses only
+/// when nothing was deferred: a refusal when the queue is full.
+pub(super) fn tcpip_forward(
     inner: &Inner,
-    user: Handle,
+    session: &mut Session,
     address: &str,
-    port: &mut u32,
+    asked: u32,
 ) -> bool {
+    let user = session.handle();
     let who = inner.user.clone();
     let remote_forwards = inner.remote_forwards.clone();
-    let forwarder = forwarder_of(inner, user);
-    let asked = *port;
-    let address_owned = address.to_string();
-    // The work runs as a task of its own so that a bind the node makes after the person's
-    // answer timed out is not left behind: the task finds nobody waiting and undoes it.
-    let (answer, answered) = tokio::sync::oneshot::channel::<Option<u32>>();
-    tokio::spawn(async move {
-        let fwd = match forwarder.await {
-            Ok(f) => f,
-            Err(reason) => {
-                tracing::info!(user = %who, %reason, "remote forward refused");
+    let forwarder = forwarder_of(inner, user.clone());
+    let address = address.to_string();
+    let ops = inner.forwarding.remote_ops();
+    let Ok(permit) = ops.try_reserve() else {
+        tracing::info!(user = %who, %address, port = asked, "remote forward refused: too many pending");
+        return false;
+    };
+    let reply = session.defer_global_reply();
+    permit.send(Box::pin(async move {
+        // The work runs as a task of its own so that a bind the node makes after the person's
+        // answer timed out is not left behind: the task finds nobody waiting and undoes it.
+        let (answer, answered) = tokio::sync::oneshot::channel::<Option<u32>>();
+        let address_owned = address.clone();
+        tokio::spawn(async move {
+            let fwd = match forwarder.await {
+                Ok(f) => f,
+                Err(reason) => {
+                    tracing::info!(user = %who, %reason, "remote forward refused");
+                    let _ = answer.send(None);
+                    return;
+                }
+            };
+            // A new bind asks as a new connection does: the roles may have changed since the
+            // forwarding connection's grant.
+            if let Err(why) = fwd.recheck.allowed().await {
+                tracing::info!(user = %who, address = %address_owned, port = asked, %why, "remote forward refused");
+                fwd.audit
+                    .event(
+                        EventType::Port,
+                        json!({"kind": "remote", "addr": format!("{address_owned}:{asked}"),
+                        "result": why}),
+                    )
+                    .await;
                 let _ = answer.send(None);
                 return;
             }
-        };
-        // A new bind asks as a new connection does: the roles may have changed since the
-        // forwarding connection's grant.
-        if let Err(why) = fwd.recheck.allowed().await {
-            tracing::info!(user = %who, address = %address_owned, port = asked, %why, "remote forward refused");
-            fwd.audit
-                .event(
-                    EventType::Port,
-                    json!({"kind": "remote", "addr": format!("{address_owned}:{asked}"),
-                    "result": why}),
+            let bound = match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
+                Ok(allocated) => Some(if asked == 0 { allocated } else { asked }),
+                Err(e) => {
+                    tracing::info!(user = %who, address = %address_owned, port = asked, error = %e, "node refused a remote forward");
+                    None
+                }
+            };
+            if let Err(Some(port)) = answer.send(bound) {
+                tracing::info!(user = %who, address = %address_owned, port, "remote forward bound after its answer timed out; cancelled");
+                let _ = tokio::time::timeout(
+                    GLOBAL_REQUEST_LIMIT,
+                    fwd.conn.cancel_tcpip_forward(address_owned, port),
                 )
                 .await;
-            let _ = answer.send(None);
-            return;
-        }
-        let bound = match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
-            Ok(allocated) => Some(if asked == 0 { allocated } else { asked }),
-            Err(e) => {
-                tracing::info!(user = %who, address = %address_owned, port = asked, error = %e, "node refused a remote forward");
-                None
             }
-        };
-        if let Err(Some(port)) = answer.send(bound) {
-            tracing::info!(user = %who, address = %address_owned, port, "remote forward bound after its answer timed out; cancelled");
-            let _ = tokio::time::timeout(
-                GLOBAL_REQUEST_LIMIT,
-                fwd.conn.cancel_tcpip_forward(address_owned, port),
-            )
-            .await;
+        });
+        let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, answered)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        // Known before the person hears of it: a cancel asked after the answer finds it.
+        if let Some(p) = bound
+            && let Ok(mut f) = remote_forwards.lock()
+        {
+            f.insert((address, p));
         }
-    });
-    let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, answered)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .flatten();
-    match bound {
-        Some(p) => {
-            *port = p;
-            if let Ok(mut f) = remote_forwards.lock() {
-                f.insert((address.to_string(), p));
-            }
-            true
+        if let Some(id) = reply {
+            // Fails only when the person's connection is gone.
+            let _ = user.global_reply(id, bound.is_some(), bound);
         }
-        None => false,
-    }
+    }));
+    false
 }
 
-/// Cancels a remote forward the person asked for earlier.
-pub(super) async fn cancel_tcpip_forward(inner: &Inner, address: &str, port: u32) -> bool {
-    let known = inner
-        .remote_forwards
-        .lock()
-        .map(|mut f| f.remove(&(address.to_string(), port)))
-        .unwrap_or(false);
-    // russh takes the answer from the callback: the node has as long as a bind to answer.
-    match (inner.forwarding.forwarder.get(), known) {
-        (Some(f), true) => tokio::time::timeout(
-            GLOBAL_REQUEST_LIMIT,
-            f.conn.cancel_tcpip_forward(address, port),
-        )
-        .await
-        .is_ok_and(|r| r.is_ok()),
-        _ => false,
-    }
+/// Cancels a remote forward the person asked for earlier: queued after the forwards asked
+/// before it (see [`Forwarding::remote_ops`]); one the proxy does not know is refused at once.
+pub(super) fn cancel_tcpip_forward(
+    inner: &Inner,
+    session: &mut Session,
+    address: &str,
+    port: u32,
+) -> bool {
+    let (user, address) = (session.handle(), address.to_string());
+    let remote_forwards = inner.remote_forwards.clone();
+    let forwarder = inner.forwarding.forwarder.clone();
+    let ops = inner.forwarding.remote_ops();
+    let Ok(permit) = ops.try_reserve() else {
+        return false;
+    };
+    let reply = session.defer_global_reply();
+    permit.send(Box::pin(async move {
+        let known = remote_forwards
+            .lock()
+            .map(|mut f| f.remove(&(address.clone(), port)))
+            .unwrap_or(false);
+        // The node has as long as a bind to answer.
+        let done = match (forwarder.get(), known) {
+            (Some(f), true) => tokio::time::timeout(
+                GLOBAL_REQUEST_LIMIT,
+                f.conn.cancel_tcpip_forward(address, port),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok()),
+            _ => false,
+        };
+        if let Some(id) = reply {
+            let _ = user.global_reply(id, done, None);
+        }
+    }));
+    false
 }

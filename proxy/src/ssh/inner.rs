@@ -3,8 +3,10 @@
 //! is the outer connection's user's, turns each session channel into a session of the engine
 //! (`crate::session`: authorize → dial → relay → record → audit, started on a task of its own,
 //! the channel accepted or refused when it answers), and each channel request, byte, resize
-//! and signal into a [`Command`] queued for it. No callback waits on auth or on a node, but
-//! `tcpip-forward`, whose answer russh takes from the callback itself (`forward`).
+//! and signal into a [`Command`] queued for it. No callback waits on auth or on a node:
+//! `tcpip-forward` and `cancel-tcpip-forward` are queued too (`forward`) and answered later
+//! through the handle; russh sends global replies in the order the requests came, so a
+//! keepalive's reply never overtakes a pending bind's (our patch, `vendor/russh/PATCHES.md`).
 //!
 //! Every channel request gets exactly one answer, in the order the requests came (RFC 4254
 //! §5.4): a session's are the engine's ([`Event::Reply`], one per request command, in order;
@@ -511,16 +513,19 @@ impl russh::server::Handler for Inner {
         port: &mut u32,
         session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        Ok(super::forward::tcpip_forward(self, session.handle(), address, port).await)
+        // Queued; answered later through the handle (russh's deferred global reply).
+        Ok(super::forward::tcpip_forward(self, session, address, *port))
     }
 
     async fn cancel_tcpip_forward(
         &mut self,
         address: &str,
         port: u32,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        Ok(super::forward::cancel_tcpip_forward(self, address, port).await)
+        Ok(super::forward::cancel_tcpip_forward(
+            self, session, address, port,
+        ))
     }
 
     async fn data(
