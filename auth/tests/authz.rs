@@ -404,7 +404,10 @@ async fn refusals_say_why() {
         assert_eq!(body["code"], code, "{kind:?}: {body}");
     }
     let (_, body) = call(&f, &status, &cert(Anonymous)).await;
-    assert!(!body.contains("\"code\""), "a 401 has no refusal code: {body}");
+    assert!(
+        !body.contains("\"code\""),
+        "a 401 has no refusal code: {body}"
+    );
     let login = Row {
         method: Method::Post,
         path: routes::auth::SESSIONS,

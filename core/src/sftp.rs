@@ -76,11 +76,21 @@ pub struct Op {
 
 #[derive(Debug)]
 enum Pending {
-    Open { path: String, mode: &'static str },
+    Open {
+        path: String,
+        mode: &'static str,
+    },
     Simple(Op),
-    Read { handle: Vec<u8> },
-    Write { handle: Vec<u8>, len: u64 },
-    Close { handle: Vec<u8> },
+    Read {
+        handle: Vec<u8>,
+    },
+    Write {
+        handle: Vec<u8>,
+        len: u64,
+    },
+    Close {
+        handle: Vec<u8>,
+    },
     /// A request that is not audited (stat, readdir, …): tracked only so that its reply is
     /// matched to it and no other.
     Untracked,
@@ -375,7 +385,8 @@ impl SftpAudit {
         if self.pending.len() >= MAX_PENDING {
             return Err(Broken("too many unanswered requests".into()));
         }
-        self.pending.insert(id, pending.unwrap_or(Pending::Untracked));
+        self.pending
+            .insert(id, pending.unwrap_or(Pending::Untracked));
         Ok(())
     }
 
@@ -689,7 +700,10 @@ mod tests {
         a.server(&packet(STATUS, Some(1), &[&u32b(0), &s(b""), &s(b"")]))
             .unwrap();
         let ops = a.finish();
-        assert_eq!((ops.len(), ops[0].action, ops[0].path.as_str()), (1, "remove", "/y"));
+        assert_eq!(
+            (ops.len(), ops[0].action, ops[0].path.as_str()),
+            (1, "remove", "/y")
+        );
     }
 
     #[test]
@@ -705,7 +719,11 @@ mod tests {
             packet(
                 EXTENDED,
                 Some(6),
-                &[&s(b"hardlink@openssh.com"), &s(b"/etc/hosts"), &s(b"/tmp/h2")],
+                &[
+                    &s(b"hardlink@openssh.com"),
+                    &s(b"/etc/hosts"),
+                    &s(b"/tmp/h2"),
+                ],
             ),
             packet(
                 EXTENDED,
@@ -725,7 +743,11 @@ mod tests {
             packet(HANDLE, Some(1), &[&s(h)]),
             ok(2),
             ok(3),
-            packet(STATUS, Some(4), &[&u32b(3), &s(b"Permission denied"), &s(b"")]),
+            packet(
+                STATUS,
+                Some(4),
+                &[&u32b(3), &s(b"Permission denied"), &s(b"")],
+            ),
             ok(5),
             ok(6),
             ok(7),
@@ -751,12 +773,24 @@ mod tests {
             vec![
                 ("setstat", "/srv/app.sh", None, None, "ok"),
                 ("setstat", "/srv/conf", None, None, "ok"),
-                ("symlink", "/tmp/l", Some("/etc/shadow"), None, "Permission denied"),
+                (
+                    "symlink",
+                    "/tmp/l",
+                    Some("/etc/shadow"),
+                    None,
+                    "Permission denied"
+                ),
                 ("hardlink", "/tmp/h", Some("/etc/passwd"), None, "ok"),
                 ("hardlink", "/tmp/h2", Some("/etc/hosts"), None, "ok"),
                 ("setstat", "/tmp/l", None, None, "ok"),
                 ("extended", "/home", None, Some("statvfs@openssh.com"), "ok"),
-                ("extended", "/srv/app.sh", None, Some("fsync@openssh.com"), "ok"),
+                (
+                    "extended",
+                    "/srv/app.sh",
+                    None,
+                    Some("fsync@openssh.com"),
+                    "ok"
+                ),
                 ("open", "/srv/app.sh", None, None, "ok"),
             ]
         );

@@ -173,7 +173,9 @@ impl Filter {
     /// Whether `CSI params final` only draws.
     fn draws(&self, last: char) -> bool {
         let p = self.params.as_str();
-        let plain = p.bytes().all(|b| b.is_ascii_digit() || b == b';' || b == b':');
+        let plain = p
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b == b';' || b == b':');
         match last {
             'h' | 'l' => p
                 .strip_prefix('?')
@@ -239,7 +241,10 @@ mod tests {
             ("a\x1b]52;c;ZWNobyBwd25lZA==\x1b\\b", "ab"),
             // Titles and hyperlinks.
             ("\x1b]0;evil title\x07x", "x"),
-            ("\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\", "click"),
+            (
+                "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\",
+                "click",
+            ),
             // C1 OSC and CSI, and a C1 string terminator.
             ("\u{9d}52;c;aGk=\u{9c}ok", "ok"),
             ("\u{9b}6nok", "ok"),
@@ -249,7 +254,10 @@ mod tests {
             // Modes that change what the viewer's keyboard and mouse send.
             ("\x1b[?1h\x1b[?1000h\x1b[?2004h\x1b[?25;1000hok", "ok"),
             // DCS (e.g. DECRQSS, tmux passthrough), APC, PM, SOS.
-            ("\x1bP$qm\x1b\\\x1b_apc\x1b\\\x1b^pm\x1b\\\x1bXsos\x1b\\ok", "ok"),
+            (
+                "\x1bP$qm\x1b\\\x1b_apc\x1b\\\x1b^pm\x1b\\\x1bXsos\x1b\\ok",
+                "ok",
+            ),
             // Full reset, keypad mode, other character sets, ENQ, shift out.
             ("\x1bc\x1b=\x1b(K\x05\x0eok", "ok"),
             // Intermediates in CSI (DECSCUSR, soft reset) and non-numeric parameters.

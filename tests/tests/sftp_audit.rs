@@ -142,12 +142,12 @@ fn a_reused_request_id_ends_the_channel_with_the_reason_audited() {
         "stderr: {stderr}"
     );
     assert!(
-        eventually(Duration::from_secs(10), || sftp_ops(&c)
-            .iter()
-            .any(|e| e["action"] == "abort"
+        eventually(Duration::from_secs(10), || sftp_ops(&c).iter().any(
+            |e| e["action"] == "abort"
                 && e["result"]
                     .as_str()
-                    .is_some_and(|r| r.contains("request id 7 reused")))),
+                    .is_some_and(|r| r.contains("request id 7 reused"))
+        )),
         "{:#?}",
         sftp_ops(&c)
     );
