@@ -304,6 +304,8 @@ async fn output<D: Door>(
     let mut exit_code: Option<i64> = None;
     let mut bytes_out = 0u64;
     let mut agent_reported = false;
+    // Error output of a file copy so far (`COPY_STDERR_MAX`).
+    let mut copy_stderr = 0usize;
     let mut why: Option<Refusal> = None;
     let mut tick = tokio::time::interval(watchdog::TICK);
     // How many leading bytes of `data` the recording takes: under `strict` near the limit
@@ -394,6 +396,30 @@ async fn output<D: Door>(
                 let received = data.len();
                 bytes_out += data.len() as u64;
                 watchdog::touch(&live.activity);
+                // A file copy's stderr is for its messages. It is neither recorded nor held
+                // to a protocol, so it is bounded: past that, it is a channel out of the
+                // audit's sight (a login's rc files can make `scp` anything on agentless nodes).
+                let copying = live.copy.lock().is_ok_and(|c| c.is_some());
+                if copying {
+                    copy_stderr += received;
+                    if copy_stderr > COPY_STDERR_MAX {
+                        let e = format!(
+                            "the file copy wrote more than {} KiB of error output",
+                            COPY_STDERR_MAX / 1024
+                        );
+                        tracing::warn!(session = %grant.session_id, "closing a file copy: {e}");
+                        let ev = live
+                            .copy
+                            .lock()
+                            .ok()
+                            .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                            .unwrap_or_else(|| copy_aborted(&e));
+                        live.audit.events(vec![ev]).await;
+                        live.notice(format!("sallyport: {e}; closing\r\n")).await;
+                        why = Some(Refusal::Failed(e));
+                        break;
+                    }
+                }
                 data.truncate(record(&data));
                 if !data.is_empty() {
                     let event = Event::Data {
@@ -512,6 +538,10 @@ fn agent_report(data: &[u8]) -> Option<(EventType, serde_json::Map<String, serde
         .collect();
     Some((t, fields))
 }
+
+/// The most error output a file copy may write: scp, rsync and sftp-server print a line per
+/// problem, never a stream.
+const COPY_STDERR_MAX: usize = 64 * 1024;
 
 /// The largest agent report taken (a `host_user.create` is a few hundred bytes).
 const AGENT_EVENT_MAX: usize = 4096;

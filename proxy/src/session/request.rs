@@ -31,6 +31,10 @@ pub(super) struct CommandState<'a, D> {
     /// The terminal asked for: (term, cols, rows).
     pty: Option<(String, u32, u32)>,
     began: bool,
+    /// A shell, command or subsystem was asked for on this channel. One per channel, as sshd
+    /// allows: a second one is refused whatever the node answered the first, so a refused
+    /// `subsystem sftp` cannot leave a channel set up as an unrecorded copy for an `exec`.
+    asked: bool,
 }
 
 impl<'a, D: Door> CommandState<'a, D> {
@@ -40,12 +44,23 @@ impl<'a, D: Door> CommandState<'a, D> {
             node,
             pty: None,
             began: false,
+            asked: false,
         }
     }
 
     /// Carries out one command; false when the session is over.
     pub(super) async fn run(&mut self, command: Command) -> bool {
         let (live, node) = (self.live, self.node);
+        if matches!(
+            command,
+            Command::Shell | Command::Exec(_) | Command::Subsystem(_)
+        ) {
+            if self.asked {
+                tracing::warn!(session = %live.grant.session_id, "refused a second shell, command or subsystem on one channel");
+                return self.answer(false).await;
+            }
+            self.asked = true;
+        }
         match command {
             Command::Pty {
                 term,
