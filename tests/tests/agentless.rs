@@ -263,3 +263,195 @@ fn an_rsync_to_an_agentless_node_is_a_recorded_session() {
         "no recording of the rsync"
     );
 }
+
+/// One shell, command or subsystem per channel, as sshd allows. Hostile: a client sends
+/// `subsystem sftp` (an agentless sshd without a `Subsystem` line refuses it; the channel stays
+/// open), then `exec` on the same channel. Before, the proxy had set the channel up as an SFTP
+/// copy (unrecorded) when it passed the subsystem on, so the command ran unrecorded with its
+/// stderr shown to the person. OpenSSH never sends a second request, so this client is sally's
+/// own SSH library, driven by hand.
+#[test]
+fn a_second_program_on_one_channel_is_refused_even_after_a_refused_subsystem() {
+    let c = Cluster::start();
+    let dir = c.dir.path().join("sshd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = c
+        .sallyctl(&["auth", "export", "--type=openssh"])
+        .ok()
+        .stdout;
+    let port = free_port();
+    let _sshd = start_sshd(&dir, port, &ca, "hostkey");
+    c.sallyctl(&[
+        "nodes",
+        "add",
+        "--name",
+        "plain4",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .ok();
+    let home = c.user("alice", "access", "root");
+    // SAFETY: set before this test's runtime or any other thread exists (nextest runs each
+    // test in a process of its own); sally's library reads its profile from SALLY_HOME.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::env::set_var("SALLY_HOME", &home);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (subsystem, exec, shown) = rt.block_on(async {
+        use sallyport_cli::{profile::Profile, ssh};
+        let p = Profile::require().unwrap();
+        let keys = ssh::Keys::load(&p).unwrap();
+        let proxy = ssh::connect_proxy(&p, &keys, c.ssh_port).await.unwrap();
+        let (node, _) = ssh::connect_node(&proxy, &keys, "plain4", "root", Default::default())
+            .await
+            .unwrap();
+        let mut ch = node.channel_open_session().await.unwrap();
+        // The answer to the last request, and everything the channel showed meanwhile.
+        async fn answer(
+            ch: &mut russh::Channel<russh::client::Msg>,
+            shown: &mut Vec<u8>,
+        ) -> Option<bool> {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let msg = tokio::time::timeout_at(deadline, ch.wait()).await.ok()??;
+                match msg {
+                    russh::ChannelMsg::Success => return Some(true),
+                    russh::ChannelMsg::Failure => return Some(false),
+                    russh::ChannelMsg::Data { data }
+                    | russh::ChannelMsg::ExtendedData { data, .. } => {
+                        shown.extend_from_slice(&data)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut shown = Vec::new();
+        ch.request_subsystem(true, "sftp").await.unwrap();
+        let subsystem = answer(&mut ch, &mut shown).await;
+        ch.exec(true, "echo ran-unrecorded >&2; echo ran-unrecorded")
+            .await
+            .unwrap();
+        let exec = answer(&mut ch, &mut shown).await;
+        // Anything the command would print.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            while let Some(msg) = ch.wait().await {
+                if let russh::ChannelMsg::Data { data }
+                | russh::ChannelMsg::ExtendedData { data, .. } = msg
+                {
+                    shown.extend_from_slice(&data);
+                }
+            }
+        })
+        .await;
+        (
+            subsystem,
+            exec,
+            String::from_utf8_lossy(&shown).into_owned(),
+        )
+    });
+    assert_eq!(subsystem, Some(false), "sshd has no sftp subsystem here");
+    assert_eq!(
+        exec,
+        Some(false),
+        "a second program on one channel was accepted"
+    );
+    assert!(
+        !shown.contains("ran-unrecorded"),
+        "the command ran: {shown:?}"
+    );
+}
+
+/// Runs a user-management command, retrying while another test holds /etc/passwd's lock.
+fn admin(args: &[&str]) {
+    let mut last = String::new();
+    for _ in 0..50 {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{args:?} failed: {last}");
+}
+
+/// A login removed when dropped.
+struct HostLogin(String);
+
+impl Drop for HostLogin {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").args(["-r", &self.0]).output();
+    }
+}
+
+/// Hostile: on an agentless node sshd runs a copy through the login's shell, so the login's
+/// rc files can make `scp -t` anything. Its stdout is still held to scp's protocol; its stderr,
+/// neither recorded nor parsed, is bounded: past 64 KiB the copy is closed and audited.
+#[test]
+fn a_file_copys_error_output_is_bounded() {
+    let login = HostLogin(format!("sperr{}", std::process::id() % 100_000));
+    admin(&["useradd", "-m", "-s", "/bin/bash", &login.0]);
+    // No password, but not locked ("!" makes sshd without PAM refuse every login).
+    admin(&["usermod", "-p", "*", &login.0]);
+    // What a login could put in its rc file: `scp` that talks on stderr instead.
+    std::fs::write(
+        format!("/home/{}/.bashrc", login.0),
+        "scp() { head -c 300000 /dev/zero | tr '\\0' x >&2; cat > /dev/null; }\n",
+    )
+    .unwrap();
+    let c = Cluster::start();
+    let dir = c.dir.path().join("sshd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = c
+        .sallyctl(&["auth", "export", "--type=openssh"])
+        .ok()
+        .stdout;
+    let port = free_port();
+    let _sshd = start_sshd(&dir, port, &ca, "hostkey");
+    c.sallyctl(&[
+        "nodes",
+        "add",
+        "--name",
+        "plain5",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .ok();
+    let home = c.user("alice", "access", &login.0);
+    let cfg = c.ssh_config(&home, "alice");
+    let file = c.dir.path().join("f.txt");
+    std::fs::write(&file, "x\n").unwrap();
+    let out = Command::new("scp")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-o", "ProxyJump=proxy", "-O"])
+        .arg(&file)
+        .arg(format!("{}@plain5:/tmp/sallyport-sperr", login.0))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the file copy wrote more than 64 KiB of error output"),
+        "{}",
+        stderr.chars().rev().take(300).collect::<String>()
+    );
+    let flood = stderr.matches('x').count();
+    assert!(
+        flood <= 128 * 1024,
+        "{flood} bytes of error output reached the person"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || c.events("scp").iter().any(
+            |e| e["result"]
+                .as_str()
+                .is_some_and(|r| r.contains("more than 64 KiB of error output"))
+        )),
+        "{:?}",
+        c.events("scp")
+    );
+}
