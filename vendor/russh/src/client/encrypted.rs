@@ -613,6 +613,11 @@ impl Session {
                     }
                 }
 
+                // sallyport patch: zero-length data carries nothing (OpenSSH never sends it) and
+                // a channel's reader takes an empty read for end of file: not delivered.
+                if data.is_empty() {
+                    return Ok(());
+                }
                 if let Some(chan) = self.channels.get(&channel_num) {
                     let _ = chan.send(ChannelMsg::Data { data: data.clone() }).await;
                 }
@@ -646,6 +651,10 @@ impl Session {
                     }
                 }
 
+                // sallyport patch: zero-length data is not delivered (as CHANNEL_DATA above).
+                if data.is_empty() {
+                    return Ok(());
+                }
                 if let Some(chan) = self.channels.get(&channel_num) {
                     let _ = chan
                         .send(ChannelMsg::ExtendedData {

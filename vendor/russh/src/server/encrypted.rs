@@ -1519,6 +1519,11 @@ impl Session {
                     }
                 }
                 self.flush()?;
+                // sallyport patch: zero-length data carries nothing (OpenSSH never sends it) and
+                // a channel's reader takes an empty read for end of file: not delivered.
+                if data.is_empty() {
+                    return Ok(());
+                }
                 if let Some(ext) = ext {
                     if let Some(chan) = self.channels.get(&channel_num) {
                         chan.send(ChannelMsg::ExtendedData {
