@@ -248,6 +248,8 @@ pub struct Decoupled {
     /// Bytes that may still be queued for writing ([`WRITE_QUEUE`] in all); the writing task
     /// gives them back as it writes.
     room: tokio_util::sync::PollSemaphore,
+    /// The most one write takes at a time (a quarter of the queue).
+    chunk: usize,
 }
 
 /// The most a [`Decoupled`] queues for writing before its writer waits. Peers that keep to the
@@ -256,13 +258,29 @@ pub struct Decoupled {
 /// connection here instead of growing the queue without bound.
 pub const WRITE_QUEUE: usize = 64 * 1024 * 1024;
 
+/// The write queue of a connection whose peer is one person's client: the SSH connection a
+/// ProxyJump carries inside the proxy's door. Its peer chooses its channels' windows; one that
+/// advertises huge ones and stops reading would otherwise park [`WRITE_QUEUE`] here per jump.
+/// Four of OpenSSH's windows: a client that reads keeps far less than that queued (what waits
+/// here is what the door's own channel window, [`CLIENT_WINDOW`], does not yet let through).
+pub const CLIENT_WRITE_QUEUE: usize = 4 * CLIENT_WINDOW as usize;
+
 impl Decoupled {
     pub fn new<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
         stream: S,
     ) -> Self {
+        Self::with_queue(stream, WRITE_QUEUE)
+    }
+
+    /// As [`Decoupled::new`], queueing at most `queue` bytes for writing (at least 64 KiB).
+    pub fn with_queue<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
+        stream: S,
+        queue: usize,
+    ) -> Self {
+        let queue = queue.max(64 * 1024);
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<bytes::Bytes>();
         let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(16);
-        let room = Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE));
+        let room = Arc::new(tokio::sync::Semaphore::new(queue));
         let given_back = room.clone();
         tokio::spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -318,6 +336,7 @@ impl Decoupled {
             pending: bytes::Bytes::new(),
             tx: Some(out_tx),
             room: tokio_util::sync::PollSemaphore::new(room),
+            chunk: queue / 4,
         }
     }
 }
@@ -387,9 +406,9 @@ impl tokio::io::AsyncWrite for Decoupled {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        // Room for what is written is taken first; past [`WRITE_QUEUE`] this waits until the
+        // Room for what is written is taken first; past the queue's size this waits until the
         // writing task has written some of the queue.
-        let take = buf.len().min(WRITE_QUEUE / 4);
+        let take = buf.len().min(this.chunk);
         let want = u32::try_from(take).unwrap_or(u32::MAX);
         match this.room.poll_acquire_many(cx, want) {
             std::task::Poll::Pending => return std::task::Poll::Pending,
@@ -553,10 +572,23 @@ mod tests {
     /// once it reads, everything queued arrives in order.
     #[tokio::test]
     async fn a_decoupled_writer_waits_once_its_queue_is_full() {
+        writer_waits_at(WRITE_QUEUE, Decoupled::new).await;
+    }
+
+    /// A jump's connection queues at most [`CLIENT_WRITE_QUEUE`] for a client that stops reading.
+    #[tokio::test]
+    async fn a_client_connection_queues_a_few_windows_at_most() {
+        writer_waits_at(CLIENT_WRITE_QUEUE, |s| {
+            Decoupled::with_queue(s, CLIENT_WRITE_QUEUE)
+        })
+        .await;
+    }
+
+    async fn writer_waits_at(queue: usize, make: fn(tokio::io::DuplexStream) -> Decoupled) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
-        let mut d = Decoupled::new(ours);
-        let chunk = vec![7u8; 1024 * 1024];
+        let mut d = make(ours);
+        let chunk = vec![7u8; 256 * 1024];
         let mut written = 0usize;
         loop {
             match tokio::time::timeout(std::time::Duration::from_millis(200), d.write_all(&chunk))
@@ -567,12 +599,12 @@ mod tests {
                 Err(_) => break,
             }
             assert!(
-                written <= WRITE_QUEUE + 2 * chunk.len(),
+                written <= queue + 2 * chunk.len() + 64 * 1024,
                 "queued {written} bytes"
             );
         }
         assert!(
-            written >= WRITE_QUEUE - chunk.len(),
+            written >= queue - chunk.len(),
             "stalled early, at {written}"
         );
         // The peer reads: the writer goes on.

@@ -255,7 +255,10 @@ impl russh::server::Handler for Outer {
                     let stream = sallyport_core::flow::Credited::new(channel.into_stream(), credit);
                     super::inner::serve(
                         state,
-                        sallyport_core::flow::Decoupled::new(stream),
+                        sallyport_core::flow::Decoupled::with_queue(
+                            stream,
+                            sallyport_core::flow::CLIENT_WRITE_QUEUE,
+                        ),
                         user,
                         node,
                         cert,
