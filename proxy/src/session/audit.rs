@@ -2,7 +2,9 @@
 //! turned out to be (`update`), the per-operation events (`sftp`, `scp`, `port`,
 //! `agent-forward`, ...) in small batches, and its end. One task posts them in the order they
 //! were queued, so an end never overtakes the events before it. The queue is bounded: when
-//! auth falls behind, the session waits rather than losing audit records.
+//! auth falls behind, the session waits rather than losing audit records. A post auth refuses
+//! or cannot be reached at all is not retried (a retry after a lost answer would record the
+//! batch twice): it is logged at error with the number of events lost.
 
 use std::sync::Arc;
 use std::time::Duration;
