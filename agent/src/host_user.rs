@@ -194,6 +194,16 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
             "could not be created: {login:?} is not a name this agent creates (a lower-case letter or `_`, then lower-case letters, digits, `_` or `-`, at most 32); nothing was created"
         ));
     }
+    // Checked before anything is done, as useradd would fail only after the groups were made.
+    let high = UID_HIGH_WATER.load(std::sync::atomic::Ordering::SeqCst);
+    let uid_max = crate::passwd::uid_max();
+    if high >= uid_max {
+        return Err(format!(
+            "could not be created: this agent's host users have used every uid up to {high}, and \
+             UID_MAX in /etc/login.defs is {uid_max} (raise UID_MAX, or lower uid_high_water in \
+             the agent's host-users.json once the uids it dropped are no longer in use)"
+        ));
+    }
     let groups: Vec<String> = grant
         .groups
         .iter()
@@ -219,7 +229,6 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
     let mut member_of = vec![MANAGED_GROUP.to_string()];
     member_of.extend(groups.iter().cloned());
     let member_list = member_of.join(",");
-    let high = UID_HIGH_WATER.load(std::sync::atomic::Ordering::SeqCst);
     let uid_min = format!("UID_MIN={}", high.saturating_add(1));
     let mut useradd = vec!["useradd"];
     if high > 0 {
@@ -615,6 +624,23 @@ mod tests {
         let err = keep_state_in(&dir).err().unwrap_or_default();
         assert!(err.contains("host-users.json is unreadable"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Past UID_MAX useradd would fail with its own words; the agent says which limit and what
+    /// to do, and runs nothing.
+    #[test]
+    fn a_high_water_mark_past_uid_max_is_refused_with_the_way_out() {
+        UID_HIGH_WATER.fetch_max(u32::MAX - 1, std::sync::atomic::Ordering::SeqCst);
+        let grant = HostUser {
+            mode: HostUserMode::Keep,
+            groups: vec![],
+            sudoers: vec![],
+        };
+        let err = ensure("sallyport-no-such-login", &grant)
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("UID_MAX in /etc/login.defs"), "{err}");
+        assert!(crate::passwd::lookup("sallyport-no-such-login").is_none());
     }
 
     #[test]

@@ -148,9 +148,34 @@ fn login_defs_path(text: &str, superuser: bool) -> Option<String> {
     })
 }
 
+/// `UID_MAX` from `/etc/login.defs`, as useradd(8) reads it (60000 when unset).
+pub fn uid_max() -> u32 {
+    let defs = std::fs::read_to_string("/etc/login.defs").unwrap_or_default();
+    login_defs_number(&defs, "UID_MAX").unwrap_or(60_000)
+}
+
+/// A numeric setting from login.defs(5) text.
+fn login_defs_number(text: &str, key: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next() == Some(key))
+            .then(|| words.next()?.parse().ok())
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_numbers_from_login_defs() {
+        let defs = "# UID_MAX 1\nUID_MIN\t 1000\nUID_MAX 70000\nBAD_ONE x\n";
+        assert_eq!(login_defs_number(defs, "UID_MAX"), Some(70_000));
+        assert_eq!(login_defs_number(defs, "UID_MIN"), Some(1000));
+        assert_eq!(login_defs_number(defs, "BAD_ONE"), None);
+        assert_eq!(login_defs_number(defs, "GID_MAX"), None);
+    }
 
     #[test]
     fn finds_logins_by_exact_name() {
