@@ -29,7 +29,20 @@ pub struct Profile {
     pub tls_host_ca_pem: String,
 }
 
+/// The profile directory a program using this library chose ([`use_home`]).
+static HOME: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Makes `dir` this process's profile directory, before `SALLY_HOME` and `~/.sally`: for a
+/// program that links this library and cannot set the environment safely (its threads may be
+/// reading it). Once per process; false if it was already chosen.
+pub fn use_home(dir: PathBuf) -> bool {
+    HOME.set(dir).is_ok()
+}
+
 pub fn home() -> PathBuf {
+    if let Some(h) = HOME.get() {
+        return h.clone();
+    }
     if let Some(h) = std::env::var_os("SALLY_HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(h);
     }
