@@ -92,8 +92,9 @@ impl CopyAudit {
         }
     }
 
-    /// The event that says why this copy's channel was ended: its stream could no longer be
-    /// audited (a protocol violation, a flood), so nothing more of it may pass unaudited.
+    /// The event that says why this copy's channel was ended (its stream could no longer be
+    /// audited: a protocol violation, a flood, so nothing more of it may pass unaudited), or
+    /// what was dropped from it (error output past its bound), in `result`.
     pub fn aborted(&self, why: &str) -> (EventType, serde_json::Value) {
         match self {
             CopyAudit::Sftp(_) => copy_aborted(why),

@@ -306,6 +306,7 @@ async fn output<D: Door>(
     let mut agent_reported = false;
     // Error output of a file copy so far (`COPY_STDERR_MAX`).
     let mut copy_stderr = 0usize;
+    let mut copy_stderr_cut = false;
     let mut why: Option<Refusal> = None;
     let mut tick = tokio::time::interval(watchdog::TICK);
     // How many leading bytes of `data` the recording takes: under `strict` near the limit
@@ -397,27 +398,19 @@ async fn output<D: Door>(
                 bytes_out += data.len() as u64;
                 watchdog::touch(&live.activity);
                 // A file copy's stderr is for its messages. It is neither recorded nor held
-                // to a protocol, so it is bounded: past that, it is a channel out of the
-                // audit's sight (a login's rc files can make `scp` anything on agentless nodes).
+                // to a protocol, so it is bounded: past that, it would be a channel out of the
+                // audit's sight (a login's rc files can make `scp` anything on agentless
+                // nodes). What comes past the bound is dropped, said once and audited; the
+                // copy itself goes on (`scp -v` over many files talks that much).
                 let copying = live.copy.lock().is_ok_and(|c| c.is_some());
+                let mut cut_now = false;
                 if copying {
-                    copy_stderr += received;
-                    if copy_stderr > COPY_STDERR_MAX {
-                        let e = format!(
-                            "the file copy wrote more than {} KiB of error output",
-                            COPY_STDERR_MAX / 1024
-                        );
-                        tracing::warn!(session = %grant.session_id, "closing a file copy: {e}");
-                        let ev = live
-                            .copy
-                            .lock()
-                            .ok()
-                            .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
-                            .unwrap_or_else(|| copy_aborted(&e));
-                        live.audit.events(vec![ev]).await;
-                        live.notice(format!("sallyport: {e}; closing\r\n")).await;
-                        why = Some(Refusal::Failed(e));
-                        break;
+                    let room = COPY_STDERR_MAX.saturating_sub(copy_stderr);
+                    copy_stderr = copy_stderr.saturating_add(received);
+                    if received > room {
+                        data.truncate(room);
+                        cut_now = !copy_stderr_cut;
+                        copy_stderr_cut = true;
                     }
                 }
                 data.truncate(record(&data));
@@ -434,6 +427,19 @@ async fn output<D: Door>(
                             break;
                         }
                     }
+                }
+                if cut_now {
+                    let e = format!("error output past {} KiB dropped", COPY_STDERR_MAX / 1024);
+                    tracing::warn!(session = %grant.session_id, "file copy: {e}");
+                    let ev = live
+                        .copy
+                        .lock()
+                        .ok()
+                        .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
+                        .unwrap_or_else(|| copy_aborted(&e));
+                    live.audit.events(vec![ev]).await;
+                    live.notice(format!("\r\nsallyport: the file copy's {e}\r\n"))
+                        .await;
                 }
                 credit(received);
             }
@@ -553,37 +559,4 @@ fn agent_event_allowed(grant_has_host_user: bool, already: bool, len: usize) -> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_agent_report_keeps_only_an_agents_events_and_their_documented_fields() {
-        let (t, fields) = agent_report(
-            br#"{"event":"host_user.create","fields":{"mode":"keep","groups":["adm"],"result":"admin granted","user":"root"}}"#,
-        )
-        .unwrap_or_else(|| panic!("a host_user.create report was refused"));
-        assert_eq!(t, EventType::HostUserCreate);
-        let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
-        keys.sort();
-        assert_eq!(keys, ["groups", "mode"]);
-        // Not an event an agent reports, or not JSON: nothing.
-        assert!(agent_report(br#"{"event":"user.create","fields":{"name":"mallory"}}"#).is_none());
-        assert!(agent_report(br#"{"event":"session.end"}"#).is_none());
-        assert!(agent_report(b"\xff not json").is_none());
-    }
-
-    #[test]
-    fn an_agent_report_is_taken_once_small_and_only_with_a_host_user_grant() {
-        assert!(agent_event_allowed(true, false, 300));
-        assert!(agent_event_allowed(true, false, AGENT_EVENT_MAX));
-        assert!(
-            !agent_event_allowed(false, false, 300),
-            "no host-user grant"
-        );
-        assert!(!agent_event_allowed(true, true, 300), "a second report");
-        assert!(
-            !agent_event_allowed(true, false, AGENT_EVENT_MAX + 1),
-            "too big"
-        );
-    }
-}
+mod tests;
