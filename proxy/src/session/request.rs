@@ -30,10 +30,11 @@ pub(super) struct CommandState<'a, D> {
     node: &'a ChannelWriteHalf<ClientMsg>,
     /// The terminal asked for: (term, cols, rows).
     pty: Option<(String, u32, u32)>,
-    began: bool,
-    /// A shell, command or subsystem was asked for on this channel. One per channel, as sshd
-    /// allows: a second one is refused whatever the node answered the first, so a refused
-    /// `subsystem sftp` cannot leave a channel set up as an unrecorded copy for an `exec`.
+    /// A shell, command or subsystem was asked for on this channel. One per channel: a second
+    /// one is refused whatever the node answered the first, so a refused `subsystem sftp`
+    /// cannot leave a channel set up as an unrecorded copy for an `exec`. Stricter than sshd,
+    /// which takes another after a failed one (PuTTY's psftp falls back that way, to `exec
+    /// sftp-server`; through Sallyport it needs the server's sftp subsystem).
     asked: bool,
 }
 
@@ -43,7 +44,6 @@ impl<'a, D: Door> CommandState<'a, D> {
             live,
             node,
             pty: None,
-            began: false,
             asked: false,
         }
     }
@@ -347,10 +347,7 @@ impl<'a, D: Door> CommandState<'a, D> {
         command: Option<&str>,
         record: bool,
     ) -> Result<(), String> {
-        if self.began {
-            return Ok(());
-        }
-        self.began = true;
+        // Reached once per channel at most: only behind `asked`.
         let live = self.live;
         if let Ok(mut slot) = live.kind.lock() {
             *slot = Some((kind, command.map(str::to_string)));
