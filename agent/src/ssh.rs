@@ -106,6 +106,8 @@ impl NodeServer {
             conn,
             login,
             sallyport_core::door::DEFAULT_LOGIN_GRACE,
+            // The peer is the proxy, whose windows are its own.
+            sallyport_core::flow::WRITE_QUEUE,
         )
         .await
         {

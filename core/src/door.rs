@@ -557,20 +557,22 @@ impl Pending {
 /// Serves one SSH connection on `stream` until it ends, and ends it if the handler has not
 /// called [`Pending::authenticated`] within `grace`: the client is sent a disconnect with the
 /// reason, and if the session cannot send it (russh holds its queue during a key exchange, which
-/// is where a stalled or hostile client sits) the transport is cut a second later.
+/// is where a stalled or hostile client sits) the transport is cut a second later. At most
+/// `write_queue` bytes wait for the peer to read ([`crate::flow::Decoupled::with_queue`]).
 pub async fn serve_ssh<H, S>(
     config: Arc<russh::server::Config>,
     stream: S,
     handler: H,
     login: Login,
     grace: Duration,
+    write_queue: usize,
 ) -> Result<(), String>
 where
     H: russh::server::Handler<Error = russh::Error> + Send + 'static,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let cut = CancellationToken::new();
-    let stream = crate::flow::Decoupled::new(Cut::new(stream, cut.clone()));
+    let stream = crate::flow::Decoupled::with_queue(Cut::new(stream, cut.clone()), write_queue);
     let deadline = tokio::time::Instant::now() + grace;
     let why = format!(
         "not authenticated within {}s (ssh_login_grace)",

@@ -228,8 +228,8 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Credited<S> {
     }
 }
 
-/// A transport whose writes never wait: one task of its own owns the real stream, reading it
-/// into a small queue and writing to it from an unbounded one.
+/// A transport whose writes do not wait below its queue's bound: one task of its own owns the
+/// real stream, reading it into a small queue and writing to it from a bounded one.
 ///
 /// russh reads and writes its transport on one task. When both peers of a connection are russh
 /// (agent ↔ proxy over the tunnel, the inner connections of ProxyJump, `sally ssh`) and both
@@ -258,11 +258,18 @@ pub struct Decoupled {
 /// connection here instead of growing the queue without bound.
 pub const WRITE_QUEUE: usize = 64 * 1024 * 1024;
 
-/// The write queue of a connection whose peer is one person's client: the SSH connection a
-/// ProxyJump carries inside the proxy's door. Its peer chooses its channels' windows; one that
-/// advertises huge ones and stops reading would otherwise park [`WRITE_QUEUE`] here per jump.
-/// Four of OpenSSH's windows: a client that reads keeps far less than that queued (what waits
-/// here is what the door's own channel window, [`CLIENT_WINDOW`], does not yet let through).
+/// The write queue of a connection whose peer is one person's client: the proxy's SSH door and
+/// the connection each ProxyJump carries inside it. The client chooses its channels' windows;
+/// one that advertises huge ones and stops reading would otherwise park [`WRITE_QUEUE`] here
+/// per connection and per jump. What waits here is what the client's windows allow and its
+/// reading has not yet taken: an OpenSSH client (2 MiB windows) that reads keeps little queued,
+/// a `sally` download (8 MiB windows) may fill it, and then waits on its own reading, as it
+/// should. Four of OpenSSH's windows.
+///
+/// Below [`WRITE_QUEUE`] a writer can wait, so two russh peers can no longer rule out both
+/// blocking on writes by this queue alone: it holds because the client's side cannot block
+/// writing (OpenSSH never does; `sally`'s transport is itself a [`Decoupled`] of
+/// [`WRITE_QUEUE`], which its uploads, bounded by the door's 2 MiB windows, never fill).
 pub const CLIENT_WRITE_QUEUE: usize = 4 * CLIENT_WINDOW as usize;
 
 impl Decoupled {

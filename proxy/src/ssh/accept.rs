@@ -75,7 +75,11 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admis
                 attempts: crate::failed_auth::SshAttempts::new(addr),
                 jumps: Arc::new(AtomicUsize::new(0)),
             };
-            if let Err(e) = door::serve_ssh(config, tcp, conn, login, admission.login_grace).await {
+            // The peer is a client choosing its own windows: it may park a few of them here.
+            let queue = sallyport_core::flow::CLIENT_WRITE_QUEUE;
+            if let Err(e) =
+                door::serve_ssh(config, tcp, conn, login, admission.login_grace, queue).await
+            {
                 tracing::debug!(peer = %addr, error = %e, "ssh connection ended");
             }
         });
