@@ -201,7 +201,7 @@ pub fn ensure(login: &str, grant: &HostUser) -> Result<(Option<Created>, Option<
         return Err(format!(
             "could not be created: this agent's host users have used every uid up to {high}, and \
              UID_MAX in /etc/login.defs is {uid_max} (raise UID_MAX, or lower uid_high_water in \
-             the agent's host-users.json once the uids it dropped are no longer in use)"
+             the agent's host-users.json once the uids it dropped are no longer in use, and restart the agent)"
         ));
     }
     let groups: Vec<String> = grant

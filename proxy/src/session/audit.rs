@@ -4,7 +4,8 @@
 //! were queued, so an end never overtakes the events before it. The queue is bounded: when
 //! auth falls behind, the session waits rather than losing audit records. A post auth refuses
 //! or cannot be reached at all is not retried (a retry after a lost answer would record the
-//! batch twice): it is logged at error with the number of events lost.
+//! batch twice): a lost batch of events is logged at error with their number, a lost kind
+//! update at warn.
 
 use std::sync::Arc;
 use std::time::Duration;
