@@ -70,8 +70,6 @@ pub fn keep_state_in(dir: &std::path::Path) -> Result<(), String> {
 
 /// Writes the high-water mark (atomically, 0600) where [`keep_state_in`] said.
 fn save_state() -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let Some(path) = STATE.get() else {
         return Ok(());
     };
@@ -79,19 +77,8 @@ fn save_state() -> Result<(), String> {
         uid_high_water: UID_HIGH_WATER.load(std::sync::atomic::Ordering::SeqCst),
     };
     let text = serde_json::to_vec(&state).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+    sallyport_core::files::replace_private(path, &text)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Live sessions of each login this agent created under `insecure-drop`.

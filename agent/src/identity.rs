@@ -2,8 +2,6 @@
 //! and name, its TLS key and host certificate for the tunnel, its SSH host key and certificate,
 //! and the CAs it trusts. A restart reuses it; the join token is never needed again.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -56,19 +54,9 @@ impl AgentIdentity {
     }
 
     pub fn save(&self, dir: &Path) -> Result<(), AgentError> {
-        let p = path(dir);
-        let tmp = p.with_extension("tmp");
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
         let text =
             serde_json::to_vec_pretty(self).map_err(|e| AgentError::Identity(e.to_string()))?;
-        f.write_all(&text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &p)?;
+        sallyport_core::files::replace_private(&path(dir), &text)?;
         Ok(())
     }
 }

@@ -33,8 +33,7 @@
 //! it to the chain head; the first such result is reported as not yet anchored.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -161,7 +160,7 @@ impl Anchor {
         }
         let result = serde_json::to_vec(cp)
             .map_err(std::io::Error::other)
-            .and_then(|doc| write_private(&self.remembered, &doc));
+            .and_then(|doc| sallyport_core::files::replace_private(&self.remembered, &doc));
         if let Err(e) = result {
             tracing::error!(file = %self.remembered.display(), error = %e, "the last audit checkpoint cannot be remembered");
         }
@@ -174,7 +173,7 @@ fn create_key(path: &Path) -> Result<PrivateKey, AuthError> {
     let text = key
         .to_openssh(LineEnding::LF)
         .map_err(|e| AuthError::Internal(format!("cannot encode the audit checkpoint key: {e}")))?;
-    write_private(path, text.as_bytes()).map_err(|e| {
+    sallyport_core::files::replace_private(path, text.as_bytes()).map_err(|e| {
         AuthError::Internal(format!(
             "cannot write the audit checkpoint key {}: {e}",
             path.display()
@@ -182,20 +181,6 @@ fn create_key(path: &Path) -> Result<PrivateKey, AuthError> {
     })?;
     tracing::info!(file = %path.display(), "made the audit checkpoint key");
     Ok(key)
-}
-
-/// Writes a file only its owner may read, atomically.
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 /// The background half of anchoring: unsigned records wait at most one interval.

@@ -11,8 +11,7 @@
 //! keys/<proxy>/ca-pin      the CA pin a sign-up verified, trusted until a login saves the CA
 //! ```
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow};
@@ -162,17 +161,8 @@ pub fn ensure_private_dir(dir: &Path) -> Result<()> {
 
 /// Writes atomically with `mode` from the moment the file exists.
 pub fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    let tmp = path.with_extension("tmp~");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    sallyport_core::files::replace(path, data, mode)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Removes the profile and every key; returns whether there was anything to remove.

@@ -10,6 +10,7 @@ pub mod audit;
 pub mod ca;
 pub mod door;
 pub mod duration;
+pub mod files;
 pub mod flow;
 pub mod https;
 pub mod identity;

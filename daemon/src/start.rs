@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -434,18 +434,8 @@ fn write_admin_identity(auth: &AuthServer, dir: &Path, auth_addr: SocketAddr) ->
 
 /// Writes a file that only its owner may read, replacing any earlier one atomically.
 pub fn write_secret(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    sallyport_core::files::replace_private(path, data)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 async fn shutdown_signal() {
