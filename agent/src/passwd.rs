@@ -137,14 +137,16 @@ pub fn path_for(login: &Login) -> String {
 /// bare, as login(1) accepts both.
 fn login_defs_path(text: &str, superuser: bool) -> Option<String> {
     let key = if superuser { "ENV_SUPATH" } else { "ENV_PATH" };
+    let value = login_defs_value(text, key)?;
+    let value = value.strip_prefix("PATH=").unwrap_or(value);
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+/// The value of `key` in login.defs(5) text: the word after it on its line.
+fn login_defs_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines().find_map(|line| {
         let mut words = line.split_whitespace();
-        if words.next() != Some(key) {
-            return None;
-        }
-        let value = words.next()?;
-        let value = value.strip_prefix("PATH=").unwrap_or(value);
-        (!value.is_empty()).then(|| value.to_string())
+        (words.next() == Some(key)).then(|| words.next()).flatten()
     })
 }
 
@@ -156,12 +158,7 @@ pub fn uid_max() -> u32 {
 
 /// A numeric setting from login.defs(5) text.
 fn login_defs_number(text: &str, key: &str) -> Option<u32> {
-    text.lines().find_map(|line| {
-        let mut words = line.split_whitespace();
-        (words.next() == Some(key))
-            .then(|| words.next()?.parse().ok())
-            .flatten()
-    })
+    login_defs_value(text, key)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -166,6 +166,18 @@ impl<D: Door> Live<D> {
         }
     }
 
+    /// Audits what became of this channel's file copy: why it was ended, or what was dropped
+    /// from it ([`CopyAudit::aborted`]; an SFTP abort when no copy is set).
+    pub(super) async fn audit_copy(&self, why: &str) {
+        let ev = self
+            .copy
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(|c| c.aborted(why)))
+            .unwrap_or_else(|| copy_aborted(why));
+        self.audit.events(vec![ev]).await;
+    }
+
     pub(super) async fn notice(&self, text: String) -> bool {
         self.door
             .send(Event::Data {
@@ -362,13 +374,7 @@ async fn output<D: Door>(
                     Ok(list) => live.audit.events(list).await,
                     Err(e) => {
                         tracing::warn!(session = %grant.session_id, error = %e, "closing a file copy that cannot be audited");
-                        let ev = live
-                            .copy
-                            .lock()
-                            .ok()
-                            .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
-                            .unwrap_or_else(|| copy_aborted(&e));
-                        live.audit.events(vec![ev]).await;
+                        live.audit_copy(&e).await;
                         live.notice(format!("sallyport: {e}; closing\r\n")).await;
                         why = Some(Refusal::Failed(e));
                         break;
@@ -431,13 +437,7 @@ async fn output<D: Door>(
                 if cut_now {
                     let e = format!("error output past {} KiB dropped", COPY_STDERR_MAX / 1024);
                     tracing::warn!(session = %grant.session_id, "file copy: {e}");
-                    let ev = live
-                        .copy
-                        .lock()
-                        .ok()
-                        .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
-                        .unwrap_or_else(|| copy_aborted(&e));
-                    live.audit.events(vec![ev]).await;
+                    live.audit_copy(&e).await;
                     live.notice(format!("\r\nsallyport: the file copy's {e}\r\n"))
                         .await;
                 }

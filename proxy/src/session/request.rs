@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::authorize::X11_FORWARDING_REFUSED;
-use super::copy::{CopyAudit, copy_aborted};
+use super::copy::CopyAudit;
 use super::record::{Header, Limits, Recorder};
 use super::relay::Live;
 use super::{Command, Door, Event, Refusal, watchdog};
@@ -201,13 +201,7 @@ impl<'a, D: Door> CommandState<'a, D> {
             Ok(list) => live.audit.events(list).await,
             Err(e) => {
                 tracing::warn!(session = %live.grant.session_id, error = %e, "closing a file copy that cannot be audited");
-                let ev = live
-                    .copy
-                    .lock()
-                    .ok()
-                    .and_then(|c| c.as_ref().map(|c| c.aborted(&e)))
-                    .unwrap_or_else(|| copy_aborted(&e));
-                live.audit.events(vec![ev]).await;
+                live.audit_copy(&e).await;
                 // The node's answer to the copy's command first, as it gave it.
                 self.settle().await;
                 live.notice(format!("sallyport: {e}; closing\r\n")).await;
