@@ -842,6 +842,26 @@ impl Cluster {
         cfg
     }
 
+    /// `ssh -F <config> -J proxy <args>` left running (stdin open, stderr dropped), and the
+    /// first line it printed, trimmed: a pid the session echoed, for instance.
+    pub fn ssh_running(&self, cfg: &Path, args: &[&str]) -> (Child, String) {
+        let mut ssh = Command::new("ssh")
+            .arg("-F")
+            .arg(cfg)
+            .args(["-J", "proxy"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(ssh.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        (ssh, line.trim().to_string())
+    }
+
     /// `ssh -F <config> -J proxy <args>` with stdin.
     pub fn ssh(&self, cfg: &Path, args: &[&str], stdin: &str) -> Run {
         run(
@@ -853,6 +873,101 @@ impl Cluster {
             stdin,
         )
     }
+}
+
+/// A process killed (and reaped) when dropped.
+pub struct Bg(pub Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A plain OpenSSH `sshd` on 127.0.0.1:`port`, its files in `dir`, trusting `ca` for user
+/// certificates (the cluster's OpenSSH CA, for an agentless node); its host key is
+/// `dir/<hostkey>`, made the first time. sshd's defaults otherwise (forwarding allowed, no
+/// `Subsystem` line), without PAM and passwords.
+pub fn start_sshd(dir: &Path, port: u16, ca: &str, hostkey: &str) -> Bg {
+    std::fs::create_dir_all("/run/sshd").unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let key = dir.join(hostkey);
+    if !key.exists() {
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    }
+    std::fs::write(dir.join("user_ca.pub"), ca).unwrap();
+    let cfg = dir.join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nTrustedUserCAKeys {ca}\nPidFile {pid}\nAuthorizedKeysFile none\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin yes\nUsePAM no\nStrictModes no\n",
+            key = key.display(),
+            ca = dir.join("user_ca.pub").display(),
+            pid = dir.join("sshd.pid").display(),
+        ),
+    )
+    .unwrap();
+    let child = Command::new("/usr/sbin/sshd")
+        .args(["-D", "-e", "-f"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("/usr/sbin/sshd (scripts/test installs openssh-server)");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }),
+        "sshd did not start"
+    );
+    Bg(child)
+}
+
+/// An agentless node: a plain `sshd` trusting the cluster's OpenSSH CA, registered as `name`.
+pub struct AgentlessNode {
+    pub sshd: Bg,
+    pub port: u16,
+    /// sshd's files (config, host key, trusted CA).
+    pub dir: PathBuf,
+}
+
+impl Cluster {
+    /// Starts an agentless node and adds it (`sallyctl nodes add --name NAME --addr ... EXTRA`).
+    pub fn agentless_node(&self, name: &str, extra: &[&str]) -> AgentlessNode {
+        let dir = self.dir.path().join(format!("sshd-{name}"));
+        let ca = self
+            .sallyctl(&["auth", "export", "--type=openssh"])
+            .ok()
+            .stdout;
+        let port = free_port();
+        let sshd = start_sshd(&dir, port, &ca, "hostkey");
+        let addr = format!("127.0.0.1:{port}");
+        let mut args = vec!["nodes", "add", "--name", name, "--addr", &addr];
+        args.extend_from_slice(extra);
+        self.sallyctl(&args).ok();
+        AgentlessNode { sshd, port, dir }
+    }
+}
+
+/// Runs a user-management command (`useradd`, `groupadd`, `usermod`, ...), retrying while
+/// another test holds /etc/passwd's lock.
+pub fn host_admin(args: &[&str]) {
+    let mut last = String::new();
+    for _ in 0..50 {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{args:?} failed: {last}");
 }
 
 impl Drop for Cluster {

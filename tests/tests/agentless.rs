@@ -6,66 +6,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use sallyport_tests::*;
 
-struct Sshd(Child);
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_sshd(dir: &Path, port: u16, ca: &str, hostkey_name: &str) -> Sshd {
-    std::fs::create_dir_all("/run/sshd").unwrap();
-    let key = dir.join(hostkey_name);
-    if !key.exists() {
-        let out = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(&key)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-    }
-    std::fs::write(dir.join("user_ca.pub"), ca).unwrap();
-    let cfg = dir.join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nTrustedUserCAKeys {ca}\nPidFile {pid}\nAuthorizedKeysFile none\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin yes\nUsePAM no\nStrictModes no\n",
-            key = key.display(),
-            ca = dir.join("user_ca.pub").display(),
-            pid = dir.join("sshd.pid").display(),
-        ),
-    )
-    .unwrap();
-    let child = Command::new("/usr/sbin/sshd")
-        .args(["-D", "-e", "-f"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("/usr/sbin/sshd (scripts/test installs openssh-server)");
-    assert!(
-        eventually(Duration::from_secs(10), || std::net::TcpStream::connect((
-            "127.0.0.1",
-            port
-        ))
-        .is_ok()),
-        "sshd did not start"
-    );
-    Sshd(child)
-}
-
 #[test]
 fn plain_sshd_behind_the_proxy_with_a_pinned_host_key() {
     let c = Cluster::start();
-    let dir = c.dir.path().join("sshd");
-    std::fs::create_dir_all(&dir).unwrap();
     let ca = c
         .sallyctl(&["auth", "export", "--type=openssh"])
         .ok()
@@ -75,19 +23,7 @@ fn plain_sshd_behind_the_proxy_with_a_pinned_host_key() {
         ca,
         c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout
     );
-    let port = free_port();
-    let sshd = start_sshd(&dir, port, &ca, "hostkey");
-    c.sallyctl(&[
-        "nodes",
-        "add",
-        "--name",
-        "plain1",
-        "--addr",
-        &format!("127.0.0.1:{port}"),
-        "--labels",
-        "env=legacy",
-    ])
-    .ok();
+    let node = c.agentless_node("plain1", &["--labels", "env=legacy"]);
     let home = c.user("alice", "access", "root");
     let cfg = c.ssh_config(&home, "alice");
     let r = c.ssh(&cfg, &["root@plain1", "echo agentless; exit 6"], "");
@@ -105,8 +41,8 @@ fn plain_sshd_behind_the_proxy_with_a_pinned_host_key() {
         .stdout;
     assert!(list.contains("\"plain1\""), "{list}");
     // The same address answering with another host key is someone else: refused.
-    drop(sshd);
-    let _impostor = start_sshd(&dir, port, &ca, "other-hostkey");
+    drop(node.sshd);
+    let _impostor = start_sshd(&node.dir, node.port, &ca, "other-hostkey");
     c.ssh(&cfg, &["root@plain1", "true"], "")
         .fails_with("host key other than the one pinned");
 }
@@ -141,35 +77,19 @@ fn direct(dir: &Path, home: &Path, c: &Cluster, user: &str, port: u16) -> Run {
 #[test]
 fn a_login_certificate_does_not_open_an_agentless_node_directly() {
     let c = Cluster::start();
-    let dir = c.dir.path().join("sshd");
-    std::fs::create_dir_all(&dir).unwrap();
-    let port = free_port();
-    let ca = c
-        .sallyctl(&["auth", "export", "--type=openssh"])
-        .ok()
-        .stdout;
-    let sshd = start_sshd(&dir, port, &ca, "hostkey");
-    c.sallyctl(&[
-        "nodes",
-        "add",
-        "--name",
-        "plain2",
-        "--addr",
-        &format!("127.0.0.1:{port}"),
-    ])
-    .ok();
+    let node = c.agentless_node("plain2", &[]);
     let home = c.user("mallory", "access", "root");
     // Past the proxy, skipping roles, locks, recording and audit: refused.
-    direct(&dir, &home, &c, "mallory", port).fails_with("Permission denied");
+    direct(&node.dir, &home, &c, "mallory", node.port).fails_with("Permission denied");
     // Through the proxy: the per-session certificate from the OpenSSH CA.
     let cfg = c.ssh_config(&home, "mallory");
     let r = c.ssh(&cfg, &["root@plain2", "echo proxied"], "").ok();
     assert_eq!(r.stdout, "proxied\n");
     // A node still trusting the user CA (set up before the OpenSSH CA) is refused by the
     // proxy's certificate, with the switch to make in the message.
-    drop(sshd);
+    drop(node.sshd);
     let user_ca = c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout;
-    let _old = start_sshd(&dir, port, &user_ca, "hostkey");
+    let _old = start_sshd(&node.dir, node.port, &user_ca, "hostkey");
     c.ssh(&cfg, &["root@plain2", "true"], "")
         .fails_with("sallyctl auth export --type=openssh");
 }
@@ -200,23 +120,7 @@ fn a_database_from_before_the_openssh_ca_gets_one_at_start() {
 #[test]
 fn an_rsync_to_an_agentless_node_is_a_recorded_session() {
     let c = Cluster::start();
-    let dir = c.dir.path().join("sshd");
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca = c
-        .sallyctl(&["auth", "export", "--type=openssh"])
-        .ok()
-        .stdout;
-    let port = free_port();
-    let _sshd = start_sshd(&dir, port, &ca, "hostkey");
-    c.sallyctl(&[
-        "nodes",
-        "add",
-        "--name",
-        "plain3",
-        "--addr",
-        &format!("127.0.0.1:{port}"),
-    ])
-    .ok();
+    let _node = c.agentless_node("plain3", &[]);
     let home = c.user("alice", "access", "root");
     let cfg = c.ssh_config(&home, "alice");
     let file = c.dir.path().join("synced.txt");
@@ -273,23 +177,7 @@ fn an_rsync_to_an_agentless_node_is_a_recorded_session() {
 #[test]
 fn a_second_program_on_one_channel_is_refused_even_after_a_refused_subsystem() {
     let c = Cluster::start();
-    let dir = c.dir.path().join("sshd");
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca = c
-        .sallyctl(&["auth", "export", "--type=openssh"])
-        .ok()
-        .stdout;
-    let port = free_port();
-    let _sshd = start_sshd(&dir, port, &ca, "hostkey");
-    c.sallyctl(&[
-        "nodes",
-        "add",
-        "--name",
-        "plain4",
-        "--addr",
-        &format!("127.0.0.1:{port}"),
-    ])
-    .ok();
+    let _node = c.agentless_node("plain4", &[]);
     let home = c.user("alice", "access", "root");
     // sally's library reads its profile from here (the one test of this binary that links it).
     assert!(sallyport_cli::profile::use_home(home.clone()));
@@ -361,20 +249,6 @@ fn a_second_program_on_one_channel_is_refused_even_after_a_refused_subsystem() {
     );
 }
 
-/// Runs a user-management command, retrying while another test holds /etc/passwd's lock.
-fn admin(args: &[&str]) {
-    let mut last = String::new();
-    for _ in 0..50 {
-        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-        if out.status.success() {
-            return;
-        }
-        last = String::from_utf8_lossy(&out.stderr).into_owned();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{args:?} failed: {last}");
-}
-
 /// A login removed when dropped.
 struct HostLogin(String);
 
@@ -391,9 +265,9 @@ impl Drop for HostLogin {
 #[test]
 fn a_file_copys_error_output_is_bounded() {
     let login = HostLogin(format!("sperr{}", std::process::id() % 100_000));
-    admin(&["useradd", "-m", "-s", "/bin/bash", &login.0]);
+    host_admin(&["useradd", "-m", "-s", "/bin/bash", &login.0]);
     // No password, but not locked ("!" makes sshd without PAM refuse every login).
-    admin(&["usermod", "-p", "*", &login.0]);
+    host_admin(&["usermod", "-p", "*", &login.0]);
     // What a login could put in its rc file: `scp` that talks on stderr instead.
     std::fs::write(
         format!("/home/{}/.bashrc", login.0),
@@ -401,23 +275,7 @@ fn a_file_copys_error_output_is_bounded() {
     )
     .unwrap();
     let c = Cluster::start();
-    let dir = c.dir.path().join("sshd");
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca = c
-        .sallyctl(&["auth", "export", "--type=openssh"])
-        .ok()
-        .stdout;
-    let port = free_port();
-    let _sshd = start_sshd(&dir, port, &ca, "hostkey");
-    c.sallyctl(&[
-        "nodes",
-        "add",
-        "--name",
-        "plain5",
-        "--addr",
-        &format!("127.0.0.1:{port}"),
-    ])
-    .ok();
+    let _node = c.agentless_node("plain5", &[]);
     let home = c.user("alice", "access", &login.0);
     let cfg = c.ssh_config(&home, "alice");
     let file = c.dir.path().join("f.txt");

@@ -14,20 +14,10 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use sallyport_tests::*;
-
-/// A process killed when the test ends.
-struct Bg(Child);
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Processes stopped with SIGSTOP, continued when the test ends, whatever happens.
 struct Stopped(Vec<u32>);
@@ -48,44 +38,6 @@ impl Drop for Stopped {
     fn drop(&mut self) {
         self.cont();
     }
-}
-
-/// A plain `sshd` trusting the cluster's OpenSSH CA (as in `agentless.rs`), forwarding allowed.
-fn start_sshd(dir: &Path, port: u16, ca: &str) -> Bg {
-    std::fs::create_dir_all("/run/sshd").unwrap();
-    let key = dir.join("hostkey");
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    std::fs::write(dir.join("user_ca.pub"), ca).unwrap();
-    let cfg = dir.join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nTrustedUserCAKeys {ca}\nPidFile {pid}\nAuthorizedKeysFile none\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin yes\nUsePAM no\nStrictModes no\nAllowTcpForwarding yes\n",
-            key = key.display(),
-            ca = dir.join("user_ca.pub").display(),
-            pid = dir.join("sshd.pid").display(),
-        ),
-    )
-    .unwrap();
-    let child = Command::new("/usr/sbin/sshd")
-        .args(["-D", "-e", "-f"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("/usr/sbin/sshd (scripts/test installs openssh-server)");
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }),
-        "sshd did not start"
-    );
-    Bg(child)
 }
 
 /// Every process below `root` (from /proc).
@@ -150,23 +102,8 @@ struct Setup {
 impl Setup {
     fn start() -> Self {
         let c = Cluster::start();
-        let dir = c.dir.path().join("sshd");
-        std::fs::create_dir_all(&dir).unwrap();
-        let ca = c
-            .sallyctl(&["auth", "export", "--type=openssh"])
-            .ok()
-            .stdout;
-        let port = free_port();
-        let sshd = start_sshd(&dir, port, &ca);
-        c.sallyctl(&[
-            "nodes",
-            "add",
-            "--name",
-            "plain1",
-            "--addr",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .ok();
+        // sshd's defaults allow forwarding.
+        let sshd = c.agentless_node("plain1", &[]).sshd;
         let home = c.user("alice", "access", "root");
         let cfg = c.ssh_config(&home, "alice");
         let control = c.dir.path().join("cm");

@@ -7,8 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -20,20 +19,6 @@ struct HostLogin {
     groups: Vec<String>,
 }
 
-/// Runs a user-management command, retrying while another test holds /etc/passwd's lock.
-fn admin(args: &[&str]) {
-    let mut last = String::new();
-    for _ in 0..50 {
-        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-        if out.status.success() {
-            return;
-        }
-        last = String::from_utf8_lossy(&out.stderr).into_owned();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{args:?} failed: {last}");
-}
-
 impl HostLogin {
     /// `useradd -m` with `shell`, in `extra` new groups of its own plus `system_groups`.
     fn new(tag: &str, shell: &str, extra: usize, system_groups: &[&str]) -> Self {
@@ -42,7 +27,7 @@ impl HostLogin {
         let name = format!("ns{tag}{}x{n}", std::process::id() % 100_000);
         let groups: Vec<String> = (0..extra).map(|i| format!("{name}g{i}")).collect();
         for g in &groups {
-            admin(&["groupadd", g]);
+            host_admin(&["groupadd", g]);
         }
         let mut all: Vec<&str> = groups.iter().map(String::as_str).collect();
         all.extend(system_groups);
@@ -52,7 +37,7 @@ impl HostLogin {
             args.extend(["-G", &list]);
         }
         args.push(&name);
-        admin(&args);
+        host_admin(&args);
         HostLogin { name, groups }
     }
 }
@@ -255,24 +240,10 @@ fn everything_a_session_started_is_hung_up_when_the_connection_drops() {
     let home = c.user("alice", "access", "sallytest");
     let cfg = c.ssh_config(&home, "alice");
     for tty in [false, true] {
-        let mut cmd = Command::new("ssh");
-        cmd.arg("-F").arg(&cfg).args(["-J", "proxy"]);
-        if tty {
-            cmd.arg("-tt");
-        }
-        let mut ssh = cmd
-            .args(["sallytest@local1", "sleep 300 & echo $!; wait"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(ssh.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let pid = line.trim().to_string();
-        assert!(pid.parse::<u32>().is_ok(), "{line:?}");
+        let tt = if tty { "-tt" } else { "-T" };
+        let (mut ssh, pid) =
+            c.ssh_running(&cfg, &[tt, "sallytest@local1", "sleep 300 & echo $!; wait"]);
+        assert!(pid.parse::<u32>().is_ok(), "{pid:?}");
         assert!(!gone(&pid));
         // The connection drops (the client is killed; nothing is said to the node).
         ssh.kill().unwrap();
@@ -289,11 +260,11 @@ fn logins_that_may_not_log_in_are_refused_with_the_reason() {
     let nologin = HostLogin::new("nl", "/usr/sbin/nologin", 0, &[]);
     let falsy = HostLogin::new("fl", "/bin/false", 0, &[]);
     let expired = HostLogin::new("ex", "/bin/bash", 0, &[]);
-    admin(&["usermod", "-e", "1970-01-02", &expired.name]);
+    host_admin(&["usermod", "-e", "1970-01-02", &expired.name]);
     // `useradd` without a password leaves it locked with `!`: that locks the password, not the
     // account, and key logins through the distributions' sshd work; so do these.
     let locked = HostLogin::new("lk", "/bin/bash", 0, &[]);
-    admin(&["usermod", "-L", &locked.name]);
+    host_admin(&["usermod", "-L", &locked.name]);
     let c = Cluster::start();
     c.wait_online("local1");
     let logins = [&nologin, &falsy, &expired, &locked]

@@ -21,20 +21,6 @@ fn unique(tag: &str) -> String {
     format!("{tag}{}x{n}", std::process::id() % 100_000)
 }
 
-/// Runs a user-management command, retrying while another test holds /etc/passwd's lock.
-fn admin(args: &[&str]) {
-    let mut last = String::new();
-    for _ in 0..50 {
-        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-        if out.status.success() {
-            return;
-        }
-        last = String::from_utf8_lossy(&out.stderr).into_owned();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{args:?} failed: {last}");
-}
-
 /// A login with a home and bash, removed when dropped.
 struct HostLogin {
     name: String,
@@ -43,7 +29,7 @@ struct HostLogin {
 impl HostLogin {
     fn new(tag: &str) -> Self {
         let name = unique(&format!("ps{tag}"));
-        admin(&["useradd", "-m", "-s", "/bin/bash", &name]);
+        host_admin(&["useradd", "-m", "-s", "/bin/bash", &name]);
         HostLogin { name }
     }
 
@@ -294,7 +280,7 @@ fn the_motd_greets_interactive_shells_unless_hushed_as_sshd_does() {
     let out = c.ssh(&cfg, &[&target, "echo hi"], "").ok().stdout;
     assert!(!out.contains(&marker), "{out}");
     // ~/.hushlogin: none.
-    admin(&[
+    host_admin(&[
         "su",
         &login.name,
         "-c",
@@ -489,26 +475,9 @@ fn through_pam_a_session_is_the_same_process_tree_without_pam() {
             "{out}"
         );
         // A dropped connection hangs up everything the session started.
-        let mut cmd = Command::new("ssh");
-        cmd.arg("-F").arg(&cfg).args(["-J", "proxy"]);
-        if tty {
-            cmd.arg("-tt");
-        }
-        let mut ssh = cmd
-            .args([&target, "sleep 300 & echo $!; wait"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(ssh.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let pid = line.trim().to_string();
-        assert!(pid.parse::<u32>().is_ok(), "{line:?}");
+        let tt = if tty { "-tt" } else { "-T" };
+        let (mut ssh, pid) = c.ssh_running(&cfg, &[tt, &target, "sleep 300 & echo $!; wait"]);
+        assert!(pid.parse::<u32>().is_ok(), "{pid:?}");
         ssh.kill().unwrap();
         let _ = ssh.wait();
         assert!(
@@ -544,23 +513,8 @@ fn through_pam_a_kill_ends_the_shell_and_closes_the_pam_session() {
     let home = c.user("alice", "access", &login.name);
     let cfg = c.ssh_config(&home, "alice");
     let target = format!("{}@local1", login.name);
-    let mut ssh = Command::new("ssh")
-        .arg("-F")
-        .arg(&cfg)
-        .args(["-J", "proxy", "-tt", &target, "echo $$; exec sleep 300"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(ssh.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let shell = line.trim().to_string();
-    assert!(shell.parse::<u32>().is_ok(), "{line:?}");
+    let (mut ssh, shell) = c.ssh_running(&cfg, &["-tt", &target, "echo $$; exec sleep 300"]);
+    assert!(shell.parse::<u32>().is_ok(), "{shell:?}");
     let stat = std::fs::read_to_string(format!("/proc/{shell}/stat")).unwrap();
     let parent = stat
         .rsplit_once(')')
