@@ -8,10 +8,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use russh::keys::ssh_key::PrivateKey;
 use russh::server::{Auth, GlobalRequestId, Handle, Session};
 use tokio::sync::mpsc;
 
@@ -73,29 +74,10 @@ impl russh::server::Handler for Server {
     }
 }
 
-struct Client;
-
-impl russh::client::Handler for Client {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        _: &russh::keys::PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        Ok(true)
-    }
-}
-
 /// A connected client of a server that answers deferred requests as `answer` says, each
 /// [`LATE`] after it was asked, always as success with [`ALLOCATED`] as the port (which russh
 /// must send only for a `tcpip-forward` to port 0).
-async fn connect(answer: bool) -> Arc<russh::client::Handle<Client>> {
-    let key =
-        PrivateKey::random(&mut rand::rng(), russh::keys::ssh_key::Algorithm::Ed25519).unwrap();
-    let server_config = russh::server::Config {
-        keys: vec![key.clone()],
-        ..Default::default()
-    };
+async fn connect(answer: bool) -> Arc<russh::client::Handle<common::AnyHostKey>> {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Handle, GlobalRequestId)>();
     tokio::spawn(async move {
         while let Some((handle, id)) = rx.recv().await {
@@ -105,24 +87,14 @@ async fn connect(answer: bool) -> Arc<russh::client::Handle<Client>> {
             });
         }
     });
-    let (a, b) = tokio::io::duplex(256 * 1024);
     let server = Server { later: tx, answer };
-    tokio::spawn(async move {
-        if let Ok(running) = russh::server::run_stream(Arc::new(server_config), a, server).await {
-            let _ = running.await;
-        }
-    });
-    let mut handle = russh::client::connect_stream(Arc::new(Default::default()), b, Client)
-        .await
-        .unwrap();
-    let auth = handle
-        .authenticate_publickey(
-            "test",
-            russh::keys::PrivateKeyWithHashAlg::new(Arc::new(key), None),
-        )
-        .await
-        .unwrap();
-    assert!(auth.success());
+    let handle = common::connect(
+        server,
+        Default::default(),
+        common::AnyHostKey,
+        Default::default(),
+    )
+    .await;
     Arc::new(handle)
 }
 

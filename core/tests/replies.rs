@@ -5,10 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use russh::keys::ssh_key::PrivateKey;
 use russh::server::{Auth, ChannelOpenHandle, Handle, Msg, Session};
 use russh::{Channel, ChannelId, ChannelMsg};
 use tokio::sync::mpsc;
@@ -113,27 +113,13 @@ impl russh::server::Handler for Server {
     }
 }
 
-struct Client;
-
-impl russh::client::Handler for Client {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        _: &russh::keys::PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        Ok(true)
-    }
-}
-
 /// A connected client and a session channel on a server that answers as `answer` says.
-async fn connect(answer: bool) -> (russh::client::Handle<Client>, Channel<russh::client::Msg>) {
-    let key =
-        PrivateKey::random(&mut rand::rng(), russh::keys::ssh_key::Algorithm::Ed25519).unwrap();
-    let server_config = russh::server::Config {
-        keys: vec![key.clone()],
-        ..Default::default()
-    };
+async fn connect(
+    answer: bool,
+) -> (
+    russh::client::Handle<common::AnyHostKey>,
+    Channel<russh::client::Msg>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Handle, ChannelId, bool)>();
     // The answers, each 50 ms after the last: every later request is on the wire by then.
     tokio::spawn(async move {
@@ -146,27 +132,17 @@ async fn connect(answer: bool) -> (russh::client::Handle<Client>, Channel<russh:
             };
         }
     });
-    let (a, b) = tokio::io::duplex(256 * 1024);
     let server = Server {
         answers: tx,
         answer,
     };
-    tokio::spawn(async move {
-        if let Ok(running) = russh::server::run_stream(Arc::new(server_config), a, server).await {
-            let _ = running.await;
-        }
-    });
-    let mut handle = russh::client::connect_stream(Arc::new(Default::default()), b, Client)
-        .await
-        .unwrap();
-    let auth = handle
-        .authenticate_publickey(
-            "test",
-            russh::keys::PrivateKeyWithHashAlg::new(Arc::new(key), None),
-        )
-        .await
-        .unwrap();
-    assert!(auth.success());
+    let handle = common::connect(
+        server,
+        Default::default(),
+        common::AnyHostKey,
+        Default::default(),
+    )
+    .await;
     let channel = handle.channel_open_session().await.unwrap();
     (handle, channel)
 }

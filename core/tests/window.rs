@@ -7,12 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use russh::keys::ssh_key::PrivateKey;
 use russh::server::{Auth, ChannelOpenHandle, Msg, Session};
 use russh::{Channel, ChannelId, ChannelMsg, WindowPolicy};
 use sallyport_core::flow::{self, Input};
@@ -157,10 +158,7 @@ impl russh::client::Handler for Client {
 /// returns the most that was ever received and not yet consumed.
 async fn stream(policy: WindowPolicy, receiver: Receiver) -> usize {
     let ledger = Arc::new(Ledger::default());
-    let key =
-        PrivateKey::random(&mut rand::rng(), russh::keys::ssh_key::Algorithm::Ed25519).unwrap();
     let server_config = russh::server::Config {
-        keys: vec![key.clone()],
         window_size: WINDOW,
         // As Sallyport's own settings (`sshcert`): russh's default of 100 queued messages
         // would hide the backlog in its channel queue, and stall nested session loops.
@@ -182,36 +180,16 @@ async fn stream(policy: WindowPolicy, receiver: Receiver) -> usize {
         },
         ..Default::default()
     };
-    let (a, b) = tokio::io::duplex(256 * 1024);
     let server = Server {
         ledger: ledger.clone(),
         policy,
         receiver,
         inbox: None,
     };
-    tokio::spawn(async move {
-        let running = russh::server::run_stream(Arc::new(server_config), a, server)
-            .await
-            .unwrap();
-        let _ = running.await;
-    });
-    let mut handle = russh::client::connect_stream(
-        Arc::new(client_config),
-        b,
-        Client {
-            ledger: ledger.clone(),
-        },
-    )
-    .await
-    .unwrap();
-    let auth = handle
-        .authenticate_publickey(
-            "test",
-            russh::keys::PrivateKeyWithHashAlg::new(Arc::new(key), None),
-        )
-        .await
-        .unwrap();
-    assert!(auth.success());
+    let client = Client {
+        ledger: ledger.clone(),
+    };
+    let handle = common::connect(server, server_config, client, client_config).await;
     let mut channel = handle.channel_open_session().await.unwrap();
     let id = channel.id();
     if receiver == Receiver::Server {
