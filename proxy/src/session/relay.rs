@@ -70,12 +70,11 @@ pub async fn open(
 /// The door's way into a running session: queues without ever waiting.
 #[derive(Clone)]
 pub struct Commands {
-    tx: mpsc::UnboundedSender<Command>,
+    /// At most [`MAX_PENDING`] commands of any kind waiting for the node.
+    tx: mpsc::Sender<Command>,
     queued: Arc<AtomicUsize>,
     /// The door's window ([`Door::window`]), or the flood cap.
     limit: usize,
-    /// Commands of any kind waiting for the node (see [`MAX_PENDING`]).
-    pending: Arc<AtomicUsize>,
 }
 
 /// The most commands a session holds for its node at once: the window bounds the input's bytes,
@@ -84,7 +83,9 @@ pub struct Commands {
 /// closed rather than queued without end. Requests count their payload against the window too.
 pub const MAX_PENDING: usize = 16 * 1024;
 
-/// Room for requests' payloads (environment, commands) beside the input the window allows.
+/// Room for requests' payloads (environment, commands) beside the input the window allows. One
+/// allowance for both: a full window of input may wait behind a `pty-req` without the session
+/// being taken for a flood, so input too may run up to this far past the window.
 const REQUEST_ROOM: usize = 1024 * 1024;
 
 /// What a command's payload weighs against the window.
@@ -108,22 +109,21 @@ impl Commands {
     /// without one, past [`HIGH_WATER`](sallyport_core::flow::HIGH_WATER): the door then closes
     /// the session (its channel, never stalling the connection).
     pub fn send(&self, command: Command) -> bool {
-        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            return false;
-        }
         let w = weight(&command);
-        // Requests get room of their own beyond the window that bounds input.
         let limit = self.limit.saturating_add(REQUEST_ROOM);
         if w > 0 {
             let queued = self.queued.fetch_add(w, Ordering::AcqRel);
             if queued.saturating_add(w) > limit {
                 self.queued.fetch_sub(w, Ordering::AcqRel);
-                self.pending.fetch_sub(1, Ordering::AcqRel);
                 return false;
             }
         }
-        self.tx.send(command).is_ok()
+        // Full (past MAX_PENDING) or closed: refused.
+        if self.tx.try_send(command).is_err() {
+            self.queued.fetch_sub(w, Ordering::AcqRel);
+            return false;
+        }
+        true
     }
 }
 
@@ -234,34 +234,22 @@ pub fn start<D: Door>(
     // the output task hands the node's bytes on.
     let credit = sallyport_core::flow::client_credit(conn.clone(), channel.id());
     let (read, write) = channel.split();
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::channel(MAX_PENDING);
     let queued = Arc::new(AtomicUsize::new(0));
-    let pending = Arc::new(AtomicUsize::new(0));
-    tokio::spawn(commands(
-        live.clone(),
-        rx,
-        (queued.clone(), pending.clone()),
-        Arc::new(write),
-    ));
+    tokio::spawn(commands(live.clone(), rx, queued.clone(), Arc::new(write)));
     tokio::spawn(output(live, read, conn, credit));
-    Commands {
-        tx,
-        queued,
-        limit,
-        pending,
-    }
+    Commands { tx, queued, limit }
 }
 
 /// The command task: the person's requests and input, in order, to the node.
 async fn commands<D: Door>(
     live: Arc<Live<D>>,
-    mut rx: mpsc::UnboundedReceiver<Command>,
-    (queued, pending): (Arc<AtomicUsize>, Arc<AtomicUsize>),
+    mut rx: mpsc::Receiver<Command>,
+    queued: Arc<AtomicUsize>,
     node: Arc<ChannelWriteHalf<ClientMsg>>,
 ) {
     let mut c = super::request::CommandState::new(&live, &node);
     while let Some(command) = rx.recv().await {
-        pending.fetch_sub(1, Ordering::AcqRel);
         queued.fetch_sub(weight(&command), Ordering::AcqRel);
         let input = match &command {
             Command::Data(d) => d.len(),

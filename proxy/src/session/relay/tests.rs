@@ -1,4 +1,4 @@
-//! The agent's reports, as the relay takes them.
+//! The relay's queue bounds, and the agent's reports as the relay takes them.
 
 use super::*;
 
@@ -41,5 +41,34 @@ fn an_agent_report_is_taken_once_small_and_only_with_a_host_user_grant() {
     assert!(
         !agent_event_allowed(true, false, AGENT_EVENT_MAX + 1),
         "too big"
+    );
+}
+
+/// A door's commands are bounded in count (a node that does not read cannot make the proxy
+/// queue without end) and in bytes (the door's window plus the request allowance); a refused
+/// command leaves nothing counted.
+#[test]
+fn commands_are_bounded_in_number_and_bytes() {
+    let (tx, _rx) = mpsc::channel(MAX_PENDING);
+    let c = Commands {
+        tx,
+        queued: Arc::new(AtomicUsize::new(0)),
+        limit: 100,
+    };
+    assert!(!c.send(Command::Data(Bytes::from(vec![
+        0u8;
+        100 + REQUEST_ROOM + 1
+    ]))));
+    assert_eq!(c.queued.load(Ordering::Acquire), 0);
+    assert!(c.send(Command::Data(Bytes::from(vec![0u8; 100]))));
+    for _ in 1..MAX_PENDING {
+        assert!(c.send(Command::Eof));
+    }
+    assert!(!c.send(Command::Eof), "past MAX_PENDING");
+    assert!(!c.send(Command::Data(Bytes::from_static(b"x"))));
+    assert_eq!(
+        c.queued.load(Ordering::Acquire),
+        100,
+        "the refused byte is not counted"
     );
 }
