@@ -300,12 +300,13 @@ catalogue! {
         "path": "`api` door: the request path",
     }
     /// An SFTP operation in a session, or an SFTP channel refused (`ssh_file_copy: false`) or
-    /// ended because it could no longer be audited (`action: abort`). `user` is the person.
+    /// ended because it could no longer be audited (`action: abort`), or its error output cut
+    /// (`action: stderr`). `user` is the person.
     Sftp = "sftp", by Proxy {
         "session_id": "the session",
         "login": "the login on the node",
         "node": "the node's name",
-        "action": "`open`, `remove`, `rename`, `mkdir`, `rmdir`, `symlink`, `hardlink`, `setstat`, `extended`; `start` (refused) or `abort`",
+        "action": "`open`, `remove`, `rename`, `mkdir`, `rmdir`, `symlink`, `hardlink`, `setstat`, `extended`; `start` (refused), `abort`, or `stderr` (error output past 64 KiB dropped; the channel goes on)",
         "path": "the file",
         "target": "`rename`, `symlink`, `hardlink`: the second path",
         "mode": "`open`: `read`, `write` or `read-write`",
@@ -314,7 +315,7 @@ catalogue! {
         "result": "`ok`, the server's error, `incomplete`, or why it was refused or aborted",
     }
     /// A file copied with `scp` (legacy protocol) or `rsync`, or a copy command refused or
-    /// ended. `user` is the person.
+    /// ended, or its error output cut (`result` says so; the copy goes on). `user` is the person.
     Scp = "scp", by Proxy {
         "session_id": "the session",
         "login": "the login on the node",

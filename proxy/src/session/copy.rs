@@ -92,9 +92,8 @@ impl CopyAudit {
         }
     }
 
-    /// The event that says why this copy's channel was ended (its stream could no longer be
-    /// audited: a protocol violation, a flood, so nothing more of it may pass unaudited), or
-    /// what was dropped from it (error output past its bound), in `result`.
+    /// The event that says why this copy's channel was ended: its stream could no longer be
+    /// audited (a protocol violation, a flood), so nothing more of it may pass unaudited.
     pub fn aborted(&self, why: &str) -> (EventType, serde_json::Value) {
         match self {
             CopyAudit::Sftp(_) => copy_aborted(why),
@@ -110,6 +109,18 @@ impl CopyAudit {
                 EventType::Scp,
                 json!({"tool": "rsync", "path": path, "direction": direction.as_str(), "result": why}),
             ),
+        }
+    }
+
+    /// The event that says this copy's error output was cut (`why`); the copy itself goes on.
+    pub fn stderr_cut(&self, why: &str) -> (EventType, serde_json::Value) {
+        match self {
+            CopyAudit::Sftp(_) => (
+                EventType::Sftp,
+                json!({"action": "stderr", "path": "", "bytes": 0, "result": why}),
+            ),
+            // scp and rsync say what happened in `result`, as when they end.
+            _ => self.aborted(why),
         }
     }
 

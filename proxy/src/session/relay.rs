@@ -166,9 +166,9 @@ impl<D: Door> Live<D> {
         }
     }
 
-    /// Audits what became of this channel's file copy: why it was ended, or what was dropped
-    /// from it ([`CopyAudit::aborted`]; an SFTP abort when no copy is set).
-    pub(super) async fn audit_copy(&self, why: &str) {
+    /// Audits why this channel's file copy was ended ([`CopyAudit::aborted`]; an SFTP abort
+    /// when no copy is set).
+    pub(super) async fn audit_copy_aborted(&self, why: &str) {
         let ev = self
             .copy
             .lock()
@@ -362,7 +362,7 @@ async fn output<D: Door>(
                     Ok(list) => live.audit.events(list).await,
                     Err(e) => {
                         tracing::warn!(session = %grant.session_id, error = %e, "closing a file copy that cannot be audited");
-                        live.audit_copy(&e).await;
+                        live.audit_copy_aborted(&e).await;
                         live.notice(format!("sallyport: {e}; closing\r\n")).await;
                         why = Some(Refusal::Failed(e));
                         break;
@@ -425,7 +425,14 @@ async fn output<D: Door>(
                 if cut_now {
                     let e = format!("error output past {} KiB dropped", COPY_STDERR_MAX / 1024);
                     tracing::warn!(session = %grant.session_id, "file copy: {e}");
-                    live.audit_copy(&e).await;
+                    let ev = live
+                        .copy
+                        .lock()
+                        .ok()
+                        .and_then(|c| c.as_ref().map(|c| c.stderr_cut(&e)));
+                    if let Some(ev) = ev {
+                        live.audit.events(vec![ev]).await;
+                    }
                     live.notice(format!("\r\nsallyport: the file copy's {e}\r\n"))
                         .await;
                 }

@@ -201,7 +201,7 @@ impl<'a, D: Door> CommandState<'a, D> {
             Ok(list) => live.audit.events(list).await,
             Err(e) => {
                 tracing::warn!(session = %live.grant.session_id, error = %e, "closing a file copy that cannot be audited");
-                live.audit_copy(&e).await;
+                live.audit_copy_aborted(&e).await;
                 // The node's answer to the copy's command first, as it gave it.
                 self.settle().await;
                 live.notice(format!("sallyport: {e}; closing\r\n")).await;
