@@ -257,12 +257,21 @@ fn signal_name(n: i32) -> Sig {
 
 /// A session's process while it is not yet reaped: cleared before the agent reaps it (see
 /// [`reap`]), so a signal or hang-up never reaches whatever process later gets its number.
-/// The flag: the process is `session-exec` (PAM), which passes signals on to the shell.
 #[derive(Default, Clone)]
-struct PidSlot(
-    Arc<std::sync::Mutex<Option<u32>>>,
-    Arc<std::sync::atomic::AtomicBool>,
-);
+struct PidSlot(Arc<std::sync::Mutex<Option<u32>>>);
+
+/// The signal to send a session's process for `sig` from the client. Under PAM that process is
+/// `session-exec`, which passes signals on to the shell; SIGKILL cannot be passed on (it would
+/// end session-exec and leave the shell running with its PAM session open), so it goes as
+/// [`KILL_SHELL`](crate::session_exec::KILL_SHELL), which session-exec turns into SIGKILL for
+/// the shell.
+fn session_signal(sig: nix::sys::signal::Signal, pam: bool) -> nix::sys::signal::Signal {
+    if pam && sig == nix::sys::signal::Signal::SIGKILL {
+        crate::session_exec::KILL_SHELL
+    } else {
+        sig
+    }
+}
 
 impl PidSlot {
     fn set(&self, pid: Option<u32>) {
@@ -271,23 +280,9 @@ impl PidSlot {
         }
     }
 
-    /// The process set next is `session-exec` (PAM enabled), not the shell itself.
-    fn through_session_exec(&self, yes: bool) {
-        self.1.store(yes, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Signals the session's process group (every session leads one), else its process;
     /// under the lock, so the process cannot be reaped meanwhile.
     fn kill(&self, sig: nix::sys::signal::Signal) {
-        // SIGKILL cannot be passed on: it would end session-exec and leave the shell running
-        // with its PAM session open. session-exec turns this one into SIGKILL for the shell.
-        let sig = if sig == nix::sys::signal::Signal::SIGKILL
-            && self.1.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            crate::session_exec::KILL_SHELL
-        } else {
-            sig
-        };
         if let Ok(p) = self.0.lock()
             && let Some(pid) = *p
         {
@@ -484,7 +479,6 @@ impl Conn {
                     .map_err(|e| format!("cannot start {program}: {e}"))?
             };
             let pid = child.id();
-            slot.through_session_exec(self.srv.pam.is_some());
             slot.set(pid);
             // A login the system sees (who, w, last, lastlog) while the pty session runs.
             let record = pid.map(|pid| {
@@ -529,7 +523,6 @@ impl Conn {
                 cmd.spawn()
                     .map_err(|e| format!("cannot start {program}: {e}"))?
             };
-            slot.through_session_exec(self.srv.pam.is_some());
             slot.set(child.id());
             let stdin = child.stdin.take();
             let stdout = child.stdout.take();
@@ -1162,7 +1155,7 @@ impl russh::server::Handler for Conn {
     ) -> Result<(), Self::Error> {
         let mut taken = false;
         if let (Some(c), Some(s)) = (self.channels.get(&ch), signal_number(&sig)) {
-            c.pid.kill(s);
+            c.pid.kill(session_signal(s, self.srv.pam.is_some()));
             taken = true;
         }
         answer(ch, taken, session)
@@ -1254,9 +1247,8 @@ mod tests {
                 .spawn()
                 .unwrap_or_else(|e| panic!("{e}"));
             let slot = PidSlot::default();
-            slot.through_session_exec(pam);
             slot.set(child.id());
-            slot.kill(sig);
+            slot.kill(session_signal(sig, pam));
             let status = child.wait().await.unwrap_or_else(|e| panic!("{e}"));
             status.signal()
         };

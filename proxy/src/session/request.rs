@@ -71,13 +71,8 @@ impl<'a, D: Door> CommandState<'a, D> {
                 modes,
             } => {
                 self.pty = Some((term.clone(), cols, rows));
-                if !self.to_node().await {
-                    return false;
-                }
-                let sent = node
-                    .request_pty(true, &term, cols, rows, pix_width, pix_height, &modes)
-                    .await;
-                self.sent(sent.is_ok()).await
+                self.ask(node.request_pty(true, &term, cols, rows, pix_width, pix_height, &modes))
+                    .await
             }
             Command::Env { name, value } => {
                 // Passed on; whether the node takes it is its business (sshd and the agent
@@ -89,10 +84,7 @@ impl<'a, D: Door> CommandState<'a, D> {
                 if let Err(e) = self.begin(SessionKind::Shell, None, true).await {
                     return self.fail(e).await;
                 }
-                if !self.to_node().await {
-                    return false;
-                }
-                self.sent(node.request_shell(true).await.is_ok()).await
+                self.ask(node.request_shell(true)).await
             }
             Command::Exec(data) => self.exec(data).await,
             Command::Subsystem(name) => {
@@ -115,11 +107,7 @@ impl<'a, D: Door> CommandState<'a, D> {
                 if let Err(e) = self.begin(SessionKind::Sftp, None, false).await {
                     return self.refuse(&e).await;
                 }
-                if !self.to_node().await {
-                    return false;
-                }
-                self.sent(node.request_subsystem(true, &name).await.is_ok())
-                    .await
+                self.ask(node.request_subsystem(true, &name)).await
             }
             Command::Agent => {
                 // The door answered already (russh takes the answer from its callback); only
@@ -155,7 +143,9 @@ impl<'a, D: Door> CommandState<'a, D> {
                     .await
                     .is_err()
                 {
-                    return self.sent(false).await;
+                    // Not audited as forwarding: answered with a failure, in its turn.
+                    self.live.replies.not_sent(&*self.live.door).await;
+                    return true;
                 }
                 live.audit
                     .event(
@@ -258,10 +248,7 @@ impl<'a, D: Door> CommandState<'a, D> {
         } else if let Err(e) = self.begin(SessionKind::Exec, Some(&cmd), true).await {
             return self.fail(e).await;
         }
-        if !self.to_node().await {
-            return false;
-        }
-        self.sent(self.node.exec(true, data).await.is_ok()).await
+        self.ask(self.node.exec(true, data)).await
     }
 
     /// A request the session answers itself (`reply`: in its turn). False when the session
@@ -277,9 +264,16 @@ impl<'a, D: Door> CommandState<'a, D> {
         self.live.replies.await_node().await || self.owes_too_much().await
     }
 
-    /// A request that could not be sent to the node is answered with a failure (in its turn).
-    async fn sent(&self, ok: bool) -> bool {
-        if !ok {
+    /// Sends `request` to the node with a reply wanted, after taking its place ([`to_node`]);
+    /// one that cannot be sent is answered with a failure, in its turn. False when the session
+    /// ended instead.
+    ///
+    /// [`to_node`]: Self::to_node
+    async fn ask<T, E>(&self, request: impl std::future::Future<Output = Result<T, E>>) -> bool {
+        if !self.to_node().await {
+            return false;
+        }
+        if request.await.is_err() {
             self.live.replies.not_sent(&*self.live.door).await;
         }
         true
