@@ -122,12 +122,9 @@ impl Replies {
     }
 }
 
-/// Sends the answers now due, in order.
+/// Sends the answers now due, in order. (Once closed the queue stays empty: `close` sent all
+/// of it, and `push` takes nothing more.)
 async fn flush<D: Door>(owed: &mut Owed, door: &D) {
-    if owed.closed {
-        owed.queue.clear();
-        return;
-    }
     while let Some(Some(ok)) = owed.queue.front().copied() {
         owed.queue.pop_front();
         door.send(Event::Reply(ok)).await;

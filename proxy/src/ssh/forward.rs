@@ -53,14 +53,22 @@ pub struct Forwarder {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
+/// How far an inner connection's forwarding has ended.
+#[derive(Default)]
+struct Closed {
+    /// The inner connection ended.
+    connection: std::sync::atomic::AtomicBool,
+    /// The forwarder's end was reported (by [`end_once`]).
+    reported: std::sync::atomic::AtomicBool,
+}
+
 /// An inner connection's forwarding, opened at its first forward.
 pub struct Forwarding {
     forwarder: Arc<OnceCell<Forwarder>>,
     activity: Arc<AtomicU64>,
     remote_forwards: Shared<HashSet<(String, u32)>>,
-    /// Set when the inner connection ended, and when the forwarder's end was reported: a
-    /// forwarder whose opening finishes after the connection ended is ended then, once.
-    closed: Arc<(std::sync::atomic::AtomicBool, std::sync::atomic::AtomicBool)>,
+    /// A forwarder whose opening finishes after the connection ended is ended then, once.
+    closed: Arc<Closed>,
     /// The queue of `-R` binds and cancels, started at the first.
     remote_ops: std::sync::OnceLock<tokio::sync::mpsc::Sender<RemoteOp>>,
 }
@@ -95,21 +103,21 @@ impl Forwarding {
     /// The inner connection ended: the forwarding connection goes and its session ends.
     pub fn close(&self) {
         self.closed
-            .0
+            .connection
             .store(true, std::sync::atomic::Ordering::SeqCst);
         end_once(&self.forwarder, &self.closed);
     }
 }
 
 /// Ends the forwarding connection and reports its session's end, once, if it is open.
-fn end_once(
-    cell: &OnceCell<Forwarder>,
-    closed: &(std::sync::atomic::AtomicBool, std::sync::atomic::AtomicBool),
-) {
+fn end_once(cell: &OnceCell<Forwarder>, closed: &Closed) {
     let Some(f) = cell.get() else {
         return;
     };
-    if closed.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+    if closed
+        .reported
+        .swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
         return;
     }
     let (conn, bytes, audit) = (f.conn.clone(), f.bytes.clone(), f.audit.clone());
@@ -211,7 +219,7 @@ fn forwarder_of(
         let f = cell
             .get_or_try_init(|| open(state, target, user, activity, remote_forwards))
             .await?;
-        if closed.0.load(std::sync::atomic::Ordering::SeqCst) {
+        if closed.connection.load(std::sync::atomic::Ordering::SeqCst) {
             // The person's connection ended while this opened.
             end_once(&cell, &closed);
             return Err(Refusal::Failed("the connection ended".into()));
@@ -326,78 +334,99 @@ pub(super) fn tcpip_forward(
     address: &str,
     asked: u32,
 ) -> bool {
-    let user = session.handle();
     let who = inner.user.clone();
     let remote_forwards = inner.remote_forwards.clone();
-    let forwarder = forwarder_of(inner, user.clone());
+    let forwarder = forwarder_of(inner, session.handle());
     let address = address.to_string();
-    let ops = inner.forwarding.remote_ops();
-    let Ok(permit) = ops.try_reserve() else {
-        tracing::info!(user = %who, %address, port = asked, "remote forward refused: too many pending");
-        return false;
-    };
-    let reply = session.defer_global_reply();
-    permit.send(Box::pin(async move {
-        // The work runs as a task of its own so that a bind the node makes after the person's
-        // answer timed out is not left behind: the task finds nobody waiting and undoes it.
-        let (answer, answered) = tokio::sync::oneshot::channel::<Option<u32>>();
-        let address_owned = address.clone();
-        tokio::spawn(async move {
-            let fwd = match forwarder.await {
-                Ok(f) => f,
-                Err(reason) => {
-                    tracing::info!(user = %who, %reason, "remote forward refused");
+    let op = {
+        let (who, address) = (who.clone(), address.clone());
+        async move {
+            // The work runs as a task of its own so that a bind the node makes after the person's
+            // answer timed out is not left behind: the task finds nobody waiting and undoes it.
+            let (answer, answered) = tokio::sync::oneshot::channel::<Option<u32>>();
+            let address_owned = address.clone();
+            tokio::spawn(async move {
+                let fwd = match forwarder.await {
+                    Ok(f) => f,
+                    Err(reason) => {
+                        tracing::info!(user = %who, %reason, "remote forward refused");
+                        let _ = answer.send(None);
+                        return;
+                    }
+                };
+                // A new bind asks as a new connection does: the roles may have changed since the
+                // forwarding connection's grant.
+                if let Err(why) = fwd.recheck.allowed().await {
+                    tracing::info!(user = %who, address = %address_owned, port = asked, %why, "remote forward refused");
+                    fwd.audit
+                        .event(
+                            EventType::Port,
+                            json!({"kind": "remote", "addr": format!("{address_owned}:{asked}"),
+                        "result": why}),
+                        )
+                        .await;
                     let _ = answer.send(None);
                     return;
                 }
-            };
-            // A new bind asks as a new connection does: the roles may have changed since the
-            // forwarding connection's grant.
-            if let Err(why) = fwd.recheck.allowed().await {
-                tracing::info!(user = %who, address = %address_owned, port = asked, %why, "remote forward refused");
-                fwd.audit
-                    .event(
-                        EventType::Port,
-                        json!({"kind": "remote", "addr": format!("{address_owned}:{asked}"),
-                        "result": why}),
+                let bound = match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
+                    Ok(allocated) => Some(if asked == 0 { allocated } else { asked }),
+                    Err(e) => {
+                        tracing::info!(user = %who, address = %address_owned, port = asked, error = %e, "node refused a remote forward");
+                        None
+                    }
+                };
+                if let Err(Some(port)) = answer.send(bound) {
+                    tracing::info!(user = %who, address = %address_owned, port, "remote forward bound after its answer timed out; cancelled");
+                    let _ = tokio::time::timeout(
+                        GLOBAL_REQUEST_LIMIT,
+                        fwd.conn.cancel_tcpip_forward(address_owned, port),
                     )
                     .await;
-                let _ = answer.send(None);
-                return;
-            }
-            let bound = match fwd.conn.tcpip_forward(address_owned.clone(), asked).await {
-                Ok(allocated) => Some(if asked == 0 { allocated } else { asked }),
-                Err(e) => {
-                    tracing::info!(user = %who, address = %address_owned, port = asked, error = %e, "node refused a remote forward");
-                    None
                 }
-            };
-            if let Err(Some(port)) = answer.send(bound) {
-                tracing::info!(user = %who, address = %address_owned, port, "remote forward bound after its answer timed out; cancelled");
-                let _ = tokio::time::timeout(
-                    GLOBAL_REQUEST_LIMIT,
-                    fwd.conn.cancel_tcpip_forward(address_owned, port),
-                )
-                .await;
+            });
+            let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, answered)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .flatten();
+            // Known before the person hears of it: a cancel asked after the answer finds it.
+            if let Some(p) = bound
+                && let Ok(mut f) = remote_forwards.lock()
+            {
+                f.insert((address, p));
             }
-        });
-        let bound = tokio::time::timeout(GLOBAL_REQUEST_LIMIT, answered)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten();
-        // Known before the person hears of it: a cancel asked after the answer finds it.
-        if let Some(p) = bound
-            && let Ok(mut f) = remote_forwards.lock()
-        {
-            f.insert((address, p));
+            (bound.is_some(), bound)
         }
+    };
+    if !queue_remote_op(inner, session, op) {
+        tracing::info!(user = %who, %address, port = asked, "remote forward refused: too many pending");
+    }
+    false
+}
+
+/// Queues `op` behind the remote forwards and cancels asked before it, and answers the
+/// person's global request with what it returns (success, and the port for a port 0) when it
+/// is done: later, in its turn (russh's deferred global replies). False when the queue is full
+/// (the request is then refused at once, by the callback's answer).
+fn queue_remote_op(
+    inner: &Inner,
+    session: &mut Session,
+    op: impl std::future::Future<Output = (bool, Option<u32>)> + Send + 'static,
+) -> bool {
+    let ops = inner.forwarding.remote_ops();
+    let Ok(permit) = ops.try_reserve() else {
+        return false;
+    };
+    let user = session.handle();
+    let reply = session.defer_global_reply();
+    permit.send(Box::pin(async move {
+        let (ok, port) = op.await;
         if let Some(id) = reply {
             // Fails only when the person's connection is gone.
-            let _ = user.global_reply(id, bound.is_some(), bound);
+            let _ = user.global_reply(id, ok, port);
         }
     }));
-    false
+    true
 }
 
 /// Cancels a remote forward the person asked for earlier: queued after the forwards asked
@@ -408,15 +437,10 @@ pub(super) fn cancel_tcpip_forward(
     address: &str,
     port: u32,
 ) -> bool {
-    let (user, address) = (session.handle(), address.to_string());
+    let address = address.to_string();
     let remote_forwards = inner.remote_forwards.clone();
     let forwarder = inner.forwarding.forwarder.clone();
-    let ops = inner.forwarding.remote_ops();
-    let Ok(permit) = ops.try_reserve() else {
-        return false;
-    };
-    let reply = session.defer_global_reply();
-    permit.send(Box::pin(async move {
+    let op = async move {
         let known = remote_forwards
             .lock()
             .map(|mut f| f.remove(&(address.clone(), port)))
@@ -431,9 +455,8 @@ pub(super) fn cancel_tcpip_forward(
             .is_ok_and(|r| r.is_ok()),
             _ => false,
         };
-        if let Some(id) = reply {
-            let _ = user.global_reply(id, done, None);
-        }
-    }));
+        (done, None)
+    };
+    queue_remote_op(inner, session, op);
     false
 }
