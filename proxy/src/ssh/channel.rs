@@ -2,7 +2,7 @@
 //! SSH messages on the person's channel, and the per-channel state the inner connection's
 //! handler keeps beside each session (its command queue, the replies it owes).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use russh::ChannelId;
@@ -10,8 +10,82 @@ use russh::server::{Handle, Msg};
 
 use crate::session::{Commands, Door, Event, Refusal};
 
-/// The engine's sessions on one inner connection, by channel.
-pub(super) type Sessions = Arc<Mutex<HashMap<ChannelId, Live>>>;
+/// The session channels of one inner connection, under one lock.
+pub(super) type Sessions = Arc<Mutex<Channels>>;
+
+#[derive(Default)]
+pub(super) struct Channels {
+    by_id: HashMap<ChannelId, Slot>,
+    /// The connection has ended: a session that finishes opening now ends at once.
+    pub(super) gone: bool,
+}
+
+pub(super) enum Slot {
+    Live(Live),
+    /// Its session ended and the client has not closed the channel yet: the engine's last
+    /// answers there may still be on their way through the handle.
+    Ended,
+}
+
+impl Channels {
+    pub(super) fn get(&self, ch: ChannelId) -> Option<&Slot> {
+        self.by_id.get(&ch)
+    }
+
+    pub(super) fn live(&self, ch: ChannelId) -> Option<&Live> {
+        match self.by_id.get(&ch) {
+            Some(Slot::Live(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Session channels with a live session (`max_sessions` counts these).
+    pub(super) fn live_count(&self) -> usize {
+        self.by_id
+            .values()
+            .filter(|s| matches!(s, Slot::Live(_)))
+            .count()
+    }
+
+    /// A session opened on `ch`: kept, unless the connection has ended (then false).
+    pub(super) fn insert(&mut self, ch: ChannelId, live: Live) -> bool {
+        if self.gone {
+            return false;
+        }
+        self.by_id.insert(ch, Slot::Live(live));
+        true
+    }
+
+    /// `ch`'s session ended (a channel the client already closed stays forgotten): what it
+    /// held, to close.
+    pub(super) fn end(&mut self, ch: ChannelId) -> Option<Live> {
+        let slot = self.by_id.get_mut(&ch)?;
+        match std::mem::replace(slot, Slot::Ended) {
+            Slot::Live(l) => Some(l),
+            Slot::Ended => None,
+        }
+    }
+
+    /// The client closed `ch`: forgotten; its session, if still live, to close.
+    pub(super) fn remove(&mut self, ch: ChannelId) -> Option<Live> {
+        match self.by_id.remove(&ch) {
+            Some(Slot::Live(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The connection ended: every live session, to close; none is kept from now on.
+    pub(super) fn end_all(&mut self) -> Vec<Live> {
+        self.gone = true;
+        self.by_id
+            .drain()
+            .filter_map(|(_, s)| match s {
+                Slot::Live(l) => Some(l),
+                Slot::Ended => None,
+            })
+            .collect()
+    }
+}
 
 pub(super) struct Live {
     pub(super) commands: Commands,
@@ -23,10 +97,6 @@ pub(super) struct Live {
 /// Whether each request given to a session and not yet answered asked for a reply, oldest
 /// first: the engine answers every request ([`Event::Reply`]), the client only some.
 pub(super) type Owed = Arc<Mutex<VecDeque<bool>>>;
-
-/// Session channels whose session has ended and that the client has not closed yet: the
-/// engine's last answers there may still be on their way through the handle.
-pub(super) type Ended = Arc<Mutex<HashSet<ChannelId>>>;
 
 /// The SSH door's side of one session channel: renders the engine's events as SSH messages.
 pub(super) struct SshDoor {
@@ -40,7 +110,6 @@ pub(super) struct SshDoor {
     pub(super) output: russh::ChannelWriteHalf<Msg>,
     pub(super) ch: ChannelId,
     pub(super) sessions: Sessions,
-    pub(super) ended: Ended,
     pub(super) owed: Owed,
 }
 
@@ -80,13 +149,10 @@ impl Door for SshDoor {
                 .await
                 .is_ok(),
             Event::Closed { why } => {
-                // Ended before it is forgotten, so a request in between is refused after this
-                // session's last answers (`Inner::request`).
-                if let Ok(mut e) = self.ended.lock() {
-                    e.insert(ch);
-                }
+                // Marked ended, so a request in between is refused after this session's last
+                // answers (`Inner::request`).
                 if let Ok(mut s) = self.sessions.lock() {
-                    s.remove(&ch);
+                    s.end(ch);
                 }
                 match why {
                     // Idle or expired: the whole connection ends, as sshd's would.

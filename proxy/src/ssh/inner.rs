@@ -19,9 +19,9 @@
 //! One node connection per session channel, so closing one never touches another
 //! (ControlMaster). Forwarding channels share one further node connection (`forward`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -39,7 +39,7 @@ use crate::session::dial::{Asked, Toward};
 use crate::session::{self, Command, Refusal, Target};
 use crate::state::OpenConnection;
 
-use super::channel::{Ended, Live, Owed, Sessions, SshDoor};
+use super::channel::{Live, Owed, Sessions, Slot, SshDoor};
 
 /// Serves the inner connection carried in a `direct-tcpip` channel of `user`'s outer one.
 pub async fn serve<S>(
@@ -63,9 +63,7 @@ pub async fn serve<S>(
         addr,
         login: None,
         refusal: None,
-        sessions: Arc::new(Mutex::new(HashMap::new())),
-        ended: Ended::default(),
-        gone: Arc::new(AtomicBool::new(false)),
+        sessions: Sessions::default(),
         opening: Arc::new(AtomicUsize::new(0)),
         cert_expires: u64::MAX,
         activity,
@@ -100,9 +98,6 @@ pub(super) struct Inner {
     /// does not cover the login: said at channel open, where OpenSSH shows it to the user.
     refusal: Option<String>,
     sessions: Sessions,
-    ended: Ended,
-    /// Set (under the sessions' lock) when the connection has ended.
-    gone: Arc<AtomicBool>,
     /// Session channels being opened (authorized and dialed) right now.
     opening: Arc<AtomicUsize>,
     pub(super) forwarding: Forwarding,
@@ -124,11 +119,9 @@ impl Drop for Inner {
         // The person's connection is gone without closing its sessions: close them on the
         // node, which hangs up everything they started there, as sshd's hang-up would.
         // Under the map's lock, so a session still opening sees it and ends itself.
-        if let Ok(mut sessions) = self.sessions.lock() {
-            self.gone.store(true, Ordering::SeqCst);
-            for (_, s) in sessions.drain() {
-                s.commands.send(Command::Close);
-            }
+        let open = self.sessions.lock().map(|mut s| s.end_all());
+        for s in open.into_iter().flatten() {
+            s.commands.send(Command::Close);
         }
         self.forwarding.close();
     }
@@ -167,23 +160,17 @@ impl Inner {
     /// Queues `command` for channel `ch`'s session; a session that cannot take it (gone, or
     /// flooded with input its node does not read) is closed.
     fn command(&mut self, ch: ChannelId, command: Command, session: &mut Session) -> bool {
-        let sent = self
-            .sessions
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&ch).map(|l| l.commands.send(command)));
-        match sent {
+        let Ok(mut s) = self.sessions.lock() else {
+            return false;
+        };
+        match s.live(ch).map(|l| l.commands.send(command)) {
             Some(true) => true,
             Some(false) => {
                 tracing::warn!(user = %self.user, node = %self.node.hostname, "closing a channel the node stopped reading");
-                if let Ok(mut e) = self.ended.lock() {
-                    e.insert(ch);
-                }
-                if let Ok(mut s) = self.sessions.lock()
-                    && let Some(l) = s.remove(&ch)
-                {
+                if let Some(l) = s.end(ch) {
                     l.commands.send(Command::Close);
                 }
+                drop(s);
                 let _ = session.close(ch);
                 false
             }
@@ -200,16 +187,19 @@ impl Inner {
         session: &mut Session,
     ) -> Result<(), russh::Error> {
         let wanted = session.wants_reply(ch);
-        let owed = self
-            .sessions
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&ch).map(|l| l.owed.clone()));
+        let (owed, ended) = match self.sessions.lock() {
+            Ok(s) => match s.get(ch) {
+                Some(Slot::Live(l)) => (Some(l.owed.clone()), false),
+                Some(Slot::Ended) => (None, true),
+                None => (None, false),
+            },
+            Err(_) => (None, false),
+        };
         let Some(owed) = owed else {
             if !wanted {
                 return Ok(());
             }
-            if self.ended.lock().is_ok_and(|e| e.contains(&ch)) {
+            if ended {
                 // Through the handle, as the engine answered: after any answer it queued before
                 // its session ended (every answer here is a failure, so their own order is moot).
                 let user = session.handle();
@@ -283,7 +273,7 @@ impl russh::server::Handler for Inner {
         let id = channel.id();
         // Input arrives through `data`; output goes through the write half (see `SshDoor`).
         let (_, output) = channel.split();
-        let established = self.sessions.lock().map(|s| s.len()).unwrap_or(0);
+        let established = self.sessions.lock().map(|s| s.live_count()).unwrap_or(0);
         let open =
             u32::try_from(established + self.opening.load(Ordering::Acquire)).unwrap_or(u32::MAX);
         let past_cap = match self.session_cap.lock() {
@@ -318,12 +308,10 @@ impl russh::server::Handler for Inner {
             activity: self.activity.clone(),
         };
         let proxy = self.state.proxy.clone();
-        let ended = self.ended.clone();
-        let (sessions, opening, cap, gone) = (
+        let (sessions, opening, cap) = (
             self.sessions.clone(),
             self.opening.clone(),
             self.session_cap.clone(),
-            self.gone.clone(),
         );
         let (user, activity) = (session.handle(), self.activity.clone());
         opening.fetch_add(1, Ordering::AcqRel);
@@ -343,24 +331,15 @@ impl russh::server::Handler for Inner {
                         output,
                         ch: id,
                         sessions: sessions.clone(),
-                        ended,
                         owed: owed.clone(),
                     });
                     let commands = session::start(proxy, &target, opened, door, activity);
-                    let kept = match sessions.lock() {
-                        Ok(mut s) if !gone.load(Ordering::SeqCst) => {
-                            s.insert(
-                                id,
-                                Live {
-                                    commands: commands.clone(),
-                                    forward_agent,
-                                    owed,
-                                },
-                            );
-                            true
-                        }
-                        _ => false,
+                    let live = Live {
+                        commands: commands.clone(),
+                        forward_agent,
+                        owed,
                     };
+                    let kept = sessions.lock().is_ok_and(|mut s| s.insert(id, live));
                     opening.fetch_sub(1, Ordering::AcqRel);
                     if !kept {
                         // The connection ended while the session opened: it ends at once, and
@@ -456,7 +435,7 @@ impl russh::server::Handler for Inner {
             .sessions
             .lock()
             .ok()
-            .and_then(|s| s.get(&ch).map(|l| l.forward_agent));
+            .and_then(|s| s.live(ch).map(|l| l.forward_agent));
         match allowed {
             None => Ok(false),
             Some(false) => {
@@ -576,10 +555,7 @@ impl russh::server::Handler for Inner {
         ch: ChannelId,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let gone = self.sessions.lock().ok().and_then(|mut s| s.remove(&ch));
-        if let Ok(mut e) = self.ended.lock() {
-            e.remove(&ch);
-        }
+        let gone = self.sessions.lock().ok().and_then(|mut s| s.remove(ch));
         if let Some(l) = gone {
             l.commands.send(Command::Close);
         }
