@@ -272,6 +272,71 @@ pub struct AccessCheck {
     pub verb: Option<String>,
 }
 
+/// A Kubernetes cluster a kube agent serves (`sally kube ls`, `sallyctl get kube_clusters`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeClusterInfo {
+    pub name: String,
+    pub id: String,
+    /// The agent's labels (without the built-in `kube_cluster`).
+    pub labels: BTreeMap<String, String>,
+    /// Whether its agent's tunnel is up now.
+    pub online: bool,
+}
+
+/// `sally kube credentials`: a kubeconfig certificate for one cluster, over the key the caller's
+/// own certificate is for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeCertRequest {
+    pub cluster: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeCert {
+    pub cert_pem: String,
+    /// RFC 3339; never later than the login it came from.
+    pub expires: String,
+    pub kube_users: Vec<String>,
+    pub kube_groups: Vec<String>,
+}
+
+/// The proxy asks what one user may do on one cluster: the user's current roles and traits and
+/// the cluster's labels, which it evaluates per request (cached for 2 s).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeAccessRequest {
+    pub user: String,
+    pub cluster: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeAccess {
+    pub user: String,
+    pub roles: Vec<crate::role::Role>,
+    pub traits: crate::identity::Traits,
+    pub cluster: KubeClusterInfo,
+}
+
+/// One Kubernetes request the proxy decided, for the audit log (`kube.request`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KubeRequestRecord {
+    pub user: String,
+    pub kube_cluster: String,
+    pub method: String,
+    pub path: String,
+    pub verb: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub response_code: u16,
+    pub allowed: bool,
+    pub reason: String,
+    pub kube_users: Vec<String>,
+    pub kube_groups: Vec<String>,
+    /// kubectl's `Kubectl-Command` header (`kubectl get`), when sent.
+    #[serde(default)]
+    pub kubectl_command: Option<String>,
+    pub remote_addr: String,
+}
+
 /// `sallyctl lock`: stop a user now, until removed or for a while.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AddLock {

@@ -14,6 +14,7 @@ pub mod files;
 pub mod flow;
 pub mod https;
 pub mod identity;
+pub mod kube;
 pub mod names;
 pub mod oidc;
 pub mod resource;

@@ -16,7 +16,7 @@ pub const MAX_NAME: usize = 128;
 
 /// Labels every node has, set by auth from the registry: a node cannot set or override them,
 /// or it could claim another node's name for a role's `node_labels` (or `deny`) to match.
-pub const BUILTIN_LABELS: [&str; 2] = ["hostname", "id"];
+pub const BUILTIN_LABELS: [&str; 3] = ["hostname", "id", "kube_cluster"];
 /// At most this many labels per node.
 pub const MAX_LABELS: usize = 64;
 /// Longest label key, in bytes.
@@ -163,7 +163,7 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), String> 
     for (k, v) in labels {
         if let Some(b) = BUILTIN_LABELS.iter().find(|b| b.eq_ignore_ascii_case(k)) {
             return Err(format!(
-                "label {k:?} is built in: auth sets it to the node's registered {b}, and a node cannot set or change it"
+                "label {k:?} is built in: auth sets it from the registry ({b}), and a node cannot set or change it"
             ));
         }
         if k.is_empty()

@@ -418,6 +418,7 @@ vocabulary!(
         "update",
         "patch",
         "delete",
+        "deletecollection",
         "exec",
         "portforward",
         "*",
@@ -902,11 +903,23 @@ struct CompiledKubeResource {
 }
 
 impl CompiledKubeResource {
+    /// Teleport's v7 rules: `kind: namespace` covers the namespace object and everything in
+    /// the namespaces its `name` matches; a cluster-wide kind ignores the rule's `namespace`;
+    /// a kind outside the vocabulary (a custom resource) matches only `kind: '*'`.
     fn matches(&self, r: &KubeRequest<'_>) -> bool {
+        if !self.verbs.iter().any(|v| v == "*" || v == r.verb) {
+            return false;
+        }
+        if self.kind == "namespace" {
+            return if r.kind == "namespace" {
+                self.name.matches(r.name)
+            } else {
+                !r.namespace.is_empty() && self.name.matches(r.namespace)
+            };
+        }
         (self.kind == "*" || self.kind == r.kind)
-            && self.namespace.matches(r.namespace)
+            && (crate::kube::cluster_wide(r.kind) || self.namespace.matches(r.namespace))
             && self.name.matches(r.name)
-            && self.verbs.iter().any(|v| v == "*" || v == r.verb)
     }
 }
 
@@ -1354,15 +1367,39 @@ impl RoleSet {
         }
     }
 
+    /// Is a cluster with these labels listed to this identity (`sally kube ls`), and may it
+    /// get a certificate for it?
+    pub fn can_see_kube(&self, cluster_labels: &BTreeMap<String, String>) -> bool {
+        !self.roles.iter().any(|r| {
+            !r.deny.kubernetes_labels.is_empty() && r.deny.kubernetes_labels.matches(cluster_labels)
+        }) && self
+            .roles
+            .iter()
+            .any(|r| r.allow.kubernetes_labels.matches(cluster_labels))
+    }
+
     /// The groups and users to impersonate on a cluster with these labels.
     pub fn kube_principals(
         &self,
         cluster_labels: &BTreeMap<String, String>,
     ) -> (Vec<String>, Vec<String>) {
+        self.kube_principals_for(cluster_labels, None)
+    }
+
+    /// The groups and users to impersonate for one request: those of the roles that match the
+    /// cluster *and* allow the request (every role matching the cluster when `req` is none, as
+    /// for discovery), less the ones any role denies.
+    pub fn kube_principals_for(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+        req: Option<&KubeRequest<'_>>,
+    ) -> (Vec<String>, Vec<String>) {
         let mut groups = BTreeSet::new();
         let mut users = BTreeSet::new();
         for r in &self.roles {
-            if r.allow.kubernetes_labels.matches(cluster_labels) {
+            if r.allow.kubernetes_labels.matches(cluster_labels)
+                && req.is_none_or(|q| r.allow.kubernetes_resources.iter().any(|k| k.matches(q)))
+            {
                 groups.extend(r.allow.kubernetes_groups.iter().cloned());
                 users.extend(r.allow.kubernetes_users.iter().cloned());
             }

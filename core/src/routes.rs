@@ -103,6 +103,11 @@ pub mod auth {
 
     pub const AUTH_FAILURES: &str = "/v1/auth-failures";
 
+    pub const KUBE_CLUSTERS: &str = "/v1/kube/clusters";
+    pub const KUBE_CERTS: &str = "/v1/kube/certs";
+    pub const KUBE_ACCESS: &str = "/v1/kube/access";
+    pub const KUBE_REQUESTS: &str = "/v1/kube/requests";
+
     /// `pattern` with its one `{parameter}` replaced by `value` as one percent-encoded segment.
     fn fill(pattern: &str, value: &str) -> String {
         match (pattern.find('{'), pattern.find('}')) {
@@ -228,6 +233,10 @@ pub const AUTH: &[Route] = &[
     r(Post, auth::LOCKS),
     r(Delete, auth::LOCK),
     r(Post, auth::AUTH_FAILURES),
+    r(Get, auth::KUBE_CLUSTERS),
+    r(Post, auth::KUBE_CERTS),
+    r(Post, auth::KUBE_ACCESS),
+    r(Post, auth::KUBE_REQUESTS),
 ];
 
 /// Every route the proxy's web API answers.

@@ -66,6 +66,16 @@ impl TlsCa {
 
     /// Signs a certificate for `subject` over the given public key (SubjectPublicKeyInfo DER).
     pub fn sign(&self, spki_der: &[u8], subject: &Subject) -> Result<String, X509Error> {
+        self.sign_with(spki_der, subject, None)
+    }
+
+    /// [`Self::sign`], with the kubeconfig extension naming one cluster (non-critical).
+    pub fn sign_with(
+        &self,
+        spki_der: &[u8],
+        subject: &Subject,
+        kube: Option<&crate::kube::KubeCertExt>,
+    ) -> Result<String, X509Error> {
         let public = SubjectPublicKeyInfo::from_der(spki_der)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -103,6 +113,14 @@ impl TlsCa {
         params.not_after = subject.not_after;
         params.serial_number = Some(random_serial());
         params.use_authority_key_identifier_extension = true;
+        if let Some(k) = kube {
+            params
+                .custom_extensions
+                .push(rcgen::CustomExtension::from_oid_content(
+                    crate::kube::CERT_EXTENSION_OID,
+                    k.to_der(),
+                ));
+        }
         Ok(params.signed_by(&public, &self.issuer()?)?.pem())
     }
 }

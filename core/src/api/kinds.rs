@@ -67,6 +67,8 @@ wire_enum! {
         Agent = "agent",
         /// At its SSH address, with a per-session certificate from the OpenSSH CA.
         Agentless = "agentless",
+        /// A Kubernetes cluster, through the tunnel its kube agent keeps open to the proxy.
+        Kube = "kube",
     }
 }
 
@@ -106,6 +108,8 @@ wire_enum! {
         Signup = "signup",
         /// An agent joining as a node (`sallyctl tokens add --type=node`).
         Node = "node",
+        /// A kube agent joining as a Kubernetes cluster (`sallyctl tokens add --type=kube`).
+        Kube = "kube",
     }
 }
 
@@ -165,13 +169,13 @@ mod tests {
 
     #[test]
     fn the_wire_keeps_its_words() {
-        words(NodeKind::ALL, &["agent", "agentless"]);
+        words(NodeKind::ALL, &["agent", "agentless", "kube"]);
         words(
             SessionKind::ALL,
             &["ssh", "shell", "exec", "sftp", "forward"],
         );
         words(SessionStatus::ALL, &["running", "complete", "incomplete"]);
-        words(TokenKind::ALL, &["signup", "node"]);
+        words(TokenKind::ALL, &["signup", "node", "kube"]);
         words(ConnectorKind::ALL, &["oidc"]);
         words(RecordMode::ALL, &["best_effort", "strict"]);
         for m in RecordMode::ALL {
@@ -188,7 +192,7 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(
             e,
-            "unknown variant `agnet`, expected `agent` or `agentless` at line 1 column 7"
+            "unknown variant `agnet`, expected one of `agent`, `agentless`, `kube` at line 1 column 7"
         );
         let e = serde_json::from_str::<crate::api::NodeInfo>(
             r#"{"id":"1","hostname":"web1","labels":{},"kind":"docker"}"#,
@@ -197,7 +201,7 @@ mod tests {
         .map(|e| e.to_string())
         .unwrap_or_default();
         assert!(
-            e.starts_with("unknown variant `docker`, expected `agent` or `agentless`"),
+            e.starts_with("unknown variant `docker`, expected one of `agent`, `agentless`, `kube`"),
             "{e}"
         );
         let e = "paused"
@@ -216,7 +220,7 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
         assert!(
-            e.starts_with("unknown variant `proxy`, expected `signup` or `node`"),
+            e.starts_with("unknown variant `proxy`, expected one of `signup`, `node`, `kube`"),
             "{e}"
         );
     }

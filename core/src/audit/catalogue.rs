@@ -239,6 +239,7 @@ catalogue! {
     NodeJoin = "node.join", by Auth {
         "success": "whether it joined",
         "node_id": "success: the id given to the node",
+        "kind": "success: `agent` for a node, `kube` for a Kubernetes cluster's agent",
         "nodename": "the name the agent asked for (clipped when refused)",
         "labels": "success: the labels it joined with",
         "remote_addr": "the agent's address",
@@ -392,6 +393,25 @@ catalogue! {
         "groups": "the groups it was given",
         "sudoers": "the sudoers lines it was given",
         "sudoers_file": "the sudoers drop-in written, if any",
+    }
+    /// A Kubernetes request through the proxy's kube door (3026), allowed or refused: the
+    /// proxy decides it and reports it in batches (`POST /v1/kube/requests`), auth writes it.
+    /// `user` is the person.
+    KubeRequest = "kube.request", by Auth {
+        "kube_cluster": "the cluster",
+        "method": "the HTTP method",
+        "path": "the path the API server sees (without `/kube/CLUSTER`)",
+        "verb": "the Kubernetes verb the roles decided on (`get`, `list`, `watch`, `exec`, ...)",
+        "kind": "the kind (`pod`), or the resource for one outside the roles' vocabulary; empty for discovery",
+        "namespace": "the namespace, if any",
+        "name": "the object's name, if any",
+        "response_code": "the HTTP status the person got",
+        "allowed": "whether the proxy let it through",
+        "reason": "why, in the roles' words",
+        "kube_users": "the user impersonated",
+        "kube_groups": "the groups impersonated",
+        "kubectl_command": "kubectl's `Kubectl-Command` header, when sent",
+        "remote_addr": "the person's address",
     }
 }
 

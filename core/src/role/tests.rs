@@ -231,6 +231,98 @@ spec:
     );
 }
 
+/// Teleport's v7 kube rules: a namespace rule covers what is in it, cluster-wide kinds ignore
+/// a rule's namespace, custom resources need `kind: '*'`, and the principals are those of the
+/// roles that allow the request.
+#[test]
+fn kube_v7_namespace_and_cluster_wide_kinds() {
+    let ns = role(
+        "kind: role
+version: v1
+metadata: {name: ns-dev}
+spec:
+  allow:
+    kubernetes_labels: {'*': '*'}
+    kubernetes_groups: [dev-admins]
+    kubernetes_resources:
+      - {kind: namespace, name: dev, verbs: ['*']}
+      - {kind: node, namespace: dev, name: '*', verbs: [get]}
+",
+    );
+    let all = role(
+        "kind: role
+version: v1
+metadata: {name: readers}
+spec:
+  allow:
+    kubernetes_labels: {env: prod}
+    kubernetes_groups: [readers]
+    kubernetes_resources:
+      - {kind: pod, namespace: prod, name: '*', verbs: [get]}
+",
+    );
+    let set = RoleSet::new(&[ns, all], &traits(&[]));
+    let l = labels(&[("env", "prod")]);
+    let r = |kind, namespace, name, verb| KubeRequest {
+        kind,
+        namespace,
+        name,
+        verb,
+    };
+    assert!(
+        set.check_kube(&l, &r("pod", "dev", "web-1", "exec"))
+            .allowed
+    );
+    assert!(
+        set.check_kube(&l, &r("secret", "dev", "x", "delete"))
+            .allowed
+    );
+    assert!(
+        set.check_kube(&l, &r("widgets.example.com", "dev", "w", "get"))
+            .allowed
+    );
+    assert!(
+        set.check_kube(&l, &r("namespace", "dev", "dev", "get"))
+            .allowed
+    );
+    assert!(
+        !set.check_kube(&l, &r("namespace", "prod", "prod", "get"))
+            .allowed
+    );
+    assert!(
+        !set.check_kube(&l, &r("pod", "prod", "db-1", "exec"))
+            .allowed
+    );
+    // A node has no namespace: the rule's `dev` does not stop it.
+    assert!(set.check_kube(&l, &r("node", "", "n1", "get")).allowed);
+    // Listing every namespace's pods is not listing dev's.
+    assert!(!set.check_kube(&l, &r("pod", "", "", "list")).allowed);
+    let (groups, _) = set.kube_principals_for(&l, Some(&r("pod", "prod", "db-1", "get")));
+    assert_eq!(groups, vec!["readers"]);
+    let (groups, _) = set.kube_principals_for(&l, Some(&r("pod", "dev", "web-1", "get")));
+    assert_eq!(groups, vec!["dev-admins"]);
+    assert!(set.can_see_kube(&l) && set.can_see_kube(&labels(&[])));
+    // A custom resource needs kind '*': `all` names only pods.
+    let only_pods = RoleSet::new(
+        &[role(
+            "kind: role
+version: v1
+metadata: {name: pods}
+spec:
+  allow:
+    kubernetes_labels: {'*': '*'}
+    kubernetes_resources: [{kind: pod, verbs: ['*']}]
+",
+        )],
+        &traits(&[]),
+    );
+    assert!(
+        !only_pods
+            .check_kube(&l, &r("widgets.example.com", "dev", "w", "get"))
+            .allowed
+    );
+}
+
 #[test]
 fn rules() {
     let p = presets();
