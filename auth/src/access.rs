@@ -49,11 +49,15 @@ impl AuthServer {
                 .verb
                 .as_deref()
                 .ok_or_else(|| AuthError::BadRequest("--kube-resource needs --verb".into()))?;
+            // A registered cluster is checked with its own labels, as the kube door does.
             let mut labels = req.kube_labels.clone();
             if let Some(c) = &req.kube_cluster {
-                labels
-                    .entry("kube_cluster".into())
-                    .or_insert_with(|| c.clone());
+                if req.kube_labels.is_empty()
+                    && let Some(n) = self.find_kube_cluster(c).await?
+                {
+                    labels = crate::kube::kube_labels(&n);
+                }
+                labels.insert("kube_cluster".into(), c.clone());
             }
             return Ok(set.check_kube(
                 &labels,

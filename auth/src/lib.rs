@@ -9,6 +9,7 @@ pub mod audit_log;
 pub mod authority;
 pub mod backend;
 pub mod failures;
+pub mod kube;
 pub mod locks;
 pub mod login;
 pub mod nodes;

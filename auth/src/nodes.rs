@@ -82,21 +82,57 @@ impl AuthServer {
         Ok(node)
     }
 
+    /// Every node people reach by SSH (Kubernetes clusters are listed by `kube`).
     pub async fn list_nodes(&self) -> Result<Vec<NodeInfo>, AuthError> {
         let rows = sqlx::query(
-            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes ORDER BY hostname",
+            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes WHERE kind <> $1 ORDER BY hostname",
         )
+        .bind(NodeKind::Kube.as_str())
         .fetch_all(&self.backend.pool)
         .await?;
         rows.iter().map(node_from_row).collect()
     }
 
-    /// A node by hostname or id.
+    /// A node by hostname or id (never a Kubernetes cluster: no SSH reaches one).
     pub async fn find_node(&self, name_or_id: &str) -> Result<Option<NodeInfo>, AuthError> {
         let row = sqlx::query(
-            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes WHERE hostname = $1 OR id = $1",
+            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes WHERE (hostname = $1 OR id = $1) AND kind <> $2",
         )
         .bind(name_or_id)
+        .bind(NodeKind::Kube.as_str())
+        .fetch_optional(&self.backend.pool)
+        .await?;
+        row.as_ref().map(node_from_row).transpose()
+    }
+
+    /// The id of whatever is registered under `name` (node or Kubernetes cluster): one name
+    /// space for both.
+    pub async fn name_taken(&self, name: &str) -> Result<Option<String>, AuthError> {
+        let row = sqlx::query("SELECT id FROM nodes WHERE hostname = $1")
+            .bind(name)
+            .fetch_optional(&self.backend.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("id")).transpose()?)
+    }
+
+    /// Kubernetes clusters, registered by their kube agents' joins.
+    pub async fn list_kube_clusters(&self) -> Result<Vec<NodeInfo>, AuthError> {
+        let rows = sqlx::query(
+            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes WHERE kind = $1 ORDER BY hostname",
+        )
+        .bind(NodeKind::Kube.as_str())
+        .fetch_all(&self.backend.pool)
+        .await?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    /// A Kubernetes cluster by name or id.
+    pub async fn find_kube_cluster(&self, name_or_id: &str) -> Result<Option<NodeInfo>, AuthError> {
+        let row = sqlx::query(
+            "SELECT id, hostname, addr, labels, kind, last_seen FROM nodes WHERE (hostname = $1 OR id = $1) AND kind = $2",
+        )
+        .bind(name_or_id)
+        .bind(NodeKind::Kube.as_str())
         .fetch_optional(&self.backend.pool)
         .await?;
         row.as_ref().map(node_from_row).transpose()

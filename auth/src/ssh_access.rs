@@ -43,9 +43,9 @@ impl AuthServer {
         req: &AddJoinToken,
         by: &str,
     ) -> Result<JoinToken, AuthError> {
-        if req.kind != TokenKind::Node {
+        if !matches!(req.kind, TokenKind::Node | TokenKind::Kube) {
             return Err(AuthError::BadRequest(format!(
-                "{} tokens come with their user (`sallyctl users add`, `users reset`): use --type=node",
+                "{} tokens come with their user (`sallyctl users add`, `users reset`): use --type=node or --type=kube",
                 req.kind
             )));
         }
@@ -87,18 +87,25 @@ impl AuthServer {
     pub async fn join(&self, req: &JoinRequest, remote: &str) -> Result<Joined, AuthError> {
         let now = sallyport_core::unix_now();
         let hash = token_hash(&req.token);
-        let valid = sqlx::query(
-            "SELECT 1 FROM join_tokens WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3",
+        let kind: Option<TokenKind> = sqlx::query(
+            "SELECT kind FROM join_tokens WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind IN ($3, $4)",
         )
         .bind(&hash)
         .bind(now)
         .bind(TokenKind::Node.as_str())
+        .bind(TokenKind::Kube.as_str())
         .fetch_optional(&self.backend.pool)
         .await?
-        .is_some();
-        if !valid {
+        .map(|r| crate::backend::word(&r, "kind"))
+        .transpose()?;
+        let Some(token_kind) = kind else {
             return Err(self.join_refused(req, remote).await);
-        }
+        };
+        // A kube token registers a Kubernetes cluster, served by its kube agent.
+        let (node_kind, tls_role) = match token_kind {
+            TokenKind::Kube => (NodeKind::Kube, "kube"),
+            _ => (NodeKind::Agent, "node"),
+        };
         let refused = |why: String| async move {
             self.join_failed(req, remote, &why).await;
             why
@@ -119,17 +126,23 @@ impl AuthServer {
         let spki = base64::engine::general_purpose::STANDARD
             .decode(&req.tls_spki)
             .map_err(|_| AuthError::BadRequest("the TLS key is not base64".into()))?;
-        if let Some(n) = self.find_node(&req.nodename).await? {
-            let why = format!(
-                "node name {} is already taken (node {}); start the agent with another --nodename",
-                req.nodename, n.id
-            );
+        if let Some(id) = self.name_taken(&req.nodename).await? {
+            let why = match node_kind {
+                NodeKind::Kube => format!(
+                    "name {} is already taken ({id}); start the kube agent with another --kube-cluster",
+                    req.nodename
+                ),
+                _ => format!(
+                    "node name {} is already taken (node {id}); start the agent with another --nodename",
+                    req.nodename
+                ),
+            };
             return Err(AuthError::Conflict(refused(why).await));
         }
         let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3")
             .bind(&hash)
             .bind(now)
-            .bind(TokenKind::Node.as_str())
+            .bind(token_kind.as_str())
             .execute(&self.backend.pool)
             .await?;
         if claimed.rows_affected() != 1 {
@@ -142,7 +155,7 @@ impl AuthServer {
             .bind(&req.nodename)
             .bind(serde_json::to_string(&req.labels)?)
             .bind(now)
-            .bind(NodeKind::Agent.as_str())
+            .bind(node_kind.as_str())
             .execute(&self.backend.pool)
             .await
             .map_err(|_| AuthError::Conflict(format!("node name {} is already taken", req.nodename)))?;
@@ -151,21 +164,27 @@ impl AuthServer {
             format!("{}.{}", req.nodename, self.config.cluster_name),
             id.clone(),
         ];
-        let ssh_host_cert = sshcert::issue_host(
-            &self.authorities.host_signer().key,
-            &host_key,
-            &id,
-            &names,
-            HOST_CERT_TTL,
-        )
-        .map_err(|e| AuthError::Internal(e.to_string()))?
-        .to_openssh()
-        .map_err(|e| AuthError::Internal(e.to_string()))?;
+        // A kube agent serves no SSH: no host certificate for it.
+        let ssh_host_cert = if node_kind == NodeKind::Kube {
+            String::new()
+        } else {
+            sshcert::issue_host(
+                &self.authorities.host_signer().key,
+                &host_key,
+                &id,
+                &names,
+                HOST_CERT_TTL,
+            )
+            .map_err(|e| AuthError::Internal(e.to_string()))?
+            .to_openssh()
+            .map_err(|e| AuthError::Internal(e.to_string()))?
+        };
         let tls_cert_pem =
-            self.issue_service_cert(&spki, &id, "node", vec![], HOST_CERT_TTL, false)?;
+            self.issue_service_cert(&spki, &id, tls_role, vec![], HOST_CERT_TTL, false)?;
         self.emit(
             Event::new(EventType::NodeJoin, None)
                 .with("success", true)
+                .with("kind", node_kind.as_str())
                 .with("node_id", id.clone())
                 .with("nodename", req.nodename.clone())
                 .with("labels", serde_json::to_value(&req.labels)?)
@@ -186,7 +205,7 @@ impl AuthServer {
 
     /// The one answer to a join without a valid token, whatever else the request says.
     async fn join_refused(&self, req: &JoinRequest, remote: &str) -> AuthError {
-        let why = "invalid join token: it is unknown, expired or already used; create a new one with `sallyctl tokens add --type=node`";
+        let why = "invalid join token: it is unknown, expired or already used; create a new one with `sallyctl tokens add --type=node` (or --type=kube)";
         self.join_failed(req, remote, why).await;
         AuthError::Unauthenticated(why.into())
     }
@@ -240,22 +259,22 @@ impl AuthServer {
             0
         };
         let r = match &p.labels {
-            Some(labels) => {
-                sqlx::query(
-                    "UPDATE nodes SET last_seen = $1, labels = $2 WHERE id = $3 AND kind = $4",
-                )
-                .bind(seen)
-                .bind(serde_json::to_string(labels)?)
-                .bind(node_id)
-                .bind(NodeKind::Agent.as_str())
-                .execute(&self.backend.pool)
-                .await?
-            }
+            Some(labels) => sqlx::query(
+                "UPDATE nodes SET last_seen = $1, labels = $2 WHERE id = $3 AND kind IN ($4, $5)",
+            )
+            .bind(seen)
+            .bind(serde_json::to_string(labels)?)
+            .bind(node_id)
+            .bind(NodeKind::Agent.as_str())
+            .bind(NodeKind::Kube.as_str())
+            .execute(&self.backend.pool)
+            .await?,
             None => {
-                sqlx::query("UPDATE nodes SET last_seen = $1 WHERE id = $2 AND kind = $3")
+                sqlx::query("UPDATE nodes SET last_seen = $1 WHERE id = $2 AND kind IN ($3, $4)")
                     .bind(seen)
                     .bind(node_id)
                     .bind(NodeKind::Agent.as_str())
+                    .bind(NodeKind::Kube.as_str())
                     .execute(&self.backend.pool)
                     .await?
             }
@@ -596,8 +615,9 @@ impl AuthServer {
 
     /// At an all-in-one start no tunnel exists yet: every agent is offline until it dials in.
     pub async fn mark_agents_offline(&self) -> Result<(), AuthError> {
-        sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind = $1")
+        sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind IN ($1, $2)")
             .bind(NodeKind::Agent.as_str())
+            .bind(NodeKind::Kube.as_str())
             .execute(&self.backend.pool)
             .await?;
         Ok(())

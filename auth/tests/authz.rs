@@ -156,6 +156,11 @@ fn rows() -> Vec<Row> {
         row(Get, p::LOCKS, p::LOCKS, None, Who::Only(&[Editor, Admin, Proxy]), OK),
         row(Post, p::LOCKS, p::LOCKS, Some(r#"{"user":"nobody"}"#), ADMINS, MISSING),
         row(Delete, "/v1/locks/nope", p::LOCK, None, ADMINS, MISSING),
+        row(Get, p::KUBE_CLUSTERS, p::KUBE_CLUSTERS, None, USERS, OK),
+        // People only; a cluster that does not exist is refused like one the roles do not reach.
+        row(Post, p::KUBE_CERTS, p::KUBE_CERTS, Some(r#"{"cluster":"nowhere"}"#), Who::Only(&[Access, Auditor, Editor]), FORBIDDEN),
+        row(Post, p::KUBE_ACCESS, p::KUBE_ACCESS, Some(r#"{"user":"nobody","cluster":"nowhere"}"#), PROXY, MISSING),
+        row(Post, p::KUBE_REQUESTS, p::KUBE_REQUESTS, Some("[]"), PROXY, OK),
     ]
 }
 

@@ -15,6 +15,7 @@ mod audit;
 mod caller;
 mod cluster;
 mod connectors;
+mod kube;
 mod locks;
 mod login;
 mod nodes;
@@ -103,6 +104,10 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Get, p::LOCKS, locks::list),
         on(Post, p::LOCKS, locks::add),
         on(Delete, p::LOCK, locks::remove),
+        on(Get, p::KUBE_CLUSTERS, kube::clusters),
+        on(Post, p::KUBE_CERTS, kube::cert),
+        on(Post, p::KUBE_ACCESS, kube::access),
+        on(Post, p::KUBE_REQUESTS, kube::requests),
     ]
 }
 
