@@ -207,6 +207,17 @@ pub struct CertSubject {
     pub not_after: i64,
 }
 
+/// A certificate's SubjectPublicKeyInfo (DER) and expiry (Unix seconds): what a certificate
+/// for the same key, expiring no later, is made from.
+pub fn spki_and_expiry(cert_der: &[u8]) -> Result<(Vec<u8>, i64), X509Error> {
+    let (_, cert) =
+        X509Certificate::from_der(cert_der).map_err(|e| X509Error::Parse(e.to_string()))?;
+    Ok((
+        cert.public_key().raw.to_vec(),
+        cert.validity().not_after.timestamp(),
+    ))
+}
+
 pub fn parse_subject(cert_der: &[u8]) -> Result<CertSubject, X509Error> {
     let (_, cert) =
         X509Certificate::from_der(cert_der).map_err(|e| X509Error::Parse(e.to_string()))?;
