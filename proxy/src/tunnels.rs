@@ -16,26 +16,49 @@ use tokio_rustls::TlsAcceptor;
 use crate::AuthClient;
 use crate::auth_client::ClientError;
 
+/// What an agent's tunnel serves, as its certificate's O says (`node` or `kube`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentKind {
+    /// SSH on every stream.
+    Node,
+    /// HTTP to its Kubernetes API server on every stream.
+    Kube,
+}
+
+/// A live tunnel: the generation that registered it, its opener, and what it serves.
+type Entry = (u64, Opener, AgentKind);
+
 /// Live tunnels by node id. A newer tunnel from the same node replaces the older one.
 #[derive(Clone, Default)]
 pub struct Tunnels {
-    inner: Arc<Mutex<HashMap<String, (u64, Opener)>>>,
+    inner: Arc<Mutex<HashMap<String, Entry>>>,
 }
 
 impl Tunnels {
+    /// A node agent's tunnel (never a kube agent's: SSH cannot reach one).
     pub fn get(&self, node_id: &str) -> Option<Opener> {
+        self.get_kind(node_id, AgentKind::Node)
+    }
+
+    /// A kube agent's tunnel.
+    pub fn get_kube(&self, cluster_id: &str) -> Option<Opener> {
+        self.get_kind(cluster_id, AgentKind::Kube)
+    }
+
+    fn get_kind(&self, id: &str, kind: AgentKind) -> Option<Opener> {
         self.inner
             .lock()
             .ok()?
-            .get(node_id)
-            .map(|(_, o)| o.clone())
+            .get(id)
+            .filter(|(_, _, k)| *k == kind)
+            .map(|(_, o, _)| o.clone())
             .filter(|o| !o.is_closed())
     }
 
-    fn insert(&self, node_id: &str, opener: Opener) -> u64 {
+    fn insert(&self, node_id: &str, opener: Opener, kind: AgentKind) -> u64 {
         let generation = rand::random::<u64>();
         if let Ok(mut m) = self.inner.lock() {
-            m.insert(node_id.to_string(), (generation, opener));
+            m.insert(node_id.to_string(), (generation, opener, kind));
         }
         generation
     }
@@ -45,7 +68,7 @@ impl Tunnels {
         let Ok(mut m) = self.inner.lock() else {
             return false;
         };
-        if m.get(node_id).is_some_and(|(g, _)| *g == generation) {
+        if m.get(node_id).is_some_and(|(g, _, _)| *g == generation) {
             m.remove(node_id);
             true
         } else {
@@ -184,14 +207,19 @@ pub async fn serve(
             let Ok(subject) = sallyport_core::x509::parse_subject(&leaf) else {
                 return;
             };
-            if subject.issuer_common_name != sallyport_core::ca::TLS_HOST_CA_CN
-                || subject.organizations != ["node"]
-            {
+            let kind = match subject.organizations.as_slice() {
+                [o] if o == "node" => Some(AgentKind::Node),
+                [o] if o == "kube" => Some(AgentKind::Kube),
+                _ => None,
+            };
+            let Some(kind) =
+                kind.filter(|_| subject.issuer_common_name == sallyport_core::ca::TLS_HOST_CA_CN)
+            else {
                 tracing::warn!(peer = %addr, cn = %subject.common_name, "refused a tunnel from a certificate that is not a node's");
                 crate::failed_auth::tunnel_refused(
                     &auth,
                     addr,
-                    "not a node certificate from this cluster's host CA".into(),
+                    "not a node or kube agent certificate from this cluster's host CA".into(),
                     [
                         ("cert_subject_cn".to_string(), subject.common_name.clone()),
                         (
@@ -206,11 +234,11 @@ pub async fn serve(
                     .into(),
                 );
                 return;
-            }
+            };
             counted.authenticated();
             let node_id = subject.common_name;
             let (opener, mut inbound) = tunnel::run(tls, Side::Proxy);
-            let generation = tunnels.insert(&node_id, opener);
+            let generation = tunnels.insert(&node_id, opener, kind);
             tracing::info!(node = %node_id, peer = %addr, "agent tunnel up");
             // The agent's first stream is its heartbeat: labels in, "ok" out.
             if let Some(hb) = inbound.recv().await {

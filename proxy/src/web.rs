@@ -23,6 +23,8 @@ const MAX_BODY: usize = 64 * 1024;
 pub struct Doors {
     pub ssh_port: u16,
     pub tunnel_port: u16,
+    /// The Kubernetes door (3026), when it listens.
+    pub kube_port: Option<u16>,
 }
 
 pub fn router(auth: AuthClient, doors: Doors) -> Router {
@@ -96,6 +98,9 @@ async fn ping(State(web): Auth) -> Response {
         Ok(mut v) => {
             v["ssh_port"] = web.doors.ssh_port.into();
             v["tunnel_port"] = web.doors.tunnel_port.into();
+            if let Some(p) = web.doors.kube_port {
+                v["kube_port"] = p.into();
+            }
             Json(v).into_response()
         }
         Err(e) => {

@@ -43,6 +43,8 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+pub mod kube;
+
 /// Building the binaries from a test: `cargo test -p sallyport-tests` compiles only this
 /// crate, and Cargo has no stable way to make a test depend on another package's binaries.
 mod build {
@@ -318,6 +320,8 @@ pub struct Cluster {
     pub ssh_port: u16,
     /// The proxy's tunnel door (agents), `127.0.0.1:PORT`.
     pub tunnel: String,
+    /// The proxy's Kubernetes door (kubectl), `127.0.0.1:PORT`.
+    pub kube: String,
     pub pin: String,
     pub stdout: String,
     child: Option<Child>,
@@ -390,6 +394,7 @@ auth_service:
             auth: String::new(),
             ssh_port: 0,
             tunnel: String::new(),
+            kube: String::new(),
             pin: String::new(),
             stdout: String::new(),
             child: None,
@@ -436,6 +441,7 @@ auth_service:
         self.auth = addr("auth");
         self.proxy = addr("web");
         self.tunnel = addr("tunnel");
+        self.kube = addr("kube");
         let ssh = addr("ssh");
         self.ssh_port = ssh
             .rsplit_once(':')
@@ -450,6 +456,7 @@ auth_service:
                     ("web_listen_addr", &self.proxy),
                     ("ssh_listen_addr", &ssh),
                     ("tunnel_listen_addr", &self.tunnel),
+                    ("kube_listen_addr", &self.kube),
                 ]
                 .into_iter()
                 .find(|(key, _)| line.trim() == format!("{key}: 127.0.0.1:0"));
@@ -718,6 +725,15 @@ pub struct Agent {
 }
 
 impl Agent {
+    pub fn new(name: &str, labels: &str, dir: PathBuf, child: Child) -> Self {
+        Agent {
+            name: name.into(),
+            labels: labels.into(),
+            dir,
+            child: Some(child),
+        }
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

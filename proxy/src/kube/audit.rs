@@ -1,0 +1,63 @@
+//! `kube.request` records on their way to auth: queued by every request, posted in batches,
+//! never dropped. The queue is bounded: when auth is slow the door's requests wait for room
+//! rather than lose a record, and a batch auth does not take is posted again until it does.
+
+use std::time::Duration;
+
+use sallyport_core::api::KubeRequestRecord;
+use tokio::sync::mpsc;
+
+use crate::AuthClient;
+
+/// Records waiting at most; past this a request waits to be let through.
+const QUEUE: usize = 8192;
+/// Records in one post at most (auth takes up to 1024).
+const BATCH: usize = 512;
+
+#[derive(Clone)]
+pub struct RequestAudit {
+    tx: mpsc::Sender<KubeRequestRecord>,
+}
+
+impl RequestAudit {
+    pub fn start(auth: AuthClient) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(post(auth, rx));
+        RequestAudit { tx }
+    }
+
+    /// Queues one record, waiting for room when auth is behind.
+    pub async fn record(&self, r: KubeRequestRecord) {
+        if self.tx.send(r).await.is_err() {
+            tracing::error!("the kube request audit queue is gone");
+        }
+    }
+}
+
+async fn post(auth: AuthClient, mut rx: mpsc::Receiver<KubeRequestRecord>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        if rx.recv_many(&mut batch, BATCH).await == 0 {
+            return;
+        }
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match auth
+                .json::<_, serde_json::Value>(
+                    reqwest::Method::POST,
+                    sallyport_core::routes::auth::KUBE_REQUESTS,
+                    Some(&batch),
+                )
+                .await
+            {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, records = batch.len(), "kube request records not yet taken by auth; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        batch.clear();
+    }
+}

@@ -1,0 +1,166 @@
+//! One request to a cluster's API server, through its kube agent's tunnel: a yamux stream
+//! carrying HTTP/1.1 (the agent adds its own credentials upstream). Bodies stream both ways;
+//! an upgrade the API server accepts (exec, attach, port-forward) becomes a byte pipe between
+//! the person's connection and the stream.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use sallyport_core::tunnel::Opener;
+
+/// Headers that belong to one connection, never passed on (RFC 9110 §7.6.1), plus the ones
+/// HTTP/2 forbids.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Is this request asking to switch protocols (WebSocket or SPDY)?
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+/// Removes what must not cross this hop, and whatever the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for h in HOP_BY_HOP {
+        headers.remove(*h);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("the cluster's agent is not connected")]
+    Offline,
+    #[error("the cluster's agent did not answer: {0}")]
+    Agent(String),
+}
+
+/// Sends `req` (already authorized, its path the API server's, its headers final) to the agent
+/// and returns the answer; an accepted upgrade is joined to `client_upgrade`.
+pub async fn forward(
+    opener: &Opener,
+    req: Request<Body>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+) -> Result<Response<Body>, ForwardError> {
+    let stream = opener.open().await.map_err(|_| ForwardError::Offline)?;
+    // One task owns the yamux stream: two tasks on one stream lose wake-ups.
+    let io = TokioIo::new(sallyport_core::flow::Decoupled::new(stream));
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake::<_, Body>(io)
+        .await
+        .map_err(|e| ForwardError::Agent(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "kube agent stream ended");
+        }
+    });
+    let mut resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| ForwardError::Agent(e.to_string()))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(ForwardError::Agent(
+                "the API server switched protocols unasked".into(),
+            ));
+        };
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (client, upstream) = match tokio::join!(client_upgrade, upstream_upgrade) {
+                (Ok(c), Ok(u)) => (c, u),
+                (c, u) => {
+                    tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed");
+                    return;
+                }
+            };
+            let mut client = TokioIo::new(client);
+            let mut upstream = TokioIo::new(upstream);
+            if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                tracing::debug!(error = %e, "upgraded kube stream ended");
+            }
+        });
+        let (parts, _) = resp.into_parts();
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The request the agent gets: the API server's path and query, the person's headers less the
+/// hop-by-hop ones, any `Authorization` and every `Impersonate-*`, then the door's principals.
+pub fn upstream_request(
+    method: axum::http::Method,
+    path_and_query: &str,
+    mut headers: HeaderMap,
+    body: Body,
+    user: &str,
+    groups: &[String],
+) -> Result<Request<Body>, String> {
+    let upgrade = is_upgrade(&headers);
+    let (upgrade_to, connection) = (
+        headers.get(header::UPGRADE).cloned(),
+        headers.get(header::CONNECTION).cloned(),
+    );
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::AUTHORIZATION);
+    headers.remove(header::HOST);
+    let impersonate: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("impersonate-"))
+        .cloned()
+        .collect();
+    for k in impersonate {
+        headers.remove(k);
+    }
+    let value =
+        |v: &str| HeaderValue::from_str(v).map_err(|_| format!("{v:?} is not a header value"));
+    headers.insert("impersonate-user", value(user)?);
+    for g in groups {
+        headers.append("impersonate-group", value(g)?);
+    }
+    // The agent replaces it with the API server's.
+    headers.insert(header::HOST, HeaderValue::from_static("kube-agent"));
+    if upgrade {
+        if let Some(u) = upgrade_to {
+            headers.insert(header::UPGRADE, u);
+        }
+        headers.insert(
+            header::CONNECTION,
+            connection.unwrap_or(HeaderValue::from_static("Upgrade")),
+        );
+    }
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path_and_query)
+        .version(axum::http::Version::HTTP_11)
+        .body(body)
+        .map_err(|e| e.to_string())?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}

@@ -1,0 +1,307 @@
+//! The Kubernetes door (port 3026): `kubectl` with a kubeconfig certificate from
+//! `sally kube login`. Each request is decided here, by the person's current roles (auth's
+//! answer, at most 2 s old), on the path the API server will see; the door then impersonates the
+//! principals the roles allow for that request and sends it through the cluster's kube agent
+//! tunnel. Every request, allowed or not, is audited as `kube.request`.
+//!
+//! Architecture invariant: nothing reaches a cluster that the door did not decide. A request
+//! whose path could be read two ways is refused (400); the person's `Authorization` and
+//! `Impersonate-*` headers never pass; a refusal is a `metav1.Status` that names no address,
+//! credential or internal error, and nothing of it reaches the agent.
+//!
+//! exec and attach are refused until they run through the session engine, which records them
+//! (a bastion without its recorder is not one).
+
+pub mod access;
+pub mod audit;
+pub mod forward;
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sallyport_core::api::KubeRequestRecord;
+use sallyport_core::https::{PeerCertificates, RemoteAddr};
+use sallyport_core::kube::{AskedImpersonation, Classified, KubeCertExt, classify, status};
+
+use crate::AuthClient;
+use crate::tunnels::Tunnels;
+use access::{AccessCache, Refused};
+use audit::RequestAudit;
+
+/// Where kubectl's requests for a cluster arrive: `/kube/CLUSTER/...`.
+pub const PREFIX: &str = "/kube/";
+
+pub struct KubeDoor {
+    pub access: AccessCache,
+    pub audit: RequestAudit,
+    pub tunnels: Tunnels,
+}
+
+impl KubeDoor {
+    pub fn new(auth: AuthClient, tunnels: Tunnels) -> Arc<Self> {
+        Arc::new(KubeDoor {
+            access: AccessCache::new(auth.clone()),
+            audit: RequestAudit::start(auth),
+            tunnels,
+        })
+    }
+}
+
+/// The door's router: every path goes to [`handle`].
+pub fn router(door: Arc<KubeDoor>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(door)
+}
+
+/// A refusal kubectl prints: the Status body with the same code.
+fn refuse(code: StatusCode, message: &str) -> Response {
+    let reason = sallyport_core::kube::reason_for(code.as_u16());
+    let mut resp = (code, axum::Json(status(code.as_u16(), reason, message))).into_response();
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+/// What the audit record says of a request, filled in as it is decided.
+struct Audit {
+    record: KubeRequestRecord,
+}
+
+impl Audit {
+    fn finish(mut self, code: StatusCode, allowed: bool, reason: &str) -> KubeRequestRecord {
+        self.record.response_code = code.as_u16();
+        self.record.allowed = allowed;
+        self.record.reason = reason.to_string();
+        self.record
+    }
+}
+
+fn asked_impersonation(headers: &HeaderMap) -> AskedImpersonation {
+    let mut asked = AskedImpersonation::default();
+    for (k, v) in headers {
+        let k = k.as_str();
+        if !k.starts_with("impersonate-") {
+            continue;
+        }
+        let v = v.to_str().unwrap_or_default().to_string();
+        match k {
+            "impersonate-user" => asked.users.push(v),
+            "impersonate-group" => asked.groups.push(v),
+            other => asked.other.push(other.to_string()),
+        }
+    }
+    asked
+}
+
+/// The person a kubeconfig certificate names, and the cluster it is for.
+fn identify(peer: Option<&PeerCertificates>) -> Result<(String, KubeCertExt), String> {
+    let login = "this door takes the certificates `sally kube login CLUSTER` sets up for kubectl";
+    let leaf = peer
+        .and_then(|p| p.0.first())
+        .ok_or_else(|| format!("no client certificate: {login}"))?;
+    let subject = sallyport_core::x509::parse_subject(leaf)
+        .map_err(|_| format!("unreadable certificate: {login}"))?;
+    if subject.not_after <= sallyport_core::unix_now() {
+        return Err("the certificate has expired: run `sally login`".into());
+    }
+    let ext = KubeCertExt::from_cert(leaf)
+        .ok_or_else(|| format!("not a Kubernetes certificate: {login}"))?;
+    Ok((subject.common_name, ext))
+}
+
+async fn handle(
+    State(door): State<Arc<KubeDoor>>,
+    peer: Option<Extension<PeerCertificates>>,
+    remote: Option<Extension<RemoteAddr>>,
+    mut req: Request,
+) -> Response {
+    let remote_addr = remote.map(|r| r.0.0.to_string()).unwrap_or_default();
+    let (user, ext) = match identify(peer.as_deref()) {
+        Ok(id) => id,
+        Err(why) => return refuse(StatusCode::UNAUTHORIZED, &why),
+    };
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let mut audit = Audit {
+        record: KubeRequestRecord {
+            user: user.clone(),
+            kube_cluster: ext.kube_cluster.clone(),
+            method: req.method().to_string(),
+            path: path.clone(),
+            kubectl_command: req
+                .headers()
+                .get("kubectl-command")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.chars().take(256).collect()),
+            remote_addr,
+            ..Default::default()
+        },
+    };
+    // `/kube/CLUSTER` and what follows it, which is what the API server sees.
+    let Some((cluster, rest)) = path.strip_prefix(PREFIX).map(|p| {
+        p.split_once('/')
+            .map_or((p, "/".to_string()), |(c, r)| (c, format!("/{r}")))
+    }) else {
+        let why = format!("Kubernetes requests go to {PREFIX}CLUSTER/...");
+        door.audit
+            .record(audit.finish(StatusCode::NOT_FOUND, false, &why))
+            .await;
+        return refuse(StatusCode::NOT_FOUND, &why);
+    };
+    audit.record.path = rest.clone();
+    if cluster != ext.kube_cluster {
+        let why = format!(
+            "this certificate is for cluster {}: run `sally kube login {cluster}`",
+            ext.kube_cluster
+        );
+        door.audit
+            .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
+            .await;
+        return refuse(StatusCode::FORBIDDEN, &why);
+    }
+    let c = match classify(req.method().as_str(), &rest, &query) {
+        Ok(c) => c,
+        Err(e) => {
+            door.audit
+                .record(audit.finish(StatusCode::BAD_REQUEST, false, &e.0))
+                .await;
+            return refuse(StatusCode::BAD_REQUEST, &e.0);
+        }
+    };
+    audit.record.verb = c.verb.to_string();
+    audit.record.kind = if c.discovery {
+        String::new()
+    } else {
+        c.kind.clone()
+    };
+    audit.record.namespace = c.namespace.clone();
+    audit.record.name = c.name.clone();
+    let snap = match door.access.get(&user, cluster).await {
+        Ok(s) => s,
+        Err(r) => {
+            let (code, why) = match r {
+                Refused::NoCluster => (
+                    StatusCode::NOT_FOUND,
+                    format!("Kubernetes cluster {cluster} is not registered"),
+                ),
+                Refused::Denied(m) => (StatusCode::FORBIDDEN, m),
+                Refused::Unavailable => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the access service is unavailable; try again".to_string(),
+                ),
+            };
+            door.audit.record(audit.finish(code, false, &why)).await;
+            return refuse(code, &why);
+        }
+    };
+    if let Err(why) = decide(&snap, &c) {
+        door.audit
+            .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
+            .await;
+        return refuse(StatusCode::FORBIDDEN, &why);
+    }
+    let request = (!c.discovery).then(|| c.request());
+    let (groups, users) = snap
+        .roles
+        .kube_principals_for(&snap.labels, request.as_ref());
+    let principals = match sallyport_core::kube::impersonate(
+        &user,
+        &users,
+        &groups,
+        &asked_impersonation(req.headers()),
+    ) {
+        Ok(p) => p,
+        Err(why) => {
+            door.audit
+                .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
+                .await;
+            return refuse(StatusCode::FORBIDDEN, &why);
+        }
+    };
+    audit.record.kube_users = vec![principals.user.clone()];
+    audit.record.kube_groups = principals.groups.clone();
+    if c.is_exec() {
+        let why = "kubectl exec and attach are not available through this proxy yet: they must be recorded";
+        door.audit
+            .record(audit.finish(StatusCode::FORBIDDEN, false, why))
+            .await;
+        return refuse(StatusCode::FORBIDDEN, why);
+    }
+    let Some(opener) = door.tunnels.get_kube(&snap.cluster.id) else {
+        let why = format!("Kubernetes cluster {cluster} is offline: its agent is not connected");
+        door.audit
+            .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, false, &why))
+            .await;
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, &why);
+    };
+    let client_upgrade = forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let path_and_query = if query.is_empty() {
+        rest.clone()
+    } else {
+        format!("{rest}?{query}")
+    };
+    let (parts, body) = req.into_parts();
+    let up = match forward::upstream_request(
+        parts.method,
+        &path_and_query,
+        parts.headers,
+        body,
+        &principals.user,
+        &principals.groups,
+    ) {
+        Ok(r) => r,
+        Err(why) => {
+            let why = format!("impersonation request has been denied, {why}");
+            door.audit
+                .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
+                .await;
+            return refuse(StatusCode::FORBIDDEN, &why);
+        }
+    };
+    match forward::forward(&opener, up, client_upgrade).await {
+        Ok(resp) => {
+            let code = resp.status();
+            door.audit.record(audit.finish(code, true, "allowed")).await;
+            resp
+        }
+        Err(e) => {
+            tracing::warn!(cluster, error = %e, "kube request not forwarded");
+            let why = format!("Kubernetes cluster {cluster} did not answer; try again");
+            door.audit
+                .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, true, &why))
+                .await;
+            refuse(StatusCode::SERVICE_UNAVAILABLE, &why)
+        }
+    }
+}
+
+/// The roles' decision on one request: discovery is open to everyone who reaches the cluster.
+fn decide(snap: &access::Snapshot, c: &Classified) -> Result<(), String> {
+    if c.discovery {
+        return if snap.roles.can_see_kube(&snap.labels) {
+            Ok(())
+        } else {
+            Err(format!(
+                "your roles do not allow Kubernetes cluster {}",
+                snap.cluster.name
+            ))
+        };
+    }
+    let d = snap.roles.check_kube(&snap.labels, &c.request());
+    if d.allowed {
+        return Ok(());
+    }
+    let what = match (c.name.is_empty(), c.namespace.is_empty()) {
+        (true, true) => c.kind.clone(),
+        (true, false) => format!("{} in namespace {}", c.kind, c.namespace),
+        (false, true) => format!("{} {:?}", c.kind, c.name),
+        (false, false) => format!("{} {:?} in namespace {}", c.kind, c.name, c.namespace),
+    };
+    Err(format!(
+        "{} may not {} {what}: {}",
+        snap.user, c.verb, d.explanation
+    ))
+}

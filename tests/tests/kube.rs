@@ -1,0 +1,348 @@
+//! Kubernetes access end to end: real kubectl 1.32, through `sally kube login`'s kubeconfig,
+//! the proxy's kube door and a kube agent, to the fixture API server (`tests/kube/`, the real
+//! wire protocol). What reached the API server is read from the fixture's own request log, so
+//! "refused" means nothing arrived there.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use sallyport_tests::kube::{ApiServer, kubectl};
+use sallyport_tests::*;
+
+const DEV_ROLE: &str = "kind: role
+version: v1
+metadata: {name: kube-dev}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_groups: [developers]
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, name: '*', verbs: [get, list, watch, exec]}
+";
+
+struct Setup {
+    c: Cluster,
+    api: ApiServer,
+    _agent: Agent,
+    home: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+/// A cluster, the fixture API server behind a kube agent for `lab` (env=dev), and alice with
+/// `roles`, logged in to `lab` with `sally kube login`.
+fn setup(roles: &str, extra_roles: &[&str]) -> Setup {
+    let c = Cluster::start();
+    let api = ApiServer::start(&c.dir.path().join("apiserver"), &[]);
+    c.create(DEV_ROLE).ok();
+    for r in extra_roles {
+        c.create(r).ok();
+    }
+    let agent = c.kube_agent("lab", "env=dev", &api.kubeconfig());
+    let home = c.user("alice", roles, "");
+    c.sally(&home, &["kube", "login", "lab"], "").ok();
+    let kubeconfig = home.join(".kube/config");
+    Setup {
+        c,
+        api,
+        _agent: agent,
+        home,
+        kubeconfig,
+    }
+}
+
+fn requests_to(api: &ApiServer, needle: &str) -> Vec<serde_json::Value> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(needle)))
+        .collect()
+}
+
+#[test]
+fn kubectl_reaches_what_the_roles_allow_as_the_principals_they_give() {
+    let s = setup("kube-dev", &[]);
+    let ls =
+        s.c.sally(&s.home, &["kube", "ls", "--format", "json"], "")
+            .ok();
+    let clusters: serde_json::Value = serde_json::from_str(&ls.stdout).unwrap();
+    assert!(
+        clusters
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "lab" && c["online"] == true),
+        "{}",
+        ls.stdout
+    );
+    let out = kubectl(&s.home, &s.kubeconfig, &[], &["get", "pods", "-n", "dev"]).ok();
+    assert!(
+        out.stdout.contains("web-1") && out.stdout.contains("web-2"),
+        "{}",
+        out.stdout
+    );
+    // The API server saw the agent's own identity, impersonating alice with the role's group,
+    // and never a credential of hers.
+    let seen = requests_to(&s.api, "/api/v1/namespaces/dev/pods");
+    assert!(!seen.is_empty(), "{:?}", s.api.requests());
+    for r in &seen {
+        let text = r.to_string();
+        assert!(r["authorization"].is_null(), "{text}");
+        assert!(text.contains("sallyport-agent"), "{text}");
+        assert_eq!(
+            r["impersonate"]["Impersonate-User"],
+            serde_json::json!(["alice"]),
+            "{text}"
+        );
+        let groups = r["impersonate"]["Impersonate-Group"].to_string();
+        assert!(
+            groups.contains("developers") && groups.contains("system:authenticated"),
+            "{text}"
+        );
+    }
+
+    // Another namespace: refused by the door, and the API server never hears of it.
+    kubectl(&s.home, &s.kubeconfig, &[], &["get", "pods", "-n", "prod"])
+        .fails_with("Error from server (Forbidden)")
+        .fails_with("alice may not list pod in namespace prod");
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["get", "pod", "db-1", "-n", "prod"],
+    )
+    .fails_with("may not get pod \"db-1\" in namespace prod");
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["get", "secrets", "-n", "dev"],
+    )
+    .fails_with("Forbidden");
+    assert!(requests_to(&s.api, "/namespaces/prod").is_empty());
+    assert!(requests_to(&s.api, "/secrets").is_empty());
+
+    // Principals the roles do not give.
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["--as", "root", "get", "pods", "-n", "dev"],
+    )
+    .fails_with("impersonation request has been denied");
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &[
+            "--as",
+            "alice",
+            "--as-group",
+            "system:masters",
+            "get",
+            "pods",
+            "-n",
+            "dev",
+        ],
+    )
+    .fails_with("impersonation request has been denied");
+    let masters = s
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.to_string().contains("system:masters")
+                && r["impersonate"].to_string().contains("system:masters")
+        })
+        .count();
+    assert_eq!(masters, 0, "an asked-for group reached the API server");
+
+    // Every request is audited, allowed or not, with who was impersonated.
+    let events = s.c.events("kube.request");
+    let allowed = events
+        .iter()
+        .find(|e| e["allowed"] == true && e["path"] == "/api/v1/namespaces/dev/pods")
+        .unwrap_or_else(|| panic!("no allowed kube.request: {events:#?}"));
+    assert_eq!(allowed["user"], "alice");
+    assert_eq!(allowed["kube_cluster"], "lab");
+    assert_eq!(allowed["verb"], "list");
+    assert_eq!(allowed["kind"], "pod");
+    assert_eq!(allowed["namespace"], "dev");
+    assert_eq!(allowed["response_code"], 200);
+    assert_eq!(allowed["kube_users"], serde_json::json!(["alice"]));
+    assert!(
+        allowed["kubectl_command"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("kubectl get"),
+        "{allowed}"
+    );
+    let denied = events
+        .iter()
+        .find(|e| e["allowed"] == false && e["namespace"] == "prod")
+        .unwrap_or_else(|| panic!("no refused kube.request: {events:#?}"));
+    assert_eq!(denied["response_code"], 403);
+    assert!(
+        denied["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no role allows"),
+        "{denied}"
+    );
+}
+
+#[test]
+fn several_kubernetes_users_mean_kubectl_must_choose_one() {
+    let two = "kind: role
+version: v1
+metadata: {name: kube-two}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_users: [viewer, deployer]
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, verbs: [get, list]}
+";
+    let s = setup("kube-two", &[two]);
+    kubectl(&s.home, &s.kubeconfig, &[], &["get", "pods", "-n", "dev"])
+        .fails_with("choose one with kubectl --as");
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["--as", "deployer", "get", "pods", "-n", "dev"],
+    )
+    .ok();
+    let seen = requests_to(&s.api, "/api/v1/namespaces/dev/pods");
+    assert!(
+        seen.iter()
+            .all(|r| r["impersonate"]["Impersonate-User"] == serde_json::json!(["deployer"])),
+        "{seen:?}"
+    );
+}
+
+/// The login's key and the kubeconfig certificate `sally kube credentials` hands kubectl.
+fn kube_cert(s: &Setup) -> (PathBuf, PathBuf) {
+    let out =
+        s.c.sally(
+            &s.home,
+            &[
+                "kube",
+                "credentials",
+                "--proxy",
+                &s.c.proxy,
+                "--cluster",
+                "lab",
+            ],
+            "",
+        )
+        .ok();
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let cert = s.home.join("kube-cert.pem");
+    let key = s.home.join("kube-key.pem");
+    std::fs::write(
+        &cert,
+        v["status"]["clientCertificateData"].as_str().unwrap(),
+    )
+    .unwrap();
+    std::fs::write(&key, v["status"]["clientKeyData"].as_str().unwrap()).unwrap();
+    (cert, key)
+}
+
+/// `curl` to the kube door; returns (status, body).
+fn curl(c: &Cluster, path: &str, cert: Option<(&Path, &Path)>) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-k", "--path-as-is", "-w", "\n%{http_code}"]);
+    if let Some((cert, key)) = cert {
+        cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
+    cmd.arg(format!("https://{}{path}", c.kube));
+    let out = run(&mut cmd, "");
+    let (body, code) = out.stdout.trim_end().rsplit_once('\n').unwrap_or(("", ""));
+    (code.parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn the_door_refuses_what_it_cannot_read_and_whom_it_does_not_know() {
+    let s = setup("kube-dev", &[]);
+    let before = s.api.requests().len();
+    // No certificate, or a login certificate that is not a kubeconfig one: told what to run.
+    let (code, body) = curl(&s.c, "/kube/lab/api/v1/namespaces/dev/pods", None);
+    assert_eq!(code, 401, "{body}");
+    assert!(
+        body.contains("sally kube login") && body.contains("\"kind\":\"Status\""),
+        "{body}"
+    );
+    let keys = s.home.join("keys").join(s.c.proxy.replace(':', "_"));
+    let login = (keys.join("alice-x509.pem"), keys.join("alice.key.pem"));
+    let (code, body) = curl(
+        &s.c,
+        "/kube/lab/api/v1/namespaces/dev/pods",
+        Some((&login.0, &login.1)),
+    );
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("not a Kubernetes certificate"), "{body}");
+
+    let (cert, key) = kube_cert(&s);
+    let with = Some((cert.as_path(), key.as_path()));
+    assert_eq!(
+        curl(&s.c, "/kube/lab/api/v1/namespaces/dev/pods", with).0,
+        200
+    );
+    for path in [
+        "/kube/lab/api/v1/namespaces/dev/pods/../../prod/pods",
+        "/kube/lab/api/v1/namespaces/dev%2F..%2Fprod/pods",
+        "/kube/lab/api//v1/namespaces/prod/pods",
+        "/kube/lab/api/v1/namespaces/%2e%2e/pods",
+    ] {
+        let (code, body) = curl(&s.c, path, with);
+        assert_eq!(code, 400, "{path}: {body}");
+        assert!(body.contains("\"reason\":\"BadRequest\""), "{body}");
+    }
+    // The certificate names its cluster: another path is refused.
+    let (code, body) = curl(&s.c, "/kube/other/api/v1/namespaces/dev/pods", with);
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("this certificate is for cluster lab"),
+        "{body}"
+    );
+    let (code, _) = curl(&s.c, "/api/v1/namespaces/dev/pods", with);
+    assert_eq!(code, 404);
+    // Of all these, only the one allowed request reached the API server.
+    assert_eq!(
+        s.api.requests().len(),
+        before + 1,
+        "{:#?}",
+        &s.api.requests()[before..]
+    );
+}
+
+#[test]
+fn a_lock_stops_kubectl_within_seconds() {
+    let s = setup("kube-dev", &[]);
+    kubectl(&s.home, &s.kubeconfig, &[], &["get", "pods", "-n", "dev"]).ok();
+    s.c.sallyctl(&["lock", "--user", "alice", "--message", "incident 7"])
+        .ok();
+    assert!(
+        eventually(Duration::from_secs(6), || {
+            let out = kubectl(&s.home, &s.kubeconfig, &[], &["get", "pods", "-n", "dev"]);
+            out.code != 0 && out.stderr.contains("incident 7")
+        }),
+        "kubectl still works for a locked user"
+    );
+}
+
+#[test]
+fn exec_is_refused_until_it_can_be_recorded() {
+    let s = setup("kube-dev", &[]);
+    let before = requests_to(&s.api, "/exec").len();
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["exec", "-n", "dev", "web-1", "--", "true"],
+    )
+    .fails_with("must be recorded");
+    assert_eq!(requests_to(&s.api, "/exec").len(), before);
+}
