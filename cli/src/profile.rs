@@ -8,6 +8,8 @@
 //! keys/<proxy>/<user>-cert.pub     SSH user certificate
 //! keys/<proxy>/<user>.key.pem      the same key, PKCS#8 PEM for TLS and kubectl (0600)
 //! keys/<proxy>/<user>-x509.pem     X.509 client certificate
+//! keys/<proxy>/<user>-kube/<cluster>-x509.pem   kubeconfig certificate, one per Kubernetes
+//!                          cluster, cached by `sally kube credentials` (0600)
 //! keys/<proxy>/ca-pin      the CA pin a sign-up verified, trusted until a login saves the CA
 //! ```
 

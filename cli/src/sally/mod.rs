@@ -2,8 +2,9 @@
 //! module owns the command line (its flags, output and exit codes are a contract the end-to-end
 //! tests hold it to); each command group lives in its own module, in the order a user meets
 //! them: `login` (signup, login, status, logout), `nodes` (ls), `ssh`, `openssh` (config, scp,
-//! the ProxyCommand) and `play` (recordings).
+//! the ProxyCommand), `play` (recordings) and `kube` (kubectl through the proxy).
 
+mod kube;
 mod login;
 mod nodes;
 mod openssh;
@@ -143,6 +144,11 @@ enum Command {
         #[command(subcommand)]
         command: openssh::ProxyCommand,
     },
+    /// Kubernetes clusters through the proxy: list them, point kubectl at one.
+    Kube {
+        #[command(subcommand)]
+        command: kube::KubeCommand,
+    },
     /// Recorded sessions.
     Recordings {
         #[command(subcommand)]
@@ -259,6 +265,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Proxy {
             command: openssh::ProxyCommand::Ssh { target },
         } => openssh::proxy_ssh(&target).await,
+        Command::Kube { command } => kube::run(command).await,
         Command::Recordings {
             command: play::RecordingsCommand::Ls { format },
         } => play::recordings(format).await,
@@ -268,6 +275,20 @@ async fn run(cli: Cli) -> Result<()> {
             format,
         } => play::play(&session_id, speed, format.as_deref()).await,
         Command::Logout => {
+            // Before the profile goes: it names the cluster whose kubeconfig entries go too.
+            // A kubeconfig that cannot be cleaned does not keep the keys on disk.
+            if let Some(p) = profile::Profile::load().ok().flatten() {
+                match kube::forget(&p) {
+                    Ok(Some((path, names))) => println!(
+                        "Removed Kubernetes context{} {} from {}",
+                        if names.len() == 1 { "" } else { "s" },
+                        names.join(", "),
+                        path.display()
+                    ),
+                    Ok(None) => {}
+                    Err(e) => eprintln!("warning: the kubeconfig is unchanged: {e:#}"),
+                }
+            }
             if profile::remove_all()? {
                 println!(
                     "Logged out: keys and certificates removed from {}",

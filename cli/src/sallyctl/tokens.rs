@@ -13,7 +13,8 @@ use crate::println;
 pub(super) enum TokensCommand {
     /// A one-time token an agent joins with, and the command to run on the server.
     Add {
-        #[arg(long = "type", value_parser = ["node"])]
+        /// node: an SSH node's agent; kube: a Kubernetes cluster's kube agent.
+        #[arg(long = "type", value_parser = ["node", "kube"])]
         kind: String,
         #[arg(long, default_value = "30m")]
         ttl: String,
@@ -53,11 +54,23 @@ pub(super) async fn tokens(api: &Api, command: &TokensCommand) -> Result<()> {
                     "The join token {} expires at {} and works once.",
                     t.token, t.expires
                 );
-                println!("Run this on the server (as root, so sessions can run as any login):\n");
-                println!(
-                    "  sallyport start --roles=node --proxy=PROXY:3080 --token={} --ca-pin={pin} --data-dir /var/lib/sallyport --labels env=dev\n",
-                    t.token
-                );
+                if kind == "kube" {
+                    println!(
+                        "Run this where the Kubernetes API is reachable (in the cluster, leave out --kubeconfig: the pod's service account is used):\n"
+                    );
+                    println!(
+                        "  sallyport start --roles=kube --proxy=PROXY:3080 --token={} --ca-pin={pin} --data-dir /var/lib/sallyport --kube-cluster NAME --kubeconfig FILE --labels env=dev\n",
+                        t.token
+                    );
+                } else {
+                    println!(
+                        "Run this on the server (as root, so sessions can run as any login):\n"
+                    );
+                    println!(
+                        "  sallyport start --roles=node --proxy=PROXY:3080 --token={} --ca-pin={pin} --data-dir /var/lib/sallyport --labels env=dev\n",
+                        t.token
+                    );
+                }
                 println!("PROXY is the proxy's address as the server reaches it.");
             }
         }
