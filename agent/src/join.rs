@@ -1,5 +1,8 @@
 //! Joining: the agent makes its own TLS and SSH host keys, presents the one-time token to the
 //! proxy's web API, and keeps the certificates auth returns. Private keys never leave it.
+//! A kube agent joins the same way with a kube token (its SSH host key unused); the token's
+//! kind, not the request, decides what auth registers, so the certificate's organization
+//! (`node` or `kube`) is checked against what the agent is.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -7,7 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use rcgen::{KeyPair, PublicKeyData};
 use russh::keys::ssh_key::{Algorithm, LineEnding, PrivateKey};
-use sallyport_core::api::{ErrorBody, JoinRequest, Joined};
+use sallyport_core::api::{ErrorBody, JoinRequest, Joined, TokenKind};
 use sallyport_core::routes;
 use sallyport_core::tls::{Trust, client_config};
 
@@ -16,6 +19,9 @@ use crate::{AgentError, AgentIdentity};
 pub struct JoinParams {
     pub proxy: String,
     pub token: String,
+    /// What joins: a node agent (`Node`) or a kube agent (`Kube`).
+    pub kind: TokenKind,
+    /// The node's name, or for a kube agent the Kubernetes cluster's.
     pub nodename: String,
     pub labels: BTreeMap<String, String>,
     pub trust: Trust,
@@ -66,6 +72,37 @@ pub fn http_client(trust: Trust) -> Result<reqwest::Client, AgentError> {
         .map_err(err)
 }
 
+/// The organization auth puts in the tunnel certificate of each kind of agent.
+fn organization(kind: TokenKind) -> &'static str {
+    match kind {
+        TokenKind::Kube => "kube",
+        _ => "node",
+    }
+}
+
+/// A token of the other kind registers the other kind of agent: say so rather than keep a
+/// certificate the proxy would serve as something this agent is not.
+fn check_kind(tls_cert_pem: &str, p: &JoinParams) -> Result<(), AgentError> {
+    let der = sallyport_core::x509::pem_to_der(tls_cert_pem).map_err(err)?;
+    let subject = sallyport_core::x509::parse_subject(&der).map_err(err)?;
+    if subject
+        .organizations
+        .iter()
+        .any(|o| o == organization(p.kind))
+    {
+        return Ok(());
+    }
+    let (got, agent) = match p.kind {
+        TokenKind::Kube => ("node", "a kube agent"),
+        _ => ("kube", "a node agent"),
+    };
+    Err(AgentError::Join(format!(
+        "joining failed: the token was a {got} token, so auth registered {} as a {got}, not as {agent}; remove that registration and join with a token from `sallyctl tokens add --type={}`",
+        p.nodename,
+        p.kind.as_str()
+    )))
+}
+
 pub async fn join(p: &JoinParams) -> Result<AgentIdentity, AgentError> {
     let http = http_client(p.trust.clone())?;
     let tunnel_addr = tunnel_addr(&http, &p.proxy).await?;
@@ -95,12 +132,19 @@ pub async fn join(p: &JoinParams) -> Result<AgentIdentity, AgentError> {
     let status = resp.status();
     let bytes = resp.bytes().await.map_err(err)?;
     if !status.is_success() {
-        let msg = serde_json::from_slice::<ErrorBody>(&bytes)
+        let mut msg = serde_json::from_slice::<ErrorBody>(&bytes)
             .map(|b| b.error)
             .unwrap_or_else(|_| status.to_string());
+        let wanted = format!("--type={}", p.kind.as_str());
+        if status == reqwest::StatusCode::UNAUTHORIZED && !msg.contains(&wanted) {
+            msg.push_str(&format!(
+                "; this agent joins with a token from `sallyctl tokens add {wanted}`"
+            ));
+        }
         return Err(AgentError::Join(format!("joining failed: {msg}")));
     }
     let joined: Joined = serde_json::from_slice(&bytes).map_err(err)?;
+    check_kind(&joined.tls_cert_pem, p)?;
     Ok(AgentIdentity {
         node_id: joined.node_id,
         nodename: p.nodename.clone(),

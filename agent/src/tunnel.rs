@@ -1,13 +1,17 @@
 //! The agent's side of the reverse tunnel: dial the proxy with the host certificate, keep the
-//! connection, report labels on a heartbeat stream every few seconds, serve SSH on every stream
-//! the proxy opens, and reconnect with jittered backoff whenever the connection ends.
+//! connection, report labels on a heartbeat stream every few seconds, serve every stream the
+//! proxy opens (SSH for a node agent, HTTP for a kube agent: a [`StreamServer`]), and reconnect
+//! with jittered backoff whenever the connection ends.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
+pub use sallyport_core::tunnel::TunnelStream;
 use sallyport_core::tunnel::{self, Side};
 use sallyport_core::x509::pem_to_ders;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -24,8 +28,28 @@ fn err(e: impl std::fmt::Display) -> AgentError {
     AgentError::Join(e.to_string())
 }
 
+/// What serves the streams the proxy opens in a tunnel, each on a task of its own. `local` is
+/// the agent's end of the tunnel's TCP connection.
+pub trait StreamServer: Send + Sync + 'static {
+    fn serve(
+        self: Arc<Self>,
+        stream: TunnelStream,
+        local: Option<SocketAddr>,
+    ) -> impl Future<Output = ()> + Send + 'static;
+}
+
+impl StreamServer for ssh::NodeServer {
+    fn serve(
+        self: Arc<Self>,
+        stream: TunnelStream,
+        local: Option<SocketAddr>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        ssh::NodeServer::serve(self, stream, local)
+    }
+}
+
 /// Runs forever: connect, serve, and reconnect.
-pub async fn run(id: Arc<AgentIdentity>, labels: Labels, server: Arc<ssh::NodeServer>) {
+pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server: Arc<S>) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let started = std::time::Instant::now();
@@ -44,10 +68,10 @@ pub async fn run(id: Arc<AgentIdentity>, labels: Labels, server: Arc<ssh::NodeSe
     }
 }
 
-async fn connect_once(
+async fn connect_once<S: StreamServer>(
     id: &AgentIdentity,
     labels: &Labels,
-    server: &Arc<ssh::NodeServer>,
+    server: &Arc<S>,
 ) -> Result<(), AgentError> {
     let roots = pem_to_ders(&id.host_ca_pem).map_err(err)?;
     let chain = pem_to_ders(&id.tls_cert_pem).map_err(err)?;
@@ -85,8 +109,7 @@ async fn connect_once(
         tokio::select! {
             stream = inbound.recv() => {
                 let Some(stream) = stream else { return Ok(()) };
-                let server = server.clone();
-                tokio::spawn(async move { server.serve(stream, local).await });
+                tokio::spawn(server.clone().serve(stream, local));
             }
             _ = tick.tick() => {
                 let current = labels.lock().map(|l| l.clone()).unwrap_or_default();

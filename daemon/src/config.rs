@@ -21,6 +21,8 @@ pub struct Config {
     pub proxy_service: ProxyService,
     #[serde(default)]
     pub ssh_service: SshService,
+    #[serde(default)]
+    pub kube_service: KubeService,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -496,6 +498,39 @@ impl Pam {
     }
 }
 
+/// `kube_service`: a kube agent serving one Kubernetes cluster through the proxy (in-process in
+/// an all-in-one daemon, or alone with `--roles=kube`). Off unless configured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeService {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The API server and the agent's credentials (its current context); without one, the
+    /// pod's service account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_file: Option<PathBuf>,
+    /// The name people use for the cluster (`sally kube login NAME`); required when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_cluster_name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<LabelCommand>,
+}
+
+impl KubeService {
+    /// The cluster's name, which an enabled kube service must have.
+    pub fn cluster_name(&self) -> Result<&str, String> {
+        let name = self.kube_cluster_name.as_deref().ok_or_else(|| {
+            "kube_service.kube_cluster_name: required for a kube agent (or --kube-cluster NAME)"
+                .to_string()
+        })?;
+        sallyport_core::names::validate("kube cluster", name)
+            .map_err(|e| format!("kube_service.kube_cluster_name: {e}"))?;
+        Ok(name)
+    }
+}
+
 /// A dynamic label: `command` runs every `period` and its output becomes label `name`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -517,6 +552,7 @@ impl Config {
             auth_service: AuthService::default(),
             proxy_service: ProxyService::default(),
             ssh_service: SshService::default(),
+            kube_service: KubeService::default(),
         }
     }
 
@@ -575,6 +611,12 @@ impl Config {
         if p.max_jumps_per_connection == 0 {
             return Err("proxy_service.max_jumps_per_connection: at least 1".into());
         }
+        let k = &cfg.kube_service;
+        if k.enabled || k.kube_cluster_name.is_some() {
+            k.cluster_name()?;
+        }
+        sallyport_core::names::validate_labels(&k.labels)
+            .map_err(|e| format!("kube_service.labels: {e}"))?;
         let service = &cfg.ssh_service.pam.service_name;
         if service.is_empty()
             || service.starts_with('.')
@@ -679,6 +721,19 @@ ssh_service:
   # pam:
   #   enabled: true
   #   service_name: sallyport
+
+# A Kubernetes cluster served through the proxy's kube_listen_addr by a kube agent: in this
+# process when auth and proxy run here, or alone with --roles=kube. Off by default.
+# kube_service:
+#   enabled: true
+#   kube_cluster_name: prod     # required: the name `sally kube login` takes
+#   # The API server and the agent's own credentials (client certificate or token) from the
+#   # kubeconfig's current context; without it, the pod's service account. The agent's user
+#   # must be allowed to impersonate users and groups.
+#   kubeconfig_file: /etc/sallyport/kubeconfig
+#   labels: {env: prod}
+#   # commands:
+#   #   - {name: k8s, command: [kubectl, version, --client], period: 1h}
 "#;
 
 #[cfg(test)]
@@ -845,6 +900,77 @@ mod tests {
             let e = Config::parse(text).err().unwrap_or_default();
             assert!(e.contains(key) && e.contains(line), "{text:?} gave {e:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod kube_tests {
+    use super::*;
+
+    #[test]
+    fn kube_service_is_off_by_default_and_its_example_parses() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.kube_service.enabled);
+        assert!(!Config::all_in_one("/tmp/x".into()).kube_service.enabled);
+        // The commented example in `sallyport configure`, uncommented, is valid.
+        let start = DEFAULT_CONFIG
+            .find("# kube_service:")
+            .unwrap_or_else(|| panic!("no kube_service example"));
+        let example: String = DEFAULT_CONFIG[start..]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = Config::parse(&format!("version: v1\n{example}\n"))
+            .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        let k = &c.kube_service;
+        assert!(k.enabled);
+        assert_eq!(k.cluster_name(), Ok("prod"));
+        assert_eq!(
+            k.kubeconfig_file.as_deref(),
+            Some(Path::new("/etc/sallyport/kubeconfig"))
+        );
+        assert_eq!(k.labels.get("env").map(String::as_str), Some("prod"));
+    }
+
+    #[test]
+    fn kube_service_needs_a_good_name_and_known_keys() {
+        let cases = [
+            (
+                "kube_service: {enabled: true}",
+                "kube_service.kube_cluster_name: required",
+            ),
+            (
+                "kube_service: {enabled: true, kube_cluster_name: \"a b\"}",
+                "kube_service.kube_cluster_name",
+            ),
+            (
+                "kube_service:\n  enabled: true\n  kube_cluster_name: prod\n  kubeconfig: /x\n",
+                "kubeconfig",
+            ),
+            (
+                "kube_service: {enabled: true, kube_cluster_name: prod, labels: {kube_cluster: x}}",
+                "kube_service.labels",
+            ),
+        ];
+        for (text, needle) in cases {
+            let e = Config::parse(&format!("version: v1\n{text}\n"))
+                .err()
+                .unwrap_or_default();
+            assert!(e.contains(needle), "{text:?} gave {e:?}");
+        }
+        // An unknown key is named with its line, as everywhere in the file.
+        let e =
+            Config::parse("version: v1\nkube_service:\n  enabled: true\n  kube_cluster: prod\n")
+                .err()
+                .unwrap_or_default();
+        assert!(e.contains("kube_cluster") && e.contains("line 4"), "{e}");
+        let c = Config::parse(
+            "version: v1\nkube_service:\n  enabled: true\n  kube_cluster_name: prod\n  commands:\n    - {name: v, command: [kubectl, version], period: 1h}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.kube_service.commands.len(), 1);
+        assert_eq!(c.kube_service.kubeconfig_file, None);
     }
 }
 

@@ -2,6 +2,7 @@
 //! by default); `configure` prints a complete, commented configuration.
 
 mod config;
+mod kube_agent;
 mod start;
 
 use std::path::PathBuf;
@@ -20,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of `Start`'s flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Start the services named in the config (all-in-one with no config).
@@ -30,17 +33,19 @@ enum Command {
         /// Data directory; overrides `sallyport.data_dir`.
         #[arg(long, short = 'd')]
         data_dir: Option<PathBuf>,
-        /// Services to run: auth,proxy,node (default: those enabled in the config; all-in-one
-        /// without one). `--roles=node` runs an agent that dials out to --proxy.
+        /// Services to run: auth,proxy,node,kube (default: those enabled in the config;
+        /// all-in-one without one). `--roles=node` runs an agent that dials out to --proxy;
+        /// `--roles=kube` a kube agent serving one Kubernetes cluster the same way.
         #[arg(long, value_delimiter = ',')]
         roles: Vec<String>,
         /// The proxy's web address (HOST:3080), for an agent.
         #[arg(long)]
         proxy: Option<String>,
-        /// One-time join token (`sallyctl tokens add --type=node`), for an agent's first start.
+        /// One-time join token (`sallyctl tokens add --type=node`, or `--type=kube` for a kube
+        /// agent), for an agent's first start.
         #[arg(long)]
         token: Option<String>,
-        /// Node labels, k=v,k2=v2.
+        /// Node labels, k=v,k2=v2 (the kube cluster's too with --roles=kube).
         #[arg(long)]
         labels: Option<String>,
         /// This node's name (default: the system host name).
@@ -52,6 +57,13 @@ enum Command {
         /// Do not verify the proxy at join (testing only).
         #[arg(long, conflicts_with = "ca_pin")]
         insecure: bool,
+        /// The kube agent's kubeconfig: the API server and the agent's credentials, from its
+        /// current context (default: the pod's service account).
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// The name of the Kubernetes cluster a kube agent serves (`sally kube login NAME`).
+        #[arg(long, value_name = "NAME")]
+        kube_cluster: Option<String>,
     },
     /// Print a complete, commented default configuration.
     Configure,
@@ -104,6 +116,8 @@ fn main() -> ExitCode {
             nodename,
             ca_pin,
             insecure,
+            kubeconfig,
+            kube_cluster,
         } => {
             let flags = start::Flags {
                 roles,
@@ -113,6 +127,8 @@ fn main() -> ExitCode {
                 nodename,
                 ca_pin,
                 insecure,
+                kubeconfig,
+                kube_cluster,
             };
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -34,6 +34,10 @@ pub struct Flags {
     pub nodename: Option<String>,
     pub ca_pin: Option<String>,
     pub insecure: bool,
+    /// `--kubeconfig`: the kube agent's `kube_service.kubeconfig_file`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--kube-cluster`: the kube agent's `kube_service.kube_cluster_name`.
+    pub kube_cluster: Option<String>,
 }
 
 pub async fn run(
@@ -49,19 +53,29 @@ pub async fn run(
         cfg.sallyport.data_dir = d;
     }
     for r in &flags.roles {
-        if !["auth", "proxy", "node"].contains(&r.as_str()) {
-            bail!("unknown role {r:?} in --roles: use auth, proxy and/or node");
+        if !["auth", "proxy", "node", "kube"].contains(&r.as_str()) {
+            bail!("unknown role {r:?} in --roles: use auth, proxy, node and/or kube");
         }
     }
     if !flags.roles.is_empty() {
         cfg.auth_service.enabled = flags.roles.iter().any(|r| r == "auth");
         cfg.proxy_service.enabled = flags.roles.iter().any(|r| r == "proxy");
         cfg.ssh_service.enabled = flags.roles.iter().any(|r| r == "node");
+        cfg.kube_service.enabled = flags.roles.iter().any(|r| r == "kube");
     }
     if let Some(l) = &flags.labels {
         let extra =
             sallyport_core::names::parse_labels(l).map_err(|e| anyhow::anyhow!("--labels: {e}"))?;
+        if flags.roles.iter().any(|r| r == "kube") {
+            cfg.kube_service.labels.extend(extra.clone());
+        }
         cfg.ssh_service.labels.extend(extra);
+    }
+    if let Some(k) = &flags.kubeconfig {
+        cfg.kube_service.kubeconfig_file = Some(k.clone());
+    }
+    if let Some(n) = &flags.kube_cluster {
+        cfg.kube_service.kube_cluster_name = Some(n.clone());
     }
     if flags.nodename.is_some() {
         cfg.sallyport.nodename = flags.nodename.clone();
@@ -76,12 +90,23 @@ pub async fn run(
     }
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
-    if !cfg.auth_service.enabled && !cfg.proxy_service.enabled && cfg.ssh_service.enabled {
-        return run_agent(&cfg, &flags).await;
+    if !cfg.auth_service.enabled && !cfg.proxy_service.enabled {
+        match (cfg.ssh_service.enabled, cfg.kube_service.enabled) {
+            (true, false) => return run_agent(&cfg, &flags).await,
+            (false, true) => return crate::kube_agent::run(&cfg, &flags).await,
+            (true, true) => {
+                tokio::try_join!(
+                    run_agent(&cfg, &flags),
+                    crate::kube_agent::run(&cfg, &flags)
+                )?;
+                return Ok(());
+            }
+            (false, false) => {}
+        }
     }
     if !cfg.auth_service.enabled || !cfg.proxy_service.enabled {
         bail!(
-            "run auth and proxy together (all-in-one), or an agent alone with --roles=node; separate auth and proxy hosts are not supported yet"
+            "run auth and proxy together (all-in-one), or agents alone with --roles=node and/or --roles=kube; separate auth and proxy hosts are not supported yet"
         );
     }
 
@@ -289,6 +314,14 @@ pub async fn run(
             }
         });
     }
+    if cfg.kube_service.enabled {
+        // The local kube agent: joined like the local node, with a kube token.
+        lines.push(crate::kube_agent::start_local(
+            &cfg,
+            &auth,
+            connect_addr(web_addr),
+        )?);
+    }
 
     let pin = auth
         .authorities
@@ -438,7 +471,7 @@ pub fn write_secret(path: &Path, data: &[u8]) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -453,7 +486,7 @@ async fn shutdown_signal() {
     }
 }
 
-fn local_nodename(cfg: &Config) -> Result<String> {
+pub(crate) fn local_nodename(cfg: &Config) -> Result<String> {
     let name = match &cfg.sallyport.nodename {
         Some(n) => n.clone(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -534,6 +567,7 @@ async fn agent_main(
             let params = sallyport_agent::join::JoinParams {
                 proxy,
                 token,
+                kind: sallyport_core::api::TokenKind::Node,
                 nodename: nodename.clone(),
                 labels: cfg.ssh_service.labels.clone(),
                 trust,
