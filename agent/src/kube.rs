@@ -693,6 +693,9 @@ impl KubeServer {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE)
             .pool_timer(TokioTimer::new())
+            // Header names as Go's clients write them (`Impersonate-User`), as kubectl would
+            // have sent them: the API server reads them without case, its logs and tools may not.
+            .http1_title_case_headers(true)
             .build(Dialer(upstream.clone()));
         KubeServer { upstream, client }
     }

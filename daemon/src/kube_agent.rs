@@ -68,6 +68,7 @@ pub async fn run(cfg: &Config, flags: &Flags) -> Result<()> {
             proxy,
             token,
             trust,
+            local: false,
         },
         name,
         false,
@@ -125,6 +126,7 @@ pub fn start_local(cfg: &Config, auth: &Arc<AuthServer>, web: String) -> Result<
             proxy: Some(web),
             token,
             trust,
+            local: true,
         };
         if let Err(e) = kube_agent_main(dir, &agent_cfg, upstream, join, name, true).await {
             tracing::error!(error = format!("{e:#}"), "the local kube agent stopped");
@@ -138,6 +140,8 @@ struct Join {
     proxy: Option<String>,
     token: Option<String>,
     trust: Trust,
+    /// The all-in-one's own agent, joining through this process's proxy.
+    local: bool,
 }
 
 async fn kube_agent_main(
@@ -149,7 +153,24 @@ async fn kube_agent_main(
     quiet: bool,
 ) -> Result<()> {
     let identity = match AgentIdentity::load_kube(dir)? {
-        Some(id) => {
+        Some(mut id) => {
+            if join.local
+                && let Some(web) = &join.proxy
+            {
+                // This process's own tunnel door may listen on another port than at the last
+                // start (port 0 in the config): ask the web door where it is now.
+                let http = sallyport_agent::join::http_client(join.trust.clone())?;
+                match sallyport_agent::join::tunnel_addr(&http, web).await {
+                    Ok(addr) if addr != id.tunnel_addr => {
+                        id.tunnel_addr = addr;
+                        id.save_kube(dir)?;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the local kube agent keeps its saved tunnel address")
+                    }
+                }
+            }
             if id.nodename != name {
                 tracing::warn!(
                     joined = %id.nodename,
