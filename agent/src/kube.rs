@@ -50,6 +50,10 @@ use crate::tunnel::{StreamServer, TunnelStream};
 /// Where a pod's service account is mounted (client-go's `rest.InClusterConfig()`).
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// Names another directory than [`SERVICE_ACCOUNT_DIR`] (a token projected elsewhere; tests,
+/// which cannot write the real one).
+pub const SERVICE_ACCOUNT_DIR_ENV: &str = "SALLYPORT_KUBE_SERVICE_ACCOUNT_DIR";
+
 /// How long a token read from a file is used before the file is read again: client-go's
 /// cached file token source re-reads at most once a minute, and the kubelet rotates projected
 /// service account tokens well before they expire.
@@ -131,7 +135,8 @@ impl KubeUpstream {
     }
 
     /// The pod's service account, found as client-go finds it: `KUBERNETES_SERVICE_HOST` and
-    /// `KUBERNETES_SERVICE_PORT`, and the CA and token under [`SERVICE_ACCOUNT_DIR`].
+    /// `KUBERNETES_SERVICE_PORT`, and the CA and token under [`SERVICE_ACCOUNT_DIR`] (or
+    /// [`SERVICE_ACCOUNT_DIR_ENV`]).
     pub fn in_cluster() -> Result<Self, KubeError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         match (
@@ -139,7 +144,9 @@ impl KubeUpstream {
             var("KUBERNETES_SERVICE_PORT"),
         ) {
             (Some(host), Some(port)) => {
-                Self::in_cluster_at(Path::new(SERVICE_ACCOUNT_DIR), &host, &port)
+                let dir = var(SERVICE_ACCOUNT_DIR_ENV)
+                    .map_or_else(|| PathBuf::from(SERVICE_ACCOUNT_DIR), PathBuf::from);
+                Self::in_cluster_at(&dir, &host, &port)
             }
             _ => Err(KubeError::InCluster(
                 "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set, so this is not a Kubernetes pod; give the kube agent a kubeconfig (--kubeconfig FILE or kube_service.kubeconfig_file)".into(),
