@@ -692,6 +692,8 @@ pub type Body = Either<Incoming, Full<Bytes>>;
 pub struct KubeServer {
     upstream: Arc<KubeUpstream>,
     client: Client<Dialer, Incoming>,
+    /// `kubectl exec` and `attach`: SSH sessions from the proxy (`exec`).
+    exec: Option<Arc<exec::ExecServer>>,
 }
 
 impl KubeServer {
@@ -704,15 +706,47 @@ impl KubeServer {
             // have sent them: the API server reads them without case, its logs and tools may not.
             .http1_title_case_headers(true)
             .build(Dialer(upstream.clone()));
-        KubeServer { upstream, client }
+        KubeServer {
+            upstream,
+            client,
+            exec: None,
+        }
+    }
+
+    /// Serves exec and attach sessions too, as the agent `id` (its SSH host key and the user
+    /// CAs it trusts).
+    pub fn with_exec(mut self, id: &crate::AgentIdentity) -> Result<Self, crate::AgentError> {
+        self.exec = Some(Arc::new(exec::ExecServer::new(id, &self)?));
+        Ok(self)
     }
 
     /// Serves one stream: HTTP/1.1 requests, one after another, until the proxy closes it or
     /// an upgrade turns it into a byte pipe.
-    pub async fn serve<S>(self: Arc<Self>, stream: S)
+    pub async fn serve<S>(self: Arc<Self>, mut stream: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        // An SSH session (exec, attach) starts with the proxy's `SSH-` identification; HTTP
+        // with a method.
+        let mut first = [0u8; 4];
+        let read = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncReadExt::read_exact(&mut stream, &mut first),
+        )
+        .await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        let stream = exec::Prefixed::new(first.to_vec(), stream);
+        if &first == b"SSH-" {
+            match self.exec.clone() {
+                Some(e) => e.serve(self, stream).await,
+                None => {
+                    tracing::warn!("kube agent: an exec session arrived, but exec is not served")
+                }
+            }
+            return;
+        }
         let service = hyper::service::service_fn(move |req| {
             let this = self.clone();
             async move { Ok::<_, Infallible>(this.forward(req).await) }
@@ -918,6 +952,8 @@ fn status_response(code: StatusCode, message: &str) -> Response<Body> {
     );
     resp
 }
+
+pub mod exec;
 
 #[cfg(test)]
 mod tests;

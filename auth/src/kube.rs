@@ -165,3 +165,158 @@ impl AuthServer {
         Ok(())
     }
 }
+
+impl AuthServer {
+    /// Decides one `kubectl exec` or `attach` (the door's choice of principals decided again
+    /// with the user's current roles), certifies the proxy's per-session key for the kube
+    /// agent with exactly that exec signed in, and records the session's start.
+    pub(crate) async fn kube_session_grant(
+        &self,
+        req: &sallyport_core::api::SessionRequest,
+        exec: &sallyport_core::kube::KubeExec,
+    ) -> Result<sallyport_core::api::SessionGrant, AuthError> {
+        use russh::keys::ssh_key::PublicKey;
+        use sallyport_core::api::{SessionGrant, SessionKind, SessionStatus};
+        use sallyport_core::sshcert::{self, Permits, UserCertRequest};
+
+        let reject = |why: String| {
+            Event::new(EventType::SessionReject, Some(&req.user))
+                .with("login", exec.kube_user.clone())
+                .with("node", req.node.clone())
+                .with("kube_cluster", req.node.clone())
+                .with("namespace", exec.namespace.clone())
+                .with("pod", exec.pod.clone())
+                .with("reason", why)
+                .with("remote_addr", req.remote_addr.clone())
+        };
+        let Some(user) = self.get_user(&req.user).await? else {
+            let why = format!("user {} no longer exists", req.user);
+            self.emit_logged(reject(why.clone())).await;
+            return Err(AuthError::AccessDenied(why));
+        };
+        if let Err(e) = self.check_lock(&user.name).await {
+            self.emit_logged(reject(e.to_string())).await;
+            return Err(e);
+        }
+        let Some(cluster) = self.find_kube_cluster(&req.node).await? else {
+            let why = format!("Kubernetes cluster {} is not registered", req.node);
+            self.emit_logged(reject(why.clone())).await;
+            return Err(AuthError::NotFound(why));
+        };
+        let set = self.role_set(&user.roles, &user.traits).await?;
+        let labels = kube_labels(&cluster);
+        let request = sallyport_core::role::KubeRequest {
+            kind: "pod",
+            namespace: &exec.namespace,
+            name: &exec.pod,
+            verb: "exec",
+        };
+        let decision = set.check_kube(&labels, &request);
+        let principals = if decision.allowed {
+            let (groups, users) = set.kube_principals_for(&labels, Some(&request));
+            let asked = sallyport_core::kube::AskedImpersonation {
+                users: vec![exec.kube_user.clone()],
+                groups: exec.kube_groups.clone(),
+                other: vec![],
+            };
+            sallyport_core::kube::impersonate(&user.name, &users, &groups, &asked)
+        } else {
+            Err(decision.explanation.clone())
+        };
+        let principals = match principals {
+            Ok(p) => p,
+            Err(why) => {
+                self.emit_logged(reject(why.clone())).await;
+                return Err(AuthError::AccessDenied(format!(
+                    "{} may not exec in pod {} in namespace {}: {why}",
+                    user.name, exec.pod, exec.namespace
+                )));
+            }
+        };
+        if let Some(why) = crate::ssh_access::over_limits(&set, req) {
+            self.emit_logged(reject(why.clone())).await;
+            return Err(AuthError::OverLimit(why));
+        }
+        let exec = sallyport_core::kube::KubeExec {
+            kube_user: principals.user.clone(),
+            kube_groups: principals.groups.clone(),
+            ..exec.clone()
+        };
+        let key = PublicKey::from_openssh(req.public_key.trim())
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let now = sshcert::now();
+        let logins = vec![principals.user.clone()];
+        let cert = sshcert::issue_kube_session(
+            &self.authorities.user_signer().key,
+            &UserCertRequest {
+                public_key: &key,
+                user: &user.name,
+                roles: &user.roles,
+                logins: &logins,
+                valid_after: now.saturating_sub(60),
+                valid_before: now + crate::ssh_access::SESSION_CERT_TTL.as_secs(),
+                permits: Permits {
+                    pty: true,
+                    ..Default::default()
+                },
+            },
+            &req.remote_addr,
+            &exec,
+        )
+        .map_err(|e| AuthError::Internal(e.to_string()))?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let command = exec.command_line();
+        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, command, start, status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            .bind(&id)
+            .bind(&user.name)
+            .bind(&principals.user)
+            .bind(format!("{}/{}/{}", cluster.hostname, exec.namespace, exec.pod))
+            .bind(&cluster.id)
+            .bind(SessionKind::Exec.as_str())
+            .bind(&command)
+            .bind(sallyport_core::unix_now())
+            .bind(SessionStatus::Running.as_str())
+            .execute(&self.backend.pool)
+            .await?;
+        self.emit(
+            Event::new(EventType::SessionStart, Some(&user.name))
+                .with("session_id", id.clone())
+                .with("login", principals.user.clone())
+                .with("node", cluster.hostname.clone())
+                .with("node_id", cluster.id.clone())
+                .with("kube_cluster", cluster.hostname.clone())
+                .with("namespace", exec.namespace.clone())
+                .with("pod", exec.pod.clone())
+                .with("container", exec.container.clone())
+                .with("command", command)
+                .with("tty", exec.tty)
+                .with("protocol", exec.protocol.clone())
+                .with("kube_users", vec![principals.user.clone()])
+                .with("kube_groups", principals.groups.clone())
+                .with("remote_addr", req.remote_addr.clone())
+                .with("explanation", decision.explanation.clone()),
+        )
+        .await?;
+        Ok(SessionGrant {
+            session_id: id,
+            node: cluster,
+            ssh_cert: cert
+                .to_openssh()
+                .map_err(|e| AuthError::Internal(e.to_string()))?,
+            record: set.record_ssh(),
+            port_forwarding: false,
+            forward_agent: false,
+            file_copy: false,
+            x11_forwarding: false,
+            idle_timeout_secs: set.client_idle_timeout().map(|d| d.as_secs().max(1)),
+            disconnect_expired_cert: set.disconnect_expired_cert(),
+            record_input: set.record_input(),
+            max_sessions: Some(
+                set.max_sessions()
+                    .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS),
+            ),
+            host_user: None,
+            explanation: decision.explanation,
+        })
+    }
+}

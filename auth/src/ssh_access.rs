@@ -18,7 +18,7 @@ use crate::{AuthError, AuthServer};
 /// How long a host certificate issued at join lasts.
 const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 86400);
 /// A per-session certificate only has to outlive the handshake with the node.
-const SESSION_CERT_TTL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const SESSION_CERT_TTL: Duration = Duration::from_secs(5 * 60);
 /// A node whose tunnel reported within this long is online.
 pub const PRESENCE_TTL: i64 = 45;
 
@@ -164,21 +164,18 @@ impl AuthServer {
             format!("{}.{}", req.nodename, self.config.cluster_name),
             id.clone(),
         ];
-        // A kube agent serves no SSH: no host certificate for it.
-        let ssh_host_cert = if node_kind == NodeKind::Kube {
-            String::new()
-        } else {
-            sshcert::issue_host(
-                &self.authorities.host_signer().key,
-                &host_key,
-                &id,
-                &names,
-                HOST_CERT_TTL,
-            )
-            .map_err(|e| AuthError::Internal(e.to_string()))?
-            .to_openssh()
-            .map_err(|e| AuthError::Internal(e.to_string()))?
-        };
+        // A kube agent serves SSH too, inside its tunnel: each `kubectl exec` is a session the
+        // proxy opens on it, like a node's.
+        let ssh_host_cert = sshcert::issue_host(
+            &self.authorities.host_signer().key,
+            &host_key,
+            &id,
+            &names,
+            HOST_CERT_TTL,
+        )
+        .map_err(|e| AuthError::Internal(e.to_string()))?
+        .to_openssh()
+        .map_err(|e| AuthError::Internal(e.to_string()))?;
         let tls_cert_pem =
             self.issue_service_cert(&spki, &id, tls_role, vec![], HOST_CERT_TTL, false)?;
         self.emit(
@@ -328,6 +325,9 @@ impl AuthServer {
     /// Decides a session (roles, node labels, login) and, if allowed, certifies the proxy's
     /// per-session key for exactly that login and records the session's start.
     pub async fn session_grant(&self, req: &SessionRequest) -> Result<SessionGrant, AuthError> {
+        if let Some(exec) = &req.kube {
+            return self.kube_session_grant(req, exec).await;
+        }
         let reject = |why: String| {
             Event::new(EventType::SessionReject, Some(&req.user))
                 .with("login", req.login.clone())
@@ -651,7 +651,10 @@ impl AuthServer {
 /// open SSH connections; the oldest ones keep working), if it would.
 ///
 /// [`DEFAULT_MAX_SESSIONS`]: sallyport_core::api::DEFAULT_MAX_SESSIONS
-fn over_limits(set: &sallyport_core::role::RoleSet, req: &SessionRequest) -> Option<String> {
+pub(crate) fn over_limits(
+    set: &sallyport_core::role::RoleSet,
+    req: &SessionRequest,
+) -> Option<String> {
     let max_sessions = set
         .max_sessions()
         .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS);

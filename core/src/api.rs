@@ -454,6 +454,11 @@ pub struct SessionRequest {
     /// still open, for the roles' `max_connections` (the oldest ones are the ones allowed).
     #[serde(default)]
     pub older_connections: u32,
+    /// A `kubectl exec` or `attach` on a Kubernetes cluster (`node` is the cluster's id): the
+    /// principals were chosen by the door; auth decides it again and signs it into the
+    /// session certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube: Option<crate::kube::KubeExec>,
 }
 
 /// Session channels per SSH connection when no role sets `max_sessions` (OpenSSH's own

@@ -78,6 +78,42 @@ fn der_utf8(v: &[u8]) -> Option<&[u8]> {
     (rest.len() == len).then_some(rest)
 }
 
+/// One `kubectl exec` or `attach`, as the door read it and auth granted it: what the kube
+/// agent runs (from its per-session certificate, `sshcert::EXT_KUBE_EXEC`) and what the
+/// session's audit and recording say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeExec {
+    pub namespace: String,
+    pub pod: String,
+    /// Empty: the pod's default container (the API server picks it).
+    #[serde(default)]
+    pub container: String,
+    /// `exec` or `attach`.
+    pub subresource: String,
+    /// The command (exec); empty for attach.
+    #[serde(default)]
+    pub command: Vec<String>,
+    pub tty: bool,
+    pub stdin: bool,
+    /// The principals impersonated.
+    pub kube_user: String,
+    #[serde(default)]
+    pub kube_groups: Vec<String>,
+    /// The client's stream protocol (`v5.channel.k8s.io`, ...).
+    #[serde(default)]
+    pub protocol: String,
+}
+
+impl KubeExec {
+    /// The command as one line, for the recording's header and the audit log.
+    pub fn command_line(&self) -> String {
+        if self.subresource == "attach" {
+            return format!("attach {}/{}", self.namespace, self.pod);
+        }
+        self.command.join(" ")
+    }
+}
+
 /// Kinds that live outside namespaces: a rule's `namespace` does not apply to them.
 pub fn cluster_wide(kind: &str) -> bool {
     matches!(

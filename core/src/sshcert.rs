@@ -15,6 +15,10 @@ pub const EXT_CLIENT_ADDR: &str = "sallyport-client-addr@sallyport";
 /// (`role::HostUser` as JSON), non-critical so sshd ignores it. The agent acts on it because
 /// auth signed it.
 pub const EXT_HOST_USER: &str = "sallyport-host-user@sallyport";
+/// Per-session certificates for a kube agent: exactly what the session may run
+/// (`kube::KubeExec` as JSON: pod, container, command, the principals to impersonate). The
+/// agent runs that and nothing else, because auth signed it.
+pub const EXT_KUBE_EXEC: &str = "sallyport-kube-exec@sallyport";
 /// A principal no login can ever equal (names cannot start with `-`): an SSH certificate with no
 /// principals means "any principal" to OpenSSH, so a user without logins gets this one instead.
 pub const NO_LOGIN_PREFIX: &str = "-sallyport-nologin-";
@@ -49,7 +53,7 @@ pub struct UserCertRequest<'a> {
 
 /// Issues a user certificate signed by `ca`.
 pub fn issue_user(ca: &PrivateKey, req: &UserCertRequest<'_>) -> Result<Certificate, SshCertError> {
-    issue(ca, req, None, None)
+    issue(ca, req, None, None, None)
 }
 
 /// Issues a per-session certificate (auth, for the proxy's connection to a node): a user
@@ -60,7 +64,23 @@ pub fn issue_session(
     client_addr: &str,
     host_user: Option<&crate::role::HostUser>,
 ) -> Result<Certificate, SshCertError> {
-    issue(ca, req, Some(client_addr), host_user)
+    issue(ca, req, Some(client_addr), host_user, None)
+}
+
+/// A per-session certificate for a kube agent: the user's address and the one exec or attach
+/// it allows ([`EXT_KUBE_EXEC`]).
+pub fn issue_kube_session(
+    ca: &PrivateKey,
+    req: &UserCertRequest<'_>,
+    client_addr: &str,
+    exec: &crate::kube::KubeExec,
+) -> Result<Certificate, SshCertError> {
+    issue(ca, req, Some(client_addr), None, Some(exec))
+}
+
+/// The exec a kube agent's per-session certificate allows, if it carries one that parses.
+pub fn kube_exec(cert: &Certificate) -> Option<crate::kube::KubeExec> {
+    serde_json::from_str(cert.extensions().get(EXT_KUBE_EXEC)?).ok()
 }
 
 /// The host user an agent may create for this session's login (`EXT_HOST_USER`), if auth
@@ -79,6 +99,7 @@ fn issue(
     req: &UserCertRequest<'_>,
     client_addr: Option<&str>,
     host_user: Option<&crate::role::HostUser>,
+    kube: Option<&crate::kube::KubeExec>,
 ) -> Result<Certificate, SshCertError> {
     let mut b = certificate::Builder::new_with_random_nonce(
         &mut rand::rng(),
@@ -114,6 +135,9 @@ fn issue(
     if let Some(h) = host_user {
         // Serializing a struct of strings cannot fail; an empty value would grant nothing.
         b.extension(EXT_HOST_USER, serde_json::to_string(h).unwrap_or_default())?;
+    }
+    if let Some(k) = kube {
+        b.extension(EXT_KUBE_EXEC, serde_json::to_string(k).unwrap_or_default())?;
     }
     b.comment(req.user)?;
     Ok(b.sign(ca)?)

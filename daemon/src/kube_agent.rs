@@ -221,7 +221,7 @@ async fn kube_agent_main(
             c.period.0,
         );
     }
-    let server = Arc::new(KubeServer::new(upstream));
+    let server = Arc::new(KubeServer::new(upstream).with_exec(&identity)?);
     tokio::select! {
         _ = sallyport_agent::tunnel::run(Arc::new(identity), labels, server) => Ok(()),
         _ = shutdown_signal() => Ok(()),

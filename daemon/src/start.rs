@@ -162,7 +162,7 @@ pub async fn run(
     let mut auth_tls = server_config(
         pem_to_ders(&auth_id.chain_pem)?,
         private_key_from_pem(&auth_id.key_pem)?,
-        ClientAuth::Required([user_roots, host_roots.clone()].concat()),
+        ClientAuth::Required([user_roots.clone(), host_roots.clone()].concat()),
     )?;
     // Clients that reach auth through the proxy's passthrough offer only this protocol.
     auth_tls
@@ -201,9 +201,11 @@ pub async fn run(
     let web_listener = bind(p.web_listen_addr, "proxy web").await?;
     let ssh_listener = bind(p.ssh_listen_addr, "proxy ssh").await?;
     let tunnel_listener = bind(p.tunnel_listen_addr, "proxy tunnel").await?;
+    let kube_listener = bind(p.kube_listen_addr, "proxy kube").await?;
     let web_addr = bound(&web_listener, "proxy web")?;
     let ssh_addr = bound(&ssh_listener, "proxy ssh")?;
     let tunnel_addr = bound(&tunnel_listener, "proxy tunnel")?;
+    let kube_addr = bound(&kube_listener, "proxy kube")?;
     // sallyctl reaches auth through the web port: its TLS (ALPN sallyport-auth) is piped to auth
     // unterminated, so the user's client certificate is verified by auth itself.
     let passthrough = sallyport_core::https::Passthrough {
@@ -213,6 +215,7 @@ pub async fn run(
     let doors = sallyport_proxy::web::Doors {
         ssh_port: ssh_addr.port(),
         tunnel_port: tunnel_addr.port(),
+        kube_port: Some(kube_addr.port()),
     };
     tokio::spawn(sallyport_core::https::serve(
         web_listener,
@@ -236,6 +239,24 @@ pub async fn run(
         client.clone(),
         p.door_limits(),
     ));
+    // kubectl's door: kubeconfig certificates from the user CA; a request without one is told
+    // what to run. Watches are quiet for long stretches: the idle limit is Kubernetes' own
+    // request timeout, not the web door's.
+    let kube_tls = server_config(
+        pem_to_ders(&proxy_id.chain_pem)?,
+        private_key_from_pem(&proxy_id.key_pem)?,
+        ClientAuth::Optional(user_roots.clone()),
+    )?;
+    let kube_limits = sallyport_core::door::Limits {
+        open: p
+            .web_door_limits()
+            .open
+            .map(|o| sallyport_core::door::OpenLimits {
+                idle_timeout: Duration::from_secs(1800),
+                ..o
+            }),
+        ..p.door_limits()
+    };
     // Users' SSH door.
     let ssh_key = sallyport_core::sshcert::generate_ed25519()?;
     let mut ssh_names = names.clone();
@@ -261,6 +282,13 @@ pub async fn run(
     .with_max_jumps_per_connection(p.max_jumps_per_connection);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
+    tokio::spawn(sallyport_core::https::serve(
+        kube_listener,
+        Arc::new(kube_tls),
+        sallyport_proxy::kube::router(sallyport_proxy::kube::KubeDoor::new(state.proxy.clone())),
+        None,
+        kube_limits,
+    ));
     let admission = sallyport_proxy::ssh::accept::Admission {
         limits: p.door_limits(),
         login_grace: p.ssh_login_grace.0,
@@ -273,10 +301,7 @@ pub async fn run(
     lines.push(format!("web      https://{web_addr}"));
     lines.push(format!("ssh      {ssh_addr}"));
     lines.push(format!("tunnel   {tunnel_addr}"));
-    lines.push(format!(
-        "kube     {} (arrives with Kubernetes access)",
-        p.kube_listen_addr
-    ));
+    lines.push(format!("kube     https://{kube_addr}"));
 
     if cfg.ssh_service.enabled {
         // The local node: an agent like any other, joined with a token minted in-process.

@@ -333,16 +333,132 @@ fn a_lock_stops_kubectl_within_seconds() {
     );
 }
 
+/// The session whose `session.start` names `pod` and `command`.
+fn exec_session(c: &Cluster, pod: &str, command: &str) -> serde_json::Value {
+    c.events("session.start")
+        .into_iter()
+        .find(|e| e["pod"] == pod && e["command"] == command)
+        .unwrap_or_else(|| {
+            panic!(
+                "no session.start for {pod} {command}: {:#?}",
+                c.events("session.start")
+            )
+        })
+}
+
 #[test]
-fn exec_is_refused_until_it_can_be_recorded() {
+fn kubectl_exec_runs_through_the_session_engine_recorded_and_audited() {
     let s = setup("kube-dev", &[]);
-    let before = requests_to(&s.api, "/exec").len();
-    kubectl(
-        &s.home,
-        &s.kubeconfig,
+    let k = |env: &[(&str, &str)], args: &[&str], stdin: &str| {
+        let mut cmd = Command::new(sallyport_tests::kube::KUBECTL);
+        cmd.env("KUBECONFIG", &s.kubeconfig)
+            .env("HOME", &s.home)
+            .args(["--request-timeout", "20s"])
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(&mut cmd, stdin)
+    };
+    let out = k(
         &[],
-        &["exec", "-n", "dev", "web-1", "--", "true"],
+        &[
+            "exec",
+            "-n",
+            "dev",
+            "web-1",
+            "-c",
+            "main",
+            "--",
+            "echo",
+            "hello from web-1",
+        ],
+        "",
     )
-    .fails_with("must be recorded");
+    .ok();
+    assert_eq!(out.stdout, "hello from web-1\n");
+    // Exit codes come through as kubectl's own.
+    let out = k(
+        &[],
+        &[
+            "exec",
+            "-n",
+            "dev",
+            "web-2",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 3",
+        ],
+        "",
+    );
+    assert_eq!(out.code, 3, "{out:?}");
+    assert_eq!(out.stdout, "out\n");
+    assert!(out.stderr.contains("err"), "{out:?}");
+    // stdin, and its end (v5's close message) ends `cat`.
+    let out = k(
+        &[],
+        &[
+            "exec", "-i", "-n", "dev", "web-1", "-c", "main", "--", "cat",
+        ],
+        "line one\nline two\n",
+    )
+    .ok();
+    assert_eq!(out.stdout, "line one\nline two\n");
+
+    // Recorded, and audited with the pod, the command and the principals.
+    let start = exec_session(&s.c, "web-1", "echo hello from web-1");
+    assert_eq!(start["user"], "alice");
+    assert_eq!(start["kube_cluster"], "lab");
+    assert_eq!(start["namespace"], "dev");
+    assert_eq!(start["container"], "main");
+    assert_eq!(start["protocol"], "v5.channel.k8s.io");
+    assert_eq!(start["kube_users"], serde_json::json!(["alice"]));
+    let id = start["session_id"].as_str().unwrap().to_string();
+    let cast = s.c.data_dir().join("recordings").join(format!("{id}.cast"));
+    assert!(
+        eventually(Duration::from_secs(5), || std::fs::read_to_string(&cast)
+            .is_ok_and(|t| t.contains("hello from web-1"))),
+        "recording {} lacks the output",
+        cast.display()
+    );
+    let header: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&cast)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(header["command"], "echo hello from web-1", "{header}");
+    assert!(
+        eventually(Duration::from_secs(5), || s
+            .c
+            .events("session.end")
+            .iter()
+            .any(|e| e["session_id"] == id.as_str() && e["exit_code"] == 0)),
+        "no session.end with exit 0"
+    );
+    let exit3 = exec_session(&s.c, "web-2", "sh -c echo out; echo err >&2; exit 3");
+    let id3 = exit3["session_id"].as_str().unwrap().to_string();
+    assert!(eventually(Duration::from_secs(5), || {
+        s.c.events("session.end")
+            .iter()
+            .any(|e| e["session_id"] == id3.as_str() && e["exit_code"] == 3)
+    }));
+
+    // What the roles do not allow never reaches the API server.
+    let before = requests_to(&s.api, "/exec").len();
+    // (kubectl reads the pod first: that is refused already.)
+    k(&[], &["exec", "-n", "prod", "db-1", "--", "true"], "").fails_with("Forbidden");
     assert_eq!(requests_to(&s.api, "/exec").len(), before);
+    // The API server's own refusal reaches kubectl as its words.
+    k(&[], &["exec", "-n", "dev", "nosuch", "--", "true"], "").fails_with("not found");
+    // SPDY is not served yet: said plainly.
+    k(
+        &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")],
+        &["exec", "-n", "dev", "web-1", "-c", "main", "--", "true"],
+        "",
+    )
+    .fails_with("WebSocket");
 }

@@ -65,10 +65,11 @@ pub(super) fn parse_target(what: &str) -> Result<(&'static str, Option<&str>)> {
         "user" | "users" => "user",
         "token" | "tokens" => "token",
         "node" | "nodes" => "node",
+        "kube_cluster" | "kube_clusters" => "kube_cluster",
         "lock" | "locks" => "lock",
         "oidc" | "connector" | "connectors" => "connector",
         other => bail!(
-            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens, nodes, locks, connectors or oidc/NAME"
+            "unknown resource {other:?}: use roles, role/NAME, users, user/NAME, tokens, nodes, kube_clusters, locks, connectors or oidc/NAME"
         ),
     };
     Ok((kind, name))
@@ -157,6 +158,36 @@ pub(super) async fn get(api: &Api, what: &str, format: GetFormat) -> Result<()> 
                             t.kind.as_str(),
                             t.user.as_deref().unwrap_or("-"),
                             t.expires
+                        );
+                    }
+                }
+            }
+        }
+        "kube_cluster" => {
+            let all: Vec<KubeClusterInfo> = api.get(routes::auth::KUBE_CLUSTERS).await?;
+            let list: Vec<_> = all
+                .into_iter()
+                .filter(|c| name.is_none_or(|n| c.name == n || c.id == n))
+                .collect();
+            if let Some(n) = name
+                && list.is_empty()
+            {
+                bail!("Kubernetes cluster {n} does not exist");
+            }
+            match format {
+                GetFormat::Yaml => print_yaml(&list)?,
+                GetFormat::Json => print_json(&list, name.is_some())?,
+                GetFormat::Text => {
+                    println!("{:<24} {:<36} {:<8} LABELS", "KUBE CLUSTER", "ID", "STATUS");
+                    for c in &list {
+                        let labels: Vec<String> =
+                            c.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        println!(
+                            "{:<24} {:<36} {:<8} {}",
+                            c.name,
+                            c.id,
+                            if c.online { "online" } else { "offline" },
+                            labels.join(",")
                         );
                     }
                 }
@@ -251,7 +282,8 @@ pub(super) async fn rm(api: &Api, what: &str) -> Result<()> {
     let path = match kind {
         "role" => routes::auth::role(name),
         "user" => routes::auth::user(name),
-        "node" => routes::auth::node(name),
+        // One registry: a Kubernetes cluster is removed as a node is.
+        "node" | "kube_cluster" => routes::auth::node(name),
         "lock" => routes::auth::lock(name),
         "connector" => routes::auth::connector(name),
         _ => bail!("tokens expire on their own; `sallyctl users reset` replaces a sign-up token"),

@@ -255,6 +255,9 @@ catalogue! {
         "node": "the node asked for",
         "reason": "why, as the person was told",
         "remote_addr": "the person's address",
+        "kube_cluster": "kubectl exec/attach: the cluster",
+        "namespace": "kubectl exec/attach: the pod's namespace",
+        "pod": "kubectl exec/attach: the pod",
     }
     /// Auth granted a session: a per-session certificate was issued for the login on the node.
     /// `user` is the person.
@@ -265,6 +268,15 @@ catalogue! {
         "node_id": "the node's id",
         "remote_addr": "the person's address",
         "explanation": "which roles allowed it",
+        "kube_cluster": "kubectl exec/attach: the cluster (`node` too)",
+        "namespace": "kubectl exec/attach: the pod's namespace",
+        "pod": "kubectl exec/attach: the pod",
+        "container": "kubectl exec/attach: the container (empty: the pod's default)",
+        "command": "kubectl exec: the command; attach: `attach NAMESPACE/POD`",
+        "tty": "kubectl exec/attach: whether a terminal was asked for",
+        "protocol": "kubectl exec/attach: the client's stream protocol (`v5.channel.k8s.io`, ...)",
+        "kube_users": "kubectl exec/attach: the user impersonated (also `login`)",
+        "kube_groups": "kubectl exec/attach: the groups impersonated",
     }
     /// A session ended (the proxy's report). `user` is the person.
     SessionEnd = "session.end", by Auth {

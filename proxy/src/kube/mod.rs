@@ -14,6 +14,7 @@
 
 pub mod access;
 pub mod audit;
+pub mod exec;
 pub mod forward;
 
 use std::sync::Arc;
@@ -25,8 +26,7 @@ use sallyport_core::api::KubeRequestRecord;
 use sallyport_core::https::{PeerCertificates, RemoteAddr};
 use sallyport_core::kube::{AskedImpersonation, Classified, KubeCertExt, classify, status};
 
-use crate::AuthClient;
-use crate::tunnels::Tunnels;
+use crate::state::ProxyState;
 use access::{AccessCache, Refused};
 use audit::RequestAudit;
 
@@ -34,17 +34,17 @@ use audit::RequestAudit;
 pub const PREFIX: &str = "/kube/";
 
 pub struct KubeDoor {
+    pub state: Arc<ProxyState>,
     pub access: AccessCache,
     pub audit: RequestAudit,
-    pub tunnels: Tunnels,
 }
 
 impl KubeDoor {
-    pub fn new(auth: AuthClient, tunnels: Tunnels) -> Arc<Self> {
+    pub fn new(state: Arc<ProxyState>) -> Arc<Self> {
         Arc::new(KubeDoor {
-            access: AccessCache::new(auth.clone()),
-            audit: RequestAudit::start(auth),
-            tunnels,
+            access: AccessCache::new(state.auth.clone()),
+            audit: RequestAudit::start(state.auth.clone()),
+            state,
         })
     }
 }
@@ -58,6 +58,20 @@ pub fn router(door: Arc<KubeDoor>) -> axum::Router {
 fn refuse(code: StatusCode, message: &str) -> Response {
     let reason = sallyport_core::kube::reason_for(code.as_u16());
     let mut resp = (code, axum::Json(status(code.as_u16(), reason, message))).into_response();
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+/// [`refuse`], for a discovery request as plain text: kubectl reads discovery with
+/// `Result::Raw`, which prints a JSON error as "unknown" and a text one as it is.
+fn refuse_as(c: &Classified, code: StatusCode, message: &str) -> Response {
+    if !c.discovery {
+        return refuse(code, message);
+    }
+    let mut resp = (code, message.to_string()).into_response();
     resp.headers_mut().insert(
         header::CACHE_CONTROL,
         header::HeaderValue::from_static("no-store"),
@@ -194,14 +208,14 @@ async fn handle(
                 ),
             };
             door.audit.record(audit.finish(code, false, &why)).await;
-            return refuse(code, &why);
+            return refuse_as(&c, code, &why);
         }
     };
     if let Err(why) = decide(&snap, &c) {
         door.audit
             .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
             .await;
-        return refuse(StatusCode::FORBIDDEN, &why);
+        return refuse_as(&c, StatusCode::FORBIDDEN, &why);
     }
     let request = (!c.discovery).then(|| c.request());
     let (groups, users) = snap
@@ -218,24 +232,38 @@ async fn handle(
             door.audit
                 .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
                 .await;
-            return refuse(StatusCode::FORBIDDEN, &why);
+            return refuse_as(&c, StatusCode::FORBIDDEN, &why);
         }
     };
     audit.record.kube_users = vec![principals.user.clone()];
     audit.record.kube_groups = principals.groups.clone();
     if c.is_exec() {
-        let why = "kubectl exec and attach are not available through this proxy yet: they must be recorded";
-        door.audit
-            .record(audit.finish(StatusCode::FORBIDDEN, false, why))
-            .await;
-        return refuse(StatusCode::FORBIDDEN, why);
+        let peer_expiry = peer
+            .as_deref()
+            .and_then(|p| p.0.first())
+            .and_then(|l| sallyport_core::x509::parse_subject(l).ok())
+            .map_or(0, |s| s.not_after.max(0) as u64);
+        let (code, resp, why) = open_exec(
+            &door,
+            req,
+            &c,
+            &query,
+            &snap,
+            principals,
+            &audit.record.remote_addr,
+            peer_expiry,
+        )
+        .await;
+        let allowed = code == StatusCode::SWITCHING_PROTOCOLS;
+        door.audit.record(audit.finish(code, allowed, &why)).await;
+        return resp;
     }
-    let Some(opener) = door.tunnels.get_kube(&snap.cluster.id) else {
+    let Some(opener) = door.state.tunnels.get_kube(&snap.cluster.id) else {
         let why = format!("Kubernetes cluster {cluster} is offline: its agent is not connected");
         door.audit
             .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, false, &why))
             .await;
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, &why);
+        return refuse_as(&c, StatusCode::SERVICE_UNAVAILABLE, &why);
     };
     let client_upgrade = forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
     let path_and_query = if query.is_empty() {
@@ -258,7 +286,7 @@ async fn handle(
             door.audit
                 .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
                 .await;
-            return refuse(StatusCode::FORBIDDEN, &why);
+            return refuse_as(&c, StatusCode::FORBIDDEN, &why);
         }
     };
     match forward::forward(&opener, up, client_upgrade).await {
@@ -273,7 +301,7 @@ async fn handle(
             door.audit
                 .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, true, &why))
                 .await;
-            refuse(StatusCode::SERVICE_UNAVAILABLE, &why)
+            refuse_as(&c, StatusCode::SERVICE_UNAVAILABLE, &why)
         }
     }
 }
@@ -304,4 +332,119 @@ fn decide(snap: &access::Snapshot, c: &Classified) -> Result<(), String> {
         "{} may not {} {what}: {}",
         snap.user, c.verb, d.explanation
     ))
+}
+
+/// The node the engine dials for a cluster: its kube agent.
+fn cluster_node(c: &sallyport_core::api::KubeClusterInfo) -> sallyport_core::api::NodeInfo {
+    sallyport_core::api::NodeInfo {
+        id: c.id.clone(),
+        hostname: c.name.clone(),
+        addr: None,
+        labels: c.labels.clone(),
+        kind: sallyport_core::api::NodeKind::Kube,
+        online: c.online,
+    }
+}
+
+/// An exec or attach: granted and dialed through the session engine before kubectl is
+/// answered, so that a refusal is an HTTP Status; then the WebSocket runs the session.
+#[allow(clippy::too_many_arguments)]
+async fn open_exec(
+    door: &Arc<KubeDoor>,
+    req: Request,
+    c: &Classified,
+    query: &str,
+    snap: &access::Snapshot,
+    principals: sallyport_core::kube::Principals,
+    remote_addr: &str,
+    cert_expires: u64,
+) -> (StatusCode, Response, String) {
+    use crate::session::Refusal;
+    use axum::extract::FromRequestParts;
+    let fail = |code: StatusCode, why: String| (code, refuse(code, &why), why);
+    let offered: Vec<String> = req
+        .headers()
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_string())
+        .collect();
+    let protocol = [exec::V5, exec::V4]
+        .into_iter()
+        .find(|p| offered.iter().any(|o| o == p));
+    let websocket = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let Some(protocol) = protocol.filter(|_| websocket) else {
+        return fail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "this proxy runs exec and attach over WebSocket ({} or {}); use kubectl 1.30 or later without KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false",
+                exec::V5,
+                exec::V4
+            ),
+        );
+    };
+    let q = match exec::read_query(query, &c.subresource) {
+        Ok(q) => q,
+        Err(why) => return fail(StatusCode::BAD_REQUEST, why),
+    };
+    let kube = sallyport_core::kube::KubeExec {
+        namespace: c.namespace.clone(),
+        pod: c.name.clone(),
+        container: q.container.clone(),
+        subresource: c.subresource.clone(),
+        command: q.command.clone(),
+        tty: q.tty,
+        stdin: q.stdin,
+        kube_user: principals.user.clone(),
+        kube_groups: principals.groups.clone(),
+        protocol: protocol.to_string(),
+    };
+    let Ok(addr) = remote_addr.parse() else {
+        return fail(StatusCode::BAD_REQUEST, "no client address".into());
+    };
+    let target = crate::session::Target {
+        user: snap.user.clone(),
+        login: principals.user.clone(),
+        node: cluster_node(&snap.cluster),
+        addr,
+        cert_expires,
+        open_sessions: Some(0),
+        older_connections: 0,
+        credential_refusal: None,
+        kube: Some(kube.clone()),
+    };
+    let (mut parts, _body) = req.into_parts();
+    let upgrade =
+        match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+            Ok(u) => u,
+            Err(e) => return fail(StatusCode::BAD_REQUEST, e.body_text()),
+        };
+    let opened = match crate::session::relay::open(door.state.clone(), &target, None).await {
+        Ok(o) => o,
+        Err(r) => {
+            let code = match &r {
+                Refusal::Offline(_) => StatusCode::SERVICE_UNAVAILABLE,
+                Refusal::Denied { .. } | Refusal::Locked(_) => StatusCode::FORBIDDEN,
+                Refusal::Expired(_) => StatusCode::UNAUTHORIZED,
+                Refusal::Limit(_) => StatusCode::TOO_MANY_REQUESTS,
+                Refusal::HostKey(_) | Refusal::Failed(_) => StatusCode::BAD_GATEWAY,
+            };
+            return fail(code, r.to_string());
+        }
+    };
+    let state = door.state.clone();
+    let resp = upgrade
+        .protocols([protocol])
+        .max_message_size(exec::MAX_MESSAGE)
+        .on_upgrade(move |ws| exec::run(state, target, kube, opened, ws));
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        resp,
+        format!("allowed: {protocol}"),
+    )
 }

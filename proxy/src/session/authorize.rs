@@ -33,6 +33,8 @@ pub struct Target {
     /// Set when the person's credential is genuine but does not cover the login: auth is still
     /// asked (it audits the refusal with the roles' explanation) and the session refused.
     pub credential_refusal: Option<String>,
+    /// A `kubectl exec` or `attach` (the node is then a Kubernetes cluster).
+    pub kube: Option<sallyport_core::kube::KubeExec>,
 }
 
 /// Asks auth for a session for `target`.
@@ -45,6 +47,7 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
         remote_addr: target.addr.to_string(),
         open_sessions: target.open_sessions,
         older_connections: target.older_connections,
+        kube: target.kube.clone(),
     };
     let grant: SessionGrant = state
         .auth

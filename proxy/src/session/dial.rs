@@ -87,7 +87,8 @@ pub async fn dial(
     };
     // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
     // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
-    let agent = grant.node.kind == NodeKind::Agent;
+    // A kube agent is dialed as a node agent is: SSH inside its tunnel.
+    let agent = matches!(grant.node.kind, NodeKind::Agent | NodeKind::Kube);
     let mut config = if agent {
         sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
     } else {
@@ -102,7 +103,15 @@ pub async fn dial(
     config.window_policy = russh::WindowPolicy::Consumed;
     let config = Arc::new(config);
     let mut handle = if agent {
-        let stream = state.tunnels.open(&grant.node.id).await.ok_or_else(|| {
+        let opener = match grant.node.kind {
+            NodeKind::Kube => state.tunnels.get_kube(&grant.node.id),
+            _ => state.tunnels.get(&grant.node.id),
+        };
+        let stream = match opener {
+            Some(o) => o.open().await.ok(),
+            None => None,
+        };
+        let stream = stream.ok_or_else(|| {
             Refusal::Offline(format!(
                 "node {} is offline: its agent is not connected to this proxy",
                 grant.node.hostname

@@ -154,6 +154,7 @@ impl Inner {
             open_sessions,
             older_connections,
             credential_refusal: self.refusal.clone(),
+            kube: None,
         })
     }
 

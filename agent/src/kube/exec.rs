@@ -1,0 +1,635 @@
+//! A kube agent's side of `kubectl exec` and `attach`: the proxy opens each one as an SSH
+//! session inside the tunnel (the session engine's dial, as for a node), with a per-session
+//! certificate in which auth signed exactly which pod, container and command, as which
+//! principals (`sshcert::EXT_KUBE_EXEC`). The agent runs that and nothing else: it opens the
+//! exec stream with the API server (WebSocket `v5.channel.k8s.io`, else v4) with its own
+//! credentials and the signed principals, and relays it as the SSH channel: stdin as data, the
+//! end of stdin as EOF (v5), window changes as resizes, stdout and stderr as data and extended
+//! data, and the API server's final Status as the exit status.
+//!
+//! An exec the API server refuses (no such pod, RBAC) is answered with a failed `exec` request,
+//! and the API server's Status goes to the proxy as the channel's stderr, for kubectl.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Empty};
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
+use russh::server::{Auth, Msg, Session};
+use russh::{Channel, ChannelId, ChannelOpenFailure, ChannelWriteHalf};
+use sallyport_core::kube::KubeExec;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::Role;
+
+use super::{Dialer, KubeServer};
+use crate::{AgentError, AgentIdentity};
+
+const V5: &str = "v5.channel.k8s.io";
+const V4: &str = "v4.channel.k8s.io";
+
+const STDIN: u8 = 0;
+const STDOUT: u8 = 1;
+const STDERR: u8 = 2;
+const ERROR: u8 = 3;
+const RESIZE: u8 = 4;
+const CLOSE: u8 = 255;
+
+/// Input waiting for the API server: the channel's window bounds the bytes, this the messages.
+const INPUT_QUEUE: usize = 64;
+
+/// The SSH server for exec sessions; shared by every stream of the tunnel.
+pub struct ExecServer {
+    config: Arc<russh::server::Config>,
+    user_cas: Vec<PublicKey>,
+    /// Exec streams are upgrades, never pooled: their own client, on the same dialer.
+    client: Client<Dialer, Empty<Bytes>>,
+}
+
+impl ExecServer {
+    pub fn new(id: &AgentIdentity, kube: &KubeServer) -> Result<Self, AgentError> {
+        let bad = |e: &dyn std::fmt::Display| AgentError::Identity(e.to_string());
+        let key = PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).map_err(|e| bad(&e))?;
+        let cert = Certificate::from_openssh(id.ssh_host_cert.trim()).map_err(|e| bad(&e))?;
+        let user_cas = id
+            .user_ca_keys
+            .iter()
+            .map(|k| PublicKey::from_openssh(k.trim()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e))?;
+        let config = sallyport_core::sshcert::server_settings(
+            sallyport_core::sshcert::ServerRole::Agent,
+            key,
+            cert,
+        );
+        let client = Client::builder(TokioExecutor::new())
+            .http1_title_case_headers(true)
+            .build(Dialer(kube.upstream.clone()));
+        Ok(ExecServer {
+            config: Arc::new(config),
+            user_cas,
+            client,
+        })
+    }
+
+    /// Serves one SSH connection from the proxy on `stream`.
+    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self: Arc<Self>,
+        kube: Arc<KubeServer>,
+        stream: S,
+    ) {
+        let (pending, login) = sallyport_core::door::Pending::new(None);
+        let conn = Conn {
+            srv: self.clone(),
+            kube,
+            exec: None,
+            login: None,
+            pending,
+            chan: None,
+        };
+        if let Err(e) = sallyport_core::door::serve_ssh(
+            self.config.clone(),
+            stream,
+            conn,
+            login,
+            sallyport_core::door::DEFAULT_LOGIN_GRACE,
+            sallyport_core::flow::WRITE_QUEUE,
+        )
+        .await
+        {
+            tracing::debug!(error = %e, "kube exec connection ended");
+        }
+    }
+}
+
+enum Input {
+    Data(Bytes),
+    Eof,
+    Resize(u32, u32),
+}
+
+struct Chan {
+    id: ChannelId,
+    output: Arc<ChannelWriteHalf<Msg>>,
+    size: Option<(u32, u32)>,
+    input: Option<mpsc::Sender<Input>>,
+    started: bool,
+}
+
+struct Conn {
+    srv: Arc<ExecServer>,
+    kube: Arc<KubeServer>,
+    /// What auth signed into the session certificate.
+    exec: Option<KubeExec>,
+    login: Option<String>,
+    pending: sallyport_core::door::Pending,
+    /// The one session channel a connection carries.
+    chan: Option<Chan>,
+}
+
+/// The exec or attach path and query for `e`, as the API server reads them.
+fn exec_path(e: &KubeExec) -> String {
+    let seg = sallyport_core::api::path_segment;
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    for c in &e.command {
+        q.append_pair("command", c);
+    }
+    if !e.container.is_empty() {
+        q.append_pair("container", &e.container);
+    }
+    q.append_pair("stdin", if e.stdin { "true" } else { "false" });
+    q.append_pair("stdout", "true");
+    // A terminal has one output stream, as the API server insists.
+    q.append_pair("stderr", if e.tty { "false" } else { "true" });
+    q.append_pair("tty", if e.tty { "true" } else { "false" });
+    let sub = if e.subresource == "attach" {
+        "attach"
+    } else {
+        "exec"
+    };
+    format!(
+        "/api/v1/namespaces/{}/pods/{}/{sub}?{}",
+        seg(&e.namespace),
+        seg(&e.pod),
+        q.finish()
+    )
+}
+
+/// What the API server said when it refused the stream: its Status, or one made of its words.
+fn refusal(code: StatusCode, body: &[u8]) -> Bytes {
+    if serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .is_some_and(|v| v.get("status").is_some())
+    {
+        return Bytes::copy_from_slice(body);
+    }
+    let text = String::from_utf8_lossy(body).trim().to_string();
+    let message = if text.is_empty() {
+        format!("the API server refused the stream: {code}")
+    } else {
+        text
+    };
+    Bytes::from(
+        serde_json::to_vec(&sallyport_core::kube::status(
+            code.as_u16(),
+            sallyport_core::kube::reason_for(code.as_u16()),
+            &message,
+        ))
+        .unwrap_or_default(),
+    )
+}
+
+type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+impl Conn {
+    /// Opens the exec stream with the API server: `Ok` with the stream and whether it speaks
+    /// v5, or the Status to give kubectl.
+    async fn open(&self, e: &KubeExec) -> Result<(Stream, bool), Bytes> {
+        let fail = |code: StatusCode, m: &str| refusal(code, m.as_bytes());
+        let uri = self
+            .kube
+            .upstream
+            .uri(&exec_path(e))
+            .map_err(|m| fail(StatusCode::BAD_REQUEST, &m.to_string()))?;
+        let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
+        let mut req = Request::get(uri)
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .header(header::SEC_WEBSOCKET_VERSION, "13")
+            .header(header::SEC_WEBSOCKET_KEY, &key)
+            .header(header::SEC_WEBSOCKET_PROTOCOL, format!("{V5}, {V4}"))
+            .header("Impersonate-User", &e.kube_user);
+        for g in &e.kube_groups {
+            req = req.header("Impersonate-Group", g);
+        }
+        let mut req = req
+            .body(Empty::<Bytes>::new())
+            .map_err(|m| fail(StatusCode::BAD_REQUEST, &m.to_string()))?;
+        if let Some(token) = &self.kube.upstream.token
+            && let Some(v) = token.header().await
+        {
+            req.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+        let mut resp = self.srv.client.request(req).await.map_err(|err| {
+            tracing::error!(error = %crate::join::root_cause(&err), "kube agent: the API server is unreachable");
+            fail(StatusCode::SERVICE_UNAVAILABLE, super::UNREACHABLE)
+        })?;
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let code = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(refusal(code, &body[..body.len().min(64 * 1024)]));
+        }
+        let want = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let accepted = resp
+            .headers()
+            .get(header::SEC_WEBSOCKET_ACCEPT)
+            .is_some_and(|v| v.as_bytes() == want.as_bytes());
+        if !accepted {
+            return Err(fail(
+                StatusCode::BAD_GATEWAY,
+                "the API server's WebSocket handshake did not check out",
+            ));
+        }
+        let v5 = resp
+            .headers()
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .is_some_and(|p| p == HeaderValue::from_static(V5));
+        let upgraded = hyper::upgrade::on(&mut resp)
+            .await
+            .map_err(|m| fail(StatusCode::BAD_GATEWAY, &m.to_string()))?;
+        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+        Ok((ws, v5))
+    }
+}
+
+fn framed(stream: u8, data: &[u8]) -> Message {
+    let mut b = BytesMut::with_capacity(data.len() + 1);
+    b.put_u8(stream);
+    b.put_slice(data);
+    Message::Binary(b.freeze())
+}
+
+fn resize_message(cols: u32, rows: u32) -> Message {
+    framed(
+        RESIZE,
+        format!("{{\"Width\":{cols},\"Height\":{rows}}}").as_bytes(),
+    )
+}
+
+/// The exit status a final Status means; `None` with its message when it is not an exit.
+fn exit_of(status: &[u8]) -> Result<u32, String> {
+    let v: serde_json::Value = serde_json::from_slice(status)
+        .map_err(|_| String::from_utf8_lossy(status).trim().to_string())?;
+    if v["status"] == "Success" {
+        return Ok(0);
+    }
+    if v["reason"] == "NonZeroExitCode"
+        && let Some(code) = v["details"]["causes"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["reason"] == "ExitCode"))
+            .and_then(|c| c["message"].as_str())
+            .and_then(|m| m.parse().ok())
+    {
+        return Ok(code);
+    }
+    Err(v["message"]
+        .as_str()
+        .unwrap_or("the exec failed")
+        .to_string())
+}
+
+/// Carries the API server's stream to the channel and the channel's input to it.
+async fn relay(
+    ws: Stream,
+    v5: bool,
+    out: Arc<ChannelWriteHalf<Msg>>,
+    mut input: mpsc::Receiver<Input>,
+) {
+    let (mut sink, mut stream) = ws.split();
+    let writer = tokio::spawn(async move {
+        while let Some(i) = input.recv().await {
+            let m = match i {
+                Input::Data(d) => framed(STDIN, &d),
+                Input::Eof if v5 => framed(CLOSE, &[STDIN]),
+                // v4 has no way to say it: the command's stdin stays open.
+                Input::Eof => continue,
+                Input::Resize(c, r) => resize_message(c, r),
+            };
+            if sink.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut exit = None;
+    while let Some(Ok(m)) = stream.next().await {
+        let Message::Binary(b) = m else {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+            continue;
+        };
+        let Some((&which, data)) = b.split_first() else {
+            continue;
+        };
+        let data = b.slice(b.len() - data.len()..);
+        let sent = match which {
+            STDOUT => out.data_bytes(data).await.is_ok(),
+            STDERR => out.extended_data_bytes(1, data).await.is_ok(),
+            ERROR => {
+                exit = Some(match exit_of(&data) {
+                    Ok(code) => code,
+                    Err(message) => {
+                        let _ = out
+                            .extended_data_bytes(1, Bytes::from(format!("{message}\r\n")))
+                            .await;
+                        1
+                    }
+                });
+                true
+            }
+            _ => true,
+        };
+        if !sent {
+            break;
+        }
+    }
+    writer.abort();
+    let _ = out.exit_status(exit.unwrap_or(1)).await;
+    let _ = out.eof().await;
+    let _ = out.close().await;
+}
+
+impl russh::server::Handler for Conn {
+    type Error = russh::Error;
+
+    async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
+        self.pending.authenticated();
+        Ok(())
+    }
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        login: &str,
+        cert: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        let verified = sallyport_core::sshcert::verify_user(
+            cert,
+            &self.srv.user_cas,
+            login,
+            sallyport_core::sshcert::now(),
+        );
+        let exec = sallyport_core::sshcert::kube_exec(cert);
+        match (verified, exec) {
+            (Ok(_), Some(e)) if e.kube_user == login => {
+                self.exec = Some(e);
+                self.login = Some(login.to_string());
+                Ok(Auth::Accept)
+            }
+            (Ok(_), _) => {
+                tracing::warn!(
+                    login,
+                    "refused a certificate that grants no exec for this login"
+                );
+                Ok(Auth::reject())
+            }
+            (Err(e), _) => {
+                tracing::warn!(login, error = %e, "refused a certificate");
+                Ok(Auth::reject())
+            }
+        }
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: russh::server::ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if self.chan.is_some() || self.exec.is_none() {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        reply.accept().await;
+        let id = channel.id();
+        let (_, write) = channel.split();
+        self.chan = Some(Chan {
+            id,
+            output: Arc::new(write),
+            size: None,
+            input: None,
+            started: false,
+        });
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        ch: ChannelId,
+        _term: &str,
+        cols: u32,
+        rows: u32,
+        _pw: u32,
+        _ph: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let tty = self.exec.as_ref().is_some_and(|e| e.tty);
+        match self
+            .chan
+            .as_mut()
+            .filter(|c| c.id == ch && !c.started && tty)
+        {
+            Some(c) => {
+                c.size = Some((cols, rows));
+                session.channel_success(ch)
+            }
+            None => session.channel_failure(ch),
+        }
+    }
+
+    async fn exec_request(
+        &mut self,
+        ch: ChannelId,
+        _data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // The command is the one auth signed, not whatever the request says.
+        let (Some(exec), Some(c)) = (self.exec.clone(), self.chan.as_mut()) else {
+            return session.channel_failure(ch);
+        };
+        if c.id != ch || c.started {
+            return session.channel_failure(ch);
+        }
+        c.started = true;
+        let size = c.size;
+        let output = c.output.clone();
+        match self.open(&exec).await {
+            Ok((ws, v5)) => {
+                let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+                if let Some((cols, rows)) = size {
+                    let _ = tx.send(Input::Resize(cols, rows)).await;
+                }
+                if let Some(c) = self.chan.as_mut() {
+                    c.input = Some(tx);
+                }
+                session.channel_success(ch)?;
+                tokio::spawn(relay(ws, v5, output, rx));
+            }
+            Err(status) => {
+                tracing::info!(login = ?self.login, pod = %exec.pod, "the API server refused an exec");
+                session.channel_failure(ch)?;
+                session.extended_data(ch, 1, status)?;
+                session.exit_status_request(ch, 1)?;
+                session.eof(ch)?;
+                session.close(ch)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn shell_request(
+        &mut self,
+        ch: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(ch)
+    }
+
+    async fn data(
+        &mut self,
+        ch: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let tx = self
+            .chan
+            .as_ref()
+            .filter(|c| c.id == ch)
+            .and_then(|c| c.input.clone());
+        if let Some(tx) = tx
+            && tx
+                .send(Input::Data(Bytes::copy_from_slice(data)))
+                .await
+                .is_err()
+        {
+            return session.close(ch);
+        }
+        // Handed on (or nothing runs to take it): its window goes back.
+        session.consumed(ch, data.len())
+    }
+
+    async fn channel_eof(
+        &mut self,
+        ch: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(tx) = self
+            .chan
+            .as_ref()
+            .filter(|c| c.id == ch)
+            .and_then(|c| c.input.clone())
+        {
+            let _ = tx.send(Input::Eof).await;
+        }
+        Ok(())
+    }
+
+    async fn window_change_request(
+        &mut self,
+        ch: ChannelId,
+        cols: u32,
+        rows: u32,
+        _pw: u32,
+        _ph: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let tx = self
+            .chan
+            .as_ref()
+            .filter(|c| c.id == ch)
+            .and_then(|c| c.input.clone());
+        let taken = match tx {
+            Some(tx) => tx.send(Input::Resize(cols, rows)).await.is_ok(),
+            None => false,
+        };
+        if taken {
+            session.channel_success(ch)
+        } else {
+            session.channel_failure(ch)
+        }
+    }
+
+    async fn channel_close(
+        &mut self,
+        ch: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if self.chan.as_ref().is_some_and(|c| c.id == ch) {
+            // Dropping the input ends the writer, which closes the API server's stream.
+            self.chan = None;
+        }
+        Ok(())
+    }
+}
+
+/// A stream with bytes already read from it put back in front (what told SSH from HTTP).
+pub struct Prefixed<S> {
+    head: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(head: Vec<u8>, inner: S) -> Self {
+        Prefixed { head, at: 0, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = (self.head.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.head[at..at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

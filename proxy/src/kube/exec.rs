@@ -1,0 +1,323 @@
+//! `kubectl exec` and `attach` as a session of the session engine: the door reads kubectl's
+//! stream protocol (WebSocket `v5.channel.k8s.io` or `v4.channel.k8s.io`) and speaks it as
+//! [`Command`]s and [`Event`]s, exactly as the SSH door speaks SSH. The session is granted by
+//! auth (the exec signed into the per-session certificate), dialed over SSH inside the kube
+//! agent's tunnel, relayed, recorded and audited by `crate::session`, like every session.
+//!
+//! The channel protocol: each binary message starts with its stream: 0 stdin, 1 stdout,
+//! 2 stderr, 3 the error stream (one `metav1.Status` at the end), 4 resize
+//! (`{"Width":W,"Height":H}`); v5 adds `255, 0`: the client closed stdin.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use bytes::{BufMut, BytesMut};
+use futures::{SinkExt, StreamExt};
+use sallyport_core::kube::KubeExec;
+use tokio::sync::{Mutex, mpsc};
+
+use crate::session::relay::Opened;
+use crate::session::{Command, Door, Event, Refusal, Target};
+use crate::state::{HangUp, ProxyState};
+
+pub const V5: &str = "v5.channel.k8s.io";
+pub const V4: &str = "v4.channel.k8s.io";
+
+const STDIN: u8 = 0;
+const STDOUT: u8 = 1;
+const STDERR: u8 = 2;
+const ERROR: u8 = 3;
+const RESIZE: u8 = 4;
+const CLOSE: u8 = 255;
+
+/// The most one message from kubectl may carry (its own frames are 32 KiB at most).
+pub const MAX_MESSAGE: usize = 1024 * 1024;
+/// How long a terminal session waits for kubectl's first resize to size the recording.
+const FIRST_RESIZE: Duration = Duration::from_secs(1);
+
+/// Reads what kubectl asked for from the exec or attach query.
+pub fn read_query(query: &str, subresource: &str) -> Result<ExecQuery, String> {
+    let mut q = ExecQuery::default();
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        let on = matches!(v.as_ref(), "true" | "1");
+        match k.as_ref() {
+            "command" => q.command.push(v.into_owned()),
+            "container" => q.container = v.into_owned(),
+            "stdin" => q.stdin = on,
+            "stdout" => q.stdout = on,
+            "stderr" => q.stderr = on,
+            "tty" => q.tty = on,
+            _ => {}
+        }
+    }
+    if subresource == "exec" && q.command.is_empty() {
+        return Err("you must specify at least one command for the container".into());
+    }
+    Ok(q)
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct ExecQuery {
+    pub command: Vec<String>,
+    pub container: String,
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+}
+
+/// The `metav1.Status` kubectl reads on the error stream at the end.
+fn end_status(exit: Option<u32>, why: Option<&Refusal>) -> serde_json::Value {
+    match (why, exit) {
+        (Some(r), _) => serde_json::json!({
+            "metadata": {}, "status": "Failure", "message": r.to_string(),
+            "reason": "InternalError", "code": 500,
+        }),
+        (None, Some(0)) => serde_json::json!({"metadata": {}, "status": "Success"}),
+        (None, Some(n)) => serde_json::json!({
+            "metadata": {}, "status": "Failure",
+            "message": format!("command terminated with non-zero exit code: error executing command [{n}]"),
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": n.to_string()}]},
+        }),
+        (None, None) => serde_json::json!({
+            "metadata": {}, "status": "Failure",
+            "message": "the session ended without an exit status",
+            "reason": "InternalError", "code": 500,
+        }),
+    }
+}
+
+fn framed(stream: u8, data: &[u8]) -> Message {
+    let mut b = BytesMut::with_capacity(data.len() + 1);
+    b.put_u8(stream);
+    b.put_slice(data);
+    Message::Binary(b.freeze())
+}
+
+/// The door's side of one exec session: the engine's events as kubectl's messages.
+pub struct ExecDoor {
+    sink: Mutex<futures::stream::SplitSink<WebSocket, Message>>,
+    /// Requests sent before the command (`pty-req` for a terminal): their replies come first.
+    replies_before_exec: u32,
+    replies: AtomicU32,
+    /// The exec's own reply was a refusal: the agent says why on stderr, which is then the
+    /// error stream's Status, not output.
+    refused: AtomicBool,
+    refusal: std::sync::Mutex<Vec<u8>>,
+    exit: std::sync::Mutex<Option<u32>>,
+    gone: AtomicBool,
+}
+
+impl ExecDoor {
+    async fn put(&self, m: Message) -> bool {
+        if self.gone.load(Ordering::Acquire) {
+            return false;
+        }
+        let ok = self.sink.lock().await.send(m).await.is_ok();
+        if !ok {
+            self.gone.store(true, Ordering::Release);
+        }
+        ok
+    }
+
+    async fn finish(&self, status: serde_json::Value) {
+        let body = serde_json::to_vec(&status).unwrap_or_default();
+        self.put(framed(ERROR, &body)).await;
+        let mut sink = self.sink.lock().await;
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code: 1000,
+                reason: "".into(),
+            })))
+            .await;
+        let _ = sink.close().await;
+        self.gone.store(true, Ordering::Release);
+    }
+}
+
+impl Door for ExecDoor {
+    async fn send(&self, event: Event) -> bool {
+        match event {
+            Event::Data { ext, data } => {
+                if self.refused.load(Ordering::Acquire) {
+                    if let Ok(mut r) = self.refusal.lock()
+                        && r.len() < 64 * 1024
+                    {
+                        r.extend_from_slice(&data);
+                    }
+                    return true;
+                }
+                let stream = if ext == Some(1) { STDERR } else { STDOUT };
+                self.put(framed(stream, &data)).await
+            }
+            Event::Reply(ok) => {
+                let n = self.replies.fetch_add(1, Ordering::AcqRel);
+                if n == self.replies_before_exec && !ok {
+                    self.refused.store(true, Ordering::Release);
+                }
+                true
+            }
+            Event::ExitStatus(n) => {
+                if let Ok(mut e) = self.exit.lock() {
+                    *e = Some(n);
+                }
+                true
+            }
+            Event::ExitSignal { .. } | Event::Eof => true,
+            Event::Closed { why } => {
+                let status = if self.refused.load(Ordering::Acquire) {
+                    // The agent's words: the API server's own Status when it refused the exec.
+                    let said = self.refusal.lock().map(|r| r.clone()).unwrap_or_default();
+                    serde_json::from_slice::<serde_json::Value>(&said)
+                        .ok()
+                        .filter(|v| v.get("status").is_some())
+                        .unwrap_or_else(|| {
+                            serde_json::json!({
+                                "metadata": {}, "status": "Failure",
+                                "message": String::from_utf8_lossy(&said).trim().to_string(),
+                                "reason": "InternalError", "code": 500,
+                            })
+                        })
+                } else {
+                    let exit = self.exit.lock().ok().and_then(|e| *e);
+                    end_status(exit, why.as_ref())
+                };
+                self.finish(status).await;
+                true
+            }
+        }
+    }
+}
+
+/// Ends an exec session when its user is locked: the reason reaches kubectl as the Status.
+struct LockHangUp(mpsc::Sender<String>);
+
+impl HangUp for LockHangUp {
+    fn hang_up(&self, why: String) {
+        let _ = self.0.try_send(why);
+    }
+}
+
+/// Runs one granted exec session on kubectl's WebSocket until either side ends it.
+pub async fn run(
+    state: Arc<ProxyState>,
+    target: Target,
+    exec: KubeExec,
+    opened: Opened,
+    ws: WebSocket,
+) {
+    let (sink, mut stream) = ws.split();
+    let door = Arc::new(ExecDoor {
+        sink: Mutex::new(sink),
+        replies_before_exec: u32::from(exec.tty),
+        replies: AtomicU32::new(0),
+        refused: AtomicBool::new(false),
+        refusal: std::sync::Mutex::new(Vec::new()),
+        exit: std::sync::Mutex::new(None),
+        gone: AtomicBool::new(false),
+    });
+    let activity = Arc::new(AtomicU64::new(sallyport_core::unix_now_ms()));
+    let commands = crate::session::start(
+        state.clone(),
+        &target,
+        opened,
+        door.clone(),
+        activity.clone(),
+    );
+    let (lock_tx, mut lock_rx) = mpsc::channel(1);
+    let id = crate::state::next_id();
+    state.track(id, &target.user, Arc::new(LockHangUp(lock_tx)));
+
+    // A terminal's size comes with kubectl's first resize, which the recording's header takes.
+    let mut early = Vec::new();
+    if exec.tty {
+        let (mut cols, mut rows) = (80, 24);
+        let deadline = tokio::time::Instant::now() + FIRST_RESIZE;
+        while let Ok(Some(Ok(m))) = tokio::time::timeout_at(deadline, stream.next()).await {
+            if let Message::Binary(b) = &m
+                && b.first() == Some(&RESIZE)
+                && let Some((c, r)) = resize(&b[1..])
+            {
+                (cols, rows) = (c, r);
+                break;
+            }
+            early.push(m);
+        }
+        commands.send(Command::Pty {
+            term: "xterm".into(),
+            cols,
+            rows,
+            pix_width: 0,
+            pix_height: 0,
+            modes: vec![],
+        });
+    }
+    commands.send(Command::Exec(exec.command_line().into_bytes()));
+    let mut pending = early.into_iter();
+    loop {
+        let next = match pending.next() {
+            Some(m) => Some(Ok(m)),
+            None => tokio::select! {
+                m = stream.next() => m,
+                why = lock_rx.recv() => {
+                    door.finish(serde_json::json!({
+                        "metadata": {}, "status": "Failure",
+                        "message": why.unwrap_or_default(),
+                        "reason": "Forbidden", "code": 403,
+                    })).await;
+                    commands.send(Command::Close);
+                    break;
+                }
+            },
+        };
+        let Some(Ok(m)) = next else {
+            commands.send(Command::Close);
+            break;
+        };
+        activity.store(sallyport_core::unix_now_ms(), Ordering::Relaxed);
+        let ok = match m {
+            Message::Binary(b) if b.len() > MAX_MESSAGE => false,
+            Message::Binary(b) => match b.first() {
+                Some(&STDIN) if exec.stdin => commands.send(Command::Data(b.slice(1..))),
+                Some(&RESIZE) => match resize(&b[1..]) {
+                    Some((cols, rows)) => commands.send(Command::Resize { cols, rows }),
+                    None => true,
+                },
+                Some(&CLOSE) if b.get(1) == Some(&STDIN) => commands.send(Command::Eof),
+                _ => true,
+            },
+            Message::Close(_) => {
+                commands.send(Command::Close);
+                break;
+            }
+            _ => true,
+        };
+        if !ok {
+            door.finish(serde_json::json!({
+                "metadata": {}, "status": "Failure",
+                "message": "the session's input was not read in time, or a message was too large",
+                "reason": "InternalError", "code": 500,
+            }))
+            .await;
+            commands.send(Command::Close);
+            break;
+        }
+    }
+    state.untrack(id);
+}
+
+fn resize(json: &[u8]) -> Option<(u32, u32)> {
+    #[derive(serde::Deserialize)]
+    struct Size {
+        #[serde(rename = "Width")]
+        width: u32,
+        #[serde(rename = "Height")]
+        height: u32,
+    }
+    let s: Size = serde_json::from_slice(json).ok()?;
+    (s.width > 0 && s.height > 0 && s.width <= 10_000 && s.height <= 10_000)
+        .then_some((s.width, s.height))
+}
