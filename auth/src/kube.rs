@@ -4,7 +4,7 @@
 //! the cluster's labels), and the `kube.request` records the proxy reports.
 
 use sallyport_core::api::{
-    KubeAccess, KubeAccessRequest, KubeCert, KubeClusterInfo, KubeRequestRecord, NodeInfo,
+    KubeAccess, KubeAccessRequest, KubeCert, KubeClusterInfo, KubeRecord, NodeInfo,
 };
 use sallyport_core::audit::{Event, EventType};
 use sallyport_core::kube::{KubeCertExt, cluster_labels};
@@ -135,31 +135,55 @@ impl AuthServer {
         })
     }
 
-    /// Writes the proxy's `kube.request` records, in the order reported.
-    pub async fn kube_requests(&self, records: &[KubeRequestRecord]) -> Result<(), AuthError> {
+    /// Writes the proxy's `kube.request` and `kube.port_forward` records, in the order
+    /// reported.
+    pub async fn kube_records(&self, records: &[KubeRecord]) -> Result<(), AuthError> {
         if records.len() > MAX_REQUEST_BATCH {
             return Err(AuthError::BadRequest(format!(
                 "at most {MAX_REQUEST_BATCH} records a report"
             )));
         }
         for r in records {
-            let mut e = Event::new(EventType::KubeRequest, Some(&r.user))
-                .with("kube_cluster", r.kube_cluster.clone())
-                .with("method", r.method.clone())
-                .with("path", r.path.clone())
-                .with("verb", r.verb.clone())
-                .with("kind", r.kind.clone())
-                .with("namespace", r.namespace.clone())
-                .with("name", r.name.clone())
-                .with("response_code", r.response_code)
-                .with("allowed", r.allowed)
-                .with("reason", r.reason.clone())
-                .with("kube_users", r.kube_users.clone())
-                .with("kube_groups", r.kube_groups.clone())
-                .with("remote_addr", r.remote_addr.clone());
-            if let Some(c) = &r.kubectl_command {
-                e = e.with("kubectl_command", c.clone());
-            }
+            let e = match r {
+                KubeRecord::Request(r) => {
+                    let mut e = Event::new(EventType::KubeRequest, Some(&r.user))
+                        .with("kube_cluster", r.kube_cluster.clone())
+                        .with("method", r.method.clone())
+                        .with("path", r.path.clone())
+                        .with("verb", r.verb.clone())
+                        .with("kind", r.kind.clone())
+                        .with("namespace", r.namespace.clone())
+                        .with("name", r.name.clone())
+                        .with("response_code", r.response_code)
+                        .with("allowed", r.allowed)
+                        .with("reason", r.reason.clone())
+                        .with("kube_users", r.kube_users.clone())
+                        .with("kube_groups", r.kube_groups.clone())
+                        .with("remote_addr", r.remote_addr.clone());
+                    if let Some(c) = &r.kubectl_command {
+                        e = e.with("kubectl_command", c.clone());
+                    }
+                    e
+                }
+                KubeRecord::PortForward(p) => {
+                    let mut e = Event::new(EventType::KubePortForward, Some(&p.user))
+                        .with("action", p.action.clone())
+                        .with("kube_cluster", p.kube_cluster.clone())
+                        .with("namespace", p.namespace.clone())
+                        .with("pod", p.pod.clone())
+                        .with("ports", p.ports.clone())
+                        .with("kube_users", p.kube_users.clone())
+                        .with("kube_groups", p.kube_groups.clone())
+                        .with("remote_addr", p.remote_addr.clone());
+                    if let Some(d) = p.duration_secs {
+                        e = e.with("duration_secs", d);
+                    }
+                    if let Some(r) = &p.reason {
+                        e = e.with("reason", r.clone());
+                    }
+                    e
+                }
+            };
             self.emit(e).await?;
         }
         Ok(())

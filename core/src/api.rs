@@ -337,6 +337,39 @@ pub struct KubeRequestRecord {
     pub remote_addr: String,
 }
 
+/// A `kubectl port-forward` stream opening or ending (`kube.port_forward`): audited, not
+/// recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KubePortForwardRecord {
+    pub user: String,
+    pub kube_cluster: String,
+    pub namespace: String,
+    pub pod: String,
+    /// The pod's ports, when the request names them (`?ports=`); the tunneled form names them
+    /// inside the stream.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// `start` or `stop`.
+    pub action: String,
+    pub kube_users: Vec<String>,
+    pub kube_groups: Vec<String>,
+    pub remote_addr: String,
+    /// `stop`: how long the stream lasted, and why it ended when the proxy ended it.
+    #[serde(default)]
+    pub duration_secs: Option<u64>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What the kube door reports to auth, in the order it happened: a `kube.request` or a
+/// `kube.port_forward` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+pub enum KubeRecord {
+    Request(KubeRequestRecord),
+    PortForward(KubePortForwardRecord),
+}
+
 /// `sallyctl lock`: stop a user now, until removed or for a while.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AddLock {

@@ -921,6 +921,45 @@ impl CompiledKubeResource {
             && (crate::kube::cluster_wide(r.kind) || self.namespace.matches(r.namespace))
             && self.name.matches(r.name)
     }
+
+    /// Could this rule match some object of a collection: `kind` in `namespace` (`""`: every
+    /// namespace) for `verb`? Generous where unsure: an allow rule it says yes to only lets a
+    /// list be forwarded, and every item is checked with [`Self::matches`] on the way back.
+    fn may_match_some(&self, kind: &str, namespace: &str, verb: &str) -> bool {
+        if !self.verbs.iter().any(|v| v == "*" || v == verb) {
+            return false;
+        }
+        if self.kind == "namespace" {
+            return kind == "namespace"
+                || (!crate::kube::cluster_wide(kind)
+                    && (namespace.is_empty() || self.name.matches(namespace)));
+        }
+        (self.kind == "*" || self.kind == kind)
+            && (crate::kube::cluster_wide(kind)
+                || namespace.is_empty()
+                || self.namespace.matches(namespace))
+    }
+
+    /// Does this rule match every object of the collection? Sparing where unsure: a deny rule
+    /// it says no to leaves the list to be filtered item by item.
+    fn matches_all(&self, kind: &str, namespace: &str, verb: &str) -> bool {
+        let any = |m: &LabelMatcher| matches!(m, LabelMatcher::Any);
+        if !self.verbs.iter().any(|v| v == "*" || v == verb) {
+            return false;
+        }
+        if self.kind == "namespace" {
+            return if kind == "namespace" || namespace.is_empty() {
+                !crate::kube::cluster_wide(kind) || kind == "namespace"
+            } else {
+                self.name.matches(namespace)
+            } && (!namespace.is_empty() || any(&self.name));
+        }
+        (self.kind == "*" || self.kind == kind)
+            && any(&self.name)
+            && (crate::kube::cluster_wide(kind)
+                || any(&self.namespace)
+                || (!namespace.is_empty() && self.namespace.matches(namespace)))
+    }
 }
 
 fn expand_all(values: &[Pattern], traits: &Traits) -> BTreeSet<String> {

@@ -34,8 +34,13 @@ struct Setup {
 /// A cluster, the fixture API server behind a kube agent for `lab` (env=dev), and alice with
 /// `roles`, logged in to `lab` with `sally kube login`.
 fn setup(roles: &str, extra_roles: &[&str]) -> Setup {
+    setup_with(roles, extra_roles, &[])
+}
+
+/// [`setup`], with the fixture API server started with `flags`.
+fn setup_with(roles: &str, extra_roles: &[&str], flags: &[&str]) -> Setup {
     let c = Cluster::start();
-    let api = ApiServer::start(&c.dir.path().join("apiserver"), &[]);
+    let api = ApiServer::start(&c.dir.path().join("apiserver"), flags);
     c.create(DEV_ROLE).ok();
     for r in extra_roles {
         c.create(r).ok();
@@ -462,3 +467,97 @@ fn kubectl_exec_runs_through_the_session_engine_recorded_and_audited() {
     )
     .fails_with("WebSocket");
 }
+
+#[test]
+fn port_forward_is_audited_and_ended_by_a_lock() {
+    // What the pod serves on its port 80: a local web server.
+    let www = tempfile::tempdir().unwrap();
+    std::fs::write(www.path().join("index.html"), "served by web-1\n").unwrap();
+    let web_port = free_port();
+    let _web = Bg(Command::new("python3")
+        .args([
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            &web_port.to_string(),
+        ])
+        .current_dir(www.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap());
+    let forward = format!("80={web_port}");
+    let s = setup_with("kube-dev-pf", &[PF_ROLE], &["--forward", &forward]);
+    let local = free_port();
+    let mut pf = Command::new(sallyport_tests::kube::KUBECTL);
+    pf.env("KUBECONFIG", &s.kubeconfig)
+        .env("HOME", &s.home)
+        .args([
+            "port-forward",
+            "-n",
+            "dev",
+            "pod/web-1",
+            &format!("{local}:80"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let pf = Bg(pf.spawn().unwrap());
+    let url = format!("http://127.0.0.1:{local}/index.html");
+    let fetch = || {
+        run(
+            Command::new("curl").args(["-sS", "--max-time", "5", &url]),
+            "",
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || fetch().stdout
+            == "served by web-1\n"),
+        "nothing came through the port-forward: {:?}",
+        fetch()
+    );
+    let started = |c: &Cluster, action: &str| {
+        c.events("kube.port_forward")
+            .into_iter()
+            .filter(|e| e["action"] == action)
+            .collect::<Vec<_>>()
+    };
+    let start = started(&s.c, "start");
+    assert_eq!(start.len(), 1, "{start:#?}");
+    assert_eq!(start[0]["pod"], "web-1");
+    assert_eq!(start[0]["namespace"], "dev");
+    assert_eq!(start[0]["kube_cluster"], "lab");
+    assert_eq!(start[0]["user"], "alice");
+    // A lock ends the stream at once, and says why in the audit log.
+    s.c.sallyctl(&["lock", "--user", "alice", "--message", "incident 9"])
+        .ok();
+    assert!(
+        eventually(Duration::from_secs(10), || !started(&s.c, "stop")
+            .is_empty()),
+        "the port-forward was not ended"
+    );
+    let stop = &started(&s.c, "stop")[0];
+    assert!(
+        stop["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("incident 9"),
+        "{stop}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || fetch().stdout
+            != "served by web-1\n"),
+        "the port-forward still carries traffic after the lock"
+    );
+    drop(pf);
+}
+
+const PF_ROLE: &str = "kind: role
+version: v1
+metadata: {name: kube-dev-pf}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, verbs: [get, list, portforward]}
+";

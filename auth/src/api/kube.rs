@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::{Extension, Json};
 use sallyport_core::api::{
-    KubeAccess, KubeAccessRequest, KubeCert, KubeCertRequest, KubeClusterInfo, KubeRequestRecord,
+    KubeAccess, KubeAccessRequest, KubeCert, KubeCertRequest, KubeClusterInfo, KubeRecord,
 };
 use sallyport_core::https::PeerCertificates;
 
@@ -70,8 +70,8 @@ pub(super) async fn access(
 pub(super) async fn requests(
     State(auth): Auth,
     _proxy: Proxy,
-    Json(records): Json<Vec<KubeRequestRecord>>,
+    Json(records): Json<Vec<KubeRecord>>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.kube_requests(&records).await?;
+    auth.kube_records(&records).await?;
     Ok(done())
 }

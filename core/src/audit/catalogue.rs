@@ -425,6 +425,20 @@ catalogue! {
         "kubectl_command": "kubectl's `Kubectl-Command` header, when sent",
         "remote_addr": "the person's address",
     }
+    /// A `kubectl port-forward` stream through the kube door began (`action: start`) or ended
+    /// (`stop`); the forwarded bytes are not recorded. `user` is the person.
+    KubePortForward = "kube.port_forward", by Auth {
+        "action": "`start` or `stop`",
+        "kube_cluster": "the cluster",
+        "namespace": "the pod's namespace",
+        "pod": "the pod",
+        "ports": "the pod's ports, when the request names them",
+        "kube_users": "the user impersonated",
+        "kube_groups": "the groups impersonated",
+        "remote_addr": "the person's address",
+        "duration_secs": "stop: how long it lasted",
+        "reason": "stop: why the proxy ended it (a lock, an expired certificate), if it did",
+    }
 }
 
 impl EventType {

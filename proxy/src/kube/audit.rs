@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sallyport_core::api::KubeRequestRecord;
+use sallyport_core::api::{KubePortForwardRecord, KubeRecord, KubeRequestRecord};
 use tokio::sync::mpsc;
 
 use crate::AuthClient;
@@ -16,7 +16,7 @@ const BATCH: usize = 512;
 
 #[derive(Clone)]
 pub struct RequestAudit {
-    tx: mpsc::Sender<KubeRequestRecord>,
+    tx: mpsc::Sender<KubeRecord>,
 }
 
 impl RequestAudit {
@@ -26,15 +26,24 @@ impl RequestAudit {
         RequestAudit { tx }
     }
 
-    /// Queues one record, waiting for room when auth is behind.
+    /// Queues one request's record, waiting for room when auth is behind.
     pub async fn record(&self, r: KubeRequestRecord) {
+        self.send(KubeRecord::Request(r)).await
+    }
+
+    /// Queues a port-forward's start or stop.
+    pub async fn port_forward(&self, r: KubePortForwardRecord) {
+        self.send(KubeRecord::PortForward(r)).await
+    }
+
+    async fn send(&self, r: KubeRecord) {
         if self.tx.send(r).await.is_err() {
             tracing::error!("the kube request audit queue is gone");
         }
     }
 }
 
-async fn post(auth: AuthClient, mut rx: mpsc::Receiver<KubeRequestRecord>) {
+async fn post(auth: AuthClient, mut rx: mpsc::Receiver<KubeRecord>) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
         if rx.recv_many(&mut batch, BATCH).await == 0 {

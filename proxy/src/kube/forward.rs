@@ -62,10 +62,19 @@ pub enum ForwardError {
 
 /// Sends `req` (already authorized, its path the API server's, its headers final) to the agent
 /// and returns the answer; an accepted upgrade is joined to `client_upgrade`.
+/// How the door controls an upgraded stream it does not read (port-forward): `stop` ends it
+/// with a reason (a lock, an expired certificate); `ended` hears how it ended (the reason, or
+/// none when a side closed it).
+pub struct PipeControl {
+    pub stop: tokio::sync::oneshot::Receiver<String>,
+    pub ended: tokio::sync::oneshot::Sender<Option<String>>,
+}
+
 pub async fn forward(
     opener: &Opener,
     req: Request<Body>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    control: Option<PipeControl>,
 ) -> Result<Response<Body>, ForwardError> {
     let stream = opener.open().await.map_err(|_| ForwardError::Offline)?;
     // One task owns the yamux stream: two tasks on one stream lose wake-ups.
@@ -91,17 +100,41 @@ pub async fn forward(
         };
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
-            let (client, upstream) = match tokio::join!(client_upgrade, upstream_upgrade) {
-                (Ok(c), Ok(u)) => (c, u),
-                (c, u) => {
-                    tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed");
-                    return;
+            let (stop, ended) = match control {
+                Some(c) => (Some(c.stop), Some(c.ended)),
+                None => (None, None),
+            };
+            // A dropped sender is no order to stop.
+            let stop = async move {
+                match stop {
+                    Some(rx) => match rx.await {
+                        Ok(why) => why,
+                        Err(_) => std::future::pending().await,
+                    },
+                    None => std::future::pending().await,
                 }
             };
-            let mut client = TokioIo::new(client);
-            let mut upstream = TokioIo::new(upstream);
-            if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-                tracing::debug!(error = %e, "upgraded kube stream ended");
+            let why = match tokio::join!(client_upgrade, upstream_upgrade) {
+                (Ok(client), Ok(upstream)) => {
+                    let mut client = TokioIo::new(client);
+                    let mut upstream = TokioIo::new(upstream);
+                    tokio::select! {
+                        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+                            if let Err(e) = r {
+                                tracing::debug!(error = %e, "upgraded kube stream ended");
+                            }
+                            None
+                        }
+                        why = stop => Some(why),
+                    }
+                }
+                (c, u) => {
+                    tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed");
+                    None
+                }
+            };
+            if let Some(e) = ended {
+                let _ = e.send(why);
             }
         });
         let (parts, _) = resp.into_parts();

@@ -238,11 +238,7 @@ async fn handle(
     audit.record.kube_users = vec![principals.user.clone()];
     audit.record.kube_groups = principals.groups.clone();
     if c.is_exec() {
-        let peer_expiry = peer
-            .as_deref()
-            .and_then(|p| p.0.first())
-            .and_then(|l| sallyport_core::x509::parse_subject(l).ok())
-            .map_or(0, |s| s.not_after.max(0) as u64);
+        let peer_expiry = peer_expiry(peer.as_deref());
         let (code, resp, why) = open_exec(
             &door,
             req,
@@ -289,10 +285,29 @@ async fn handle(
             return refuse_as(&c, StatusCode::FORBIDDEN, &why);
         }
     };
-    match forward::forward(&opener, up, client_upgrade).await {
+    let pf = c.is_portforward().then(|| {
+        port_forward(
+            &door,
+            &snap,
+            &c,
+            &query,
+            &principals,
+            &audit.record,
+            peer_expiry(peer.as_deref()),
+        )
+    });
+    let (control, pf) = match pf {
+        Some((control, pf)) => (Some(control), Some(pf)),
+        None => (None, None),
+    };
+    match forward::forward(&opener, up, client_upgrade, control).await {
         Ok(resp) => {
             let code = resp.status();
             door.audit.record(audit.finish(code, true, "allowed")).await;
+            if let Some(pf) = pf {
+                pf.started(&door, code == StatusCode::SWITCHING_PROTOCOLS)
+                    .await;
+            }
             resp
         }
         Err(e) => {
@@ -447,4 +462,120 @@ async fn open_exec(
         resp,
         format!("allowed: {protocol}"),
     )
+}
+
+/// When the person's certificate expires (Unix seconds; 0 when unknown).
+fn peer_expiry(peer: Option<&PeerCertificates>) -> u64 {
+    peer.and_then(|p| p.0.first())
+        .and_then(|l| sallyport_core::x509::parse_subject(l).ok())
+        .map_or(0, |s| s.not_after.max(0) as u64)
+}
+
+/// A port-forward being opened: audited when it starts and when it ends, ended by a lock or
+/// (with `disconnect_expired_cert`) when the person's certificate expires. Its bytes are not
+/// recorded.
+struct PortForward {
+    record: sallyport_core::api::KubePortForwardRecord,
+    id: u64,
+    ended: tokio::sync::oneshot::Receiver<Option<String>>,
+    stop: Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<String>>>>,
+    expires: Option<u64>,
+}
+
+struct StopPipe(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<String>>>>);
+
+impl crate::state::HangUp for StopPipe {
+    fn hang_up(&self, why: String) {
+        if let Some(tx) = self.0.lock().ok().and_then(|mut s| s.take()) {
+            let _ = tx.send(why);
+        }
+    }
+}
+
+fn port_forward(
+    door: &Arc<KubeDoor>,
+    snap: &access::Snapshot,
+    c: &Classified,
+    query: &str,
+    principals: &sallyport_core::kube::Principals,
+    request: &KubeRequestRecord,
+    cert_expires: u64,
+) -> (forward::PipeControl, PortForward) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+    let ports = url::form_urlencoded::parse(query.as_bytes())
+        .filter(|(k, _)| k == "ports")
+        .flat_map(|(_, v)| {
+            v.split(',')
+                .filter_map(|p| p.trim().parse::<u16>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let stop = Arc::new(std::sync::Mutex::new(Some(stop_tx)));
+    let id = crate::state::next_id();
+    door.state
+        .track(id, &snap.user, Arc::new(StopPipe(stop.clone())));
+    let pf = PortForward {
+        record: sallyport_core::api::KubePortForwardRecord {
+            user: snap.user.clone(),
+            kube_cluster: snap.cluster.name.clone(),
+            namespace: c.namespace.clone(),
+            pod: c.name.clone(),
+            ports,
+            action: "start".into(),
+            kube_users: vec![principals.user.clone()],
+            kube_groups: principals.groups.clone(),
+            remote_addr: request.remote_addr.clone(),
+            duration_secs: None,
+            reason: None,
+        },
+        id,
+        ended: ended_rx,
+        stop,
+        expires: snap.roles.disconnect_expired_cert().then_some(cert_expires),
+    };
+    (
+        forward::PipeControl {
+            stop: stop_rx,
+            ended: ended_tx,
+        },
+        pf,
+    )
+}
+
+impl PortForward {
+    /// The stream is open (or not: then nothing is audited but the request).
+    async fn started(self, door: &Arc<KubeDoor>, upgraded: bool) {
+        if !upgraded {
+            door.state.untrack(self.id);
+            return;
+        }
+        door.audit.port_forward(self.record.clone()).await;
+        let door = door.clone();
+        let began = std::time::Instant::now();
+        if let Some(at) = self.expires {
+            let stop = self.stop.clone();
+            tokio::spawn(async move {
+                let left = at.saturating_sub(sallyport_core::unix_now().max(0) as u64);
+                tokio::time::sleep(std::time::Duration::from_secs(left)).await;
+                StopPipe(stop).hang_up_expired();
+            });
+        }
+        tokio::spawn(async move {
+            let why = self.ended.await.ok().flatten();
+            door.state.untrack(self.id);
+            let mut record = self.record;
+            record.action = "stop".into();
+            record.duration_secs = Some(began.elapsed().as_secs());
+            record.reason = why;
+            door.audit.port_forward(record).await;
+        });
+    }
+}
+
+impl StopPipe {
+    fn hang_up_expired(&self) {
+        use crate::state::HangUp;
+        self.hang_up("the certificate expired (disconnect_expired_cert)".into());
+    }
 }
