@@ -159,3 +159,76 @@ pub fn kubectl(home: &Path, kubeconfig: &Path, env: &[(&str, &str)], args: &[&st
     }
     run(&mut cmd, "")
 }
+
+/// A role for `kubectl` on cluster `lab` (env=dev): pods in namespace `dev`, with exec, as
+/// group `developers`.
+pub const DEV_ROLE: &str = "kind: role
+version: v1
+metadata: {name: kube-dev}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_groups: [developers]
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, name: '*', verbs: [get, list, watch, exec]}
+";
+
+/// A cluster with the fixture API server behind a kube agent for `lab`, and alice logged in
+/// to it with `sally kube login`.
+pub struct Setup {
+    pub c: Cluster,
+    pub api: ApiServer,
+    pub agent: Agent,
+    pub home: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+/// A cluster, the fixture API server behind a kube agent for `lab` (env=dev, [`DEV_ROLE`]
+/// created), and alice with `roles` (after `extra_roles` are created), logged in to `lab`.
+pub fn setup(roles: &str, extra_roles: &[&str]) -> Setup {
+    setup_with(roles, extra_roles, &[])
+}
+
+/// [`setup`], with the fixture API server started with `flags`.
+pub fn setup_with(roles: &str, extra_roles: &[&str], flags: &[&str]) -> Setup {
+    let c = Cluster::start();
+    let api = ApiServer::start(&c.dir.path().join("apiserver"), flags);
+    c.create(DEV_ROLE).ok();
+    for r in extra_roles {
+        c.create(r).ok();
+    }
+    let agent = c.kube_agent("lab", "env=dev", &api.kubeconfig());
+    let home = c.user("alice", roles, "");
+    c.sally(&home, &["kube", "login", "lab"], "").ok();
+    let kubeconfig = home.join(".kube/config");
+    Setup {
+        c,
+        api,
+        agent,
+        home,
+        kubeconfig,
+    }
+}
+
+impl Setup {
+    /// kubectl 1.32 as alice, with `env` and `stdin`.
+    pub fn kubectl(&self, env: &[(&str, &str)], args: &[&str], stdin: &str) -> Run {
+        let mut cmd = Command::new(KUBECTL);
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", &self.home)
+            .args(["--request-timeout", "20s"])
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(&mut cmd, stdin)
+    }
+}
+
+/// The requests the fixture got whose path contains `needle`.
+pub fn requests_to(api: &ApiServer, needle: &str) -> Vec<serde_json::Value> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(needle)))
+        .collect()
+}

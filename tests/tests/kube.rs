@@ -9,61 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use sallyport_tests::kube::{ApiServer, kubectl};
+use sallyport_tests::kube::{Setup, kubectl, requests_to, setup, setup_with};
 use sallyport_tests::*;
-
-const DEV_ROLE: &str = "kind: role
-version: v1
-metadata: {name: kube-dev}
-spec:
-  allow:
-    kubernetes_labels: {env: dev}
-    kubernetes_groups: [developers]
-    kubernetes_resources:
-      - {kind: pod, namespace: dev, name: '*', verbs: [get, list, watch, exec]}
-";
-
-struct Setup {
-    c: Cluster,
-    api: ApiServer,
-    _agent: Agent,
-    home: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-/// A cluster, the fixture API server behind a kube agent for `lab` (env=dev), and alice with
-/// `roles`, logged in to `lab` with `sally kube login`.
-fn setup(roles: &str, extra_roles: &[&str]) -> Setup {
-    setup_with(roles, extra_roles, &[])
-}
-
-/// [`setup`], with the fixture API server started with `flags`.
-fn setup_with(roles: &str, extra_roles: &[&str], flags: &[&str]) -> Setup {
-    let c = Cluster::start();
-    let api = ApiServer::start(&c.dir.path().join("apiserver"), flags);
-    c.create(DEV_ROLE).ok();
-    for r in extra_roles {
-        c.create(r).ok();
-    }
-    let agent = c.kube_agent("lab", "env=dev", &api.kubeconfig());
-    let home = c.user("alice", roles, "");
-    c.sally(&home, &["kube", "login", "lab"], "").ok();
-    let kubeconfig = home.join(".kube/config");
-    Setup {
-        c,
-        api,
-        _agent: agent,
-        home,
-        kubeconfig,
-    }
-}
-
-fn requests_to(api: &ApiServer, needle: &str) -> Vec<serde_json::Value> {
-    api.requests()
-        .into_iter()
-        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(needle)))
-        .collect()
-}
 
 #[test]
 fn kubectl_reaches_what_the_roles_allow_as_the_principals_they_give() {
@@ -354,17 +301,7 @@ fn exec_session(c: &Cluster, pod: &str, command: &str) -> serde_json::Value {
 #[test]
 fn kubectl_exec_runs_through_the_session_engine_recorded_and_audited() {
     let s = setup("kube-dev", &[]);
-    let k = |env: &[(&str, &str)], args: &[&str], stdin: &str| {
-        let mut cmd = Command::new(sallyport_tests::kube::KUBECTL);
-        cmd.env("KUBECONFIG", &s.kubeconfig)
-            .env("HOME", &s.home)
-            .args(["--request-timeout", "20s"])
-            .args(args);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        run(&mut cmd, stdin)
-    };
+    let k = |env: &[(&str, &str)], args: &[&str], stdin: &str| s.kubectl(env, args, stdin);
     let out = k(
         &[],
         &[
