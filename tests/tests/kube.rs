@@ -300,7 +300,15 @@ fn exec_session(c: &Cluster, pod: &str, command: &str) -> serde_json::Value {
 
 #[test]
 fn kubectl_exec_runs_through_the_session_engine_recorded_and_audited() {
-    let s = setup("kube-dev", &[]);
+    // `own-sessions` lets alice list and replay her own sessions.
+    let own = "kind: role
+version: v1
+metadata: {name: own-sessions}
+spec:
+  allow:
+    rules: [{resources: [session], verbs: [list, read]}]
+";
+    let s = setup("kube-dev,own-sessions", &[own]);
     let k = |env: &[(&str, &str)], args: &[&str], stdin: &str| s.kubectl(env, args, stdin);
     let out = k(
         &[],
@@ -364,6 +372,11 @@ fn kubectl_exec_runs_through_the_session_engine_recorded_and_audited() {
         "recording {} lacks the output",
         cast.display()
     );
+    // Listed and played like SSH sessions, the cluster and pod where SSH shows the node.
+    let ls = s.c.sally(&s.home, &["recordings", "ls"], "").ok();
+    assert!(ls.stdout.contains("lab/dev/web-1"), "{}", ls.stdout);
+    let played = s.c.sally(&s.home, &["play", &id], "").ok();
+    assert!(played.stdout.contains("hello from web-1"), "{played:?}");
     let header: serde_json::Value = serde_json::from_str(
         std::fs::read_to_string(&cast)
             .unwrap()
@@ -426,33 +439,44 @@ fn port_forward_is_audited_and_ended_by_a_lock() {
         .unwrap());
     let forward = format!("80={web_port}");
     let s = setup_with("kube-dev-pf", &[PF_ROLE], &["--forward", &forward]);
-    let local = free_port();
-    let mut pf = Command::new(sallyport_tests::kube::KUBECTL);
-    pf.env("KUBECONFIG", &s.kubeconfig)
-        .env("HOME", &s.home)
-        .args([
-            "port-forward",
-            "-n",
-            "dev",
-            "pod/web-1",
-            &format!("{local}:80"),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let pf = Bg(pf.spawn().unwrap());
-    let url = format!("http://127.0.0.1:{local}/index.html");
-    let fetch = || {
+    // Both of kubectl's ways: SPDY tunneled in a WebSocket (1.31+), and plain SPDY.
+    let forwards: Vec<(u16, Bg)> = [None, Some(("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"))]
+        .into_iter()
+        .map(|env| {
+            let local = free_port();
+            let mut pf = Command::new(sallyport_tests::kube::KUBECTL);
+            pf.env("KUBECONFIG", &s.kubeconfig)
+                .env("HOME", &s.home)
+                .args([
+                    "port-forward",
+                    "-n",
+                    "dev",
+                    "pod/web-1",
+                    &format!("{local}:80"),
+                ])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            if let Some((k, v)) = env {
+                pf.env(k, v);
+            }
+            (local, Bg(pf.spawn().unwrap()))
+        })
+        .collect();
+    let fetch = |local: u16| {
+        let url = format!("http://127.0.0.1:{local}/index.html");
         run(
-            Command::new("curl").args(["-sS", "--max-time", "5", &url]),
+            Command::new("curl").args(["-sS", "--max-time", "2", &url]),
             "",
         )
     };
-    assert!(
-        eventually(Duration::from_secs(15), || fetch().stdout
-            == "served by web-1\n"),
-        "nothing came through the port-forward: {:?}",
-        fetch()
-    );
+    for (local, _) in &forwards {
+        assert!(
+            eventually(Duration::from_secs(15), || fetch(*local).stdout
+                == "served by web-1\n"),
+            "nothing came through the port-forward: {:?}",
+            fetch(*local)
+        );
+    }
     let started = |c: &Cluster, action: &str| {
         c.events("kube.port_forward")
             .into_iter()
@@ -460,33 +484,37 @@ fn port_forward_is_audited_and_ended_by_a_lock() {
             .collect::<Vec<_>>()
     };
     let start = started(&s.c, "start");
-    assert_eq!(start.len(), 1, "{start:#?}");
-    assert_eq!(start[0]["pod"], "web-1");
-    assert_eq!(start[0]["namespace"], "dev");
-    assert_eq!(start[0]["kube_cluster"], "lab");
-    assert_eq!(start[0]["user"], "alice");
-    // A lock ends the stream at once, and says why in the audit log.
+    assert_eq!(start.len(), 2, "{start:#?}");
+    for e in &start {
+        assert_eq!(e["pod"], "web-1");
+        assert_eq!(e["namespace"], "dev");
+        assert_eq!(e["kube_cluster"], "lab");
+        assert_eq!(e["user"], "alice");
+    }
+    // A lock ends the streams at once, and says why in the audit log.
     s.c.sallyctl(&["lock", "--user", "alice", "--message", "incident 9"])
         .ok();
     assert!(
-        eventually(Duration::from_secs(10), || !started(&s.c, "stop")
-            .is_empty()),
-        "the port-forward was not ended"
+        eventually(Duration::from_secs(10), || started(&s.c, "stop").len() == 2),
+        "the port-forwards were not ended: {:#?}",
+        started(&s.c, "stop")
     );
-    let stop = &started(&s.c, "stop")[0];
-    assert!(
-        stop["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("incident 9"),
-        "{stop}"
-    );
-    assert!(
-        eventually(Duration::from_secs(10), || fetch().stdout
-            != "served by web-1\n"),
-        "the port-forward still carries traffic after the lock"
-    );
-    drop(pf);
+    for stop in started(&s.c, "stop") {
+        assert!(
+            stop["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("incident 9"),
+            "{stop}"
+        );
+    }
+    for (local, _) in &forwards {
+        assert!(
+            eventually(Duration::from_secs(10), || fetch(*local).stdout
+                != "served by web-1\n"),
+            "a port-forward still carries traffic after the lock"
+        );
+    }
 }
 
 const PF_ROLE: &str = "kind: role
