@@ -793,6 +793,16 @@ impl KubeServer {
         h.remove(header::AUTHORIZATION);
         h.remove(header::PROXY_AUTHORIZATION);
         h.remove(header::HOST);
+        // Front-proxy identity headers, which an API server with request-header authentication
+        // would believe (the door removes them too).
+        let front: Vec<HeaderName> = h
+            .keys()
+            .filter(|k| k.as_str().starts_with("x-remote-"))
+            .cloned()
+            .collect();
+        for k in front {
+            h.remove(k);
+        }
         // The proxy already answered any `Expect: 100-continue`; the body follows at once.
         h.remove(header::EXPECT);
         if let Some(token) = &self.upstream.token

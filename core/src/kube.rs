@@ -206,8 +206,12 @@ pub fn check_path(path: &str) -> Result<(), BadPath> {
         }
     }
     if path.len() > 1 {
-        for seg in path[1..].split('/') {
-            if seg.is_empty() || seg == "." || seg == ".." {
+        let segs: Vec<&str> = path[1..].split('/').collect();
+        let last = segs.len() - 1;
+        for (i, seg) in segs.iter().enumerate() {
+            // A trailing slash is a proxy path's own (`pods/NAME/proxy/`), nothing else's.
+            let trailing = i == last && i > 0;
+            if (seg.is_empty() && !(trailing && proxied(&segs))) || *seg == "." || *seg == ".." {
                 return Err(BadPath(format!(
                     "the path {path:?} has an empty, `.` or `..` segment"
                 )));
@@ -215,6 +219,13 @@ pub fn check_path(path: &str) -> Result<(), BadPath> {
         }
     }
     Ok(())
+}
+
+/// Is this (split) path under a `proxy` subresource (`.../pods/NAME/proxy/...`)?
+fn proxied(segs: &[&str]) -> bool {
+    segs.windows(3).any(|w| {
+        matches!(w[0], "pods" | "services" | "nodes") && !w[1].is_empty() && w[2] == "proxy"
+    })
 }
 
 fn query_flag(query: &str, key: &str) -> bool {
@@ -266,6 +277,9 @@ pub fn classify(method: &str, path: &str, query: &str) -> Result<Classified, Bad
         [resource] => (*resource, "", ""),
         [resource, name] => (*resource, *name, ""),
         [resource, name, sub] => (*resource, *name, *sub),
+        // `.../pods/NAME/proxy/PATH`: the pod's own path is the API server's to pass on; the
+        // decision is the proxy subresource's (the parent's verb).
+        [resource, name, "proxy", ..] => (*resource, *name, "proxy"),
         _ => {
             return Err(BadPath(format!(
                 "the path {path:?} is not a Kubernetes resource path"

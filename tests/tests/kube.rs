@@ -261,6 +261,42 @@ fn the_door_refuses_what_it_cannot_read_and_whom_it_does_not_know() {
     );
     let (code, _) = curl(&s.c, "/api/v1/namespaces/dev/pods", with);
     assert_eq!(code, 404);
+    // A WebSocket anywhere but exec, attach and port-forward would be an unrecorded pipe.
+    let out = run(
+        Command::new("curl")
+            .args([
+                "-sS",
+                "--http1.1",
+                "-k",
+                "-w",
+                "\n%{http_code}",
+                "-H",
+                "Connection: Upgrade",
+                "-H",
+                "Upgrade: websocket",
+            ])
+            .args([
+                "-H",
+                "Sec-WebSocket-Version: 13",
+                "-H",
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            ])
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--key")
+            .arg(&key)
+            .arg(format!(
+                "https://{}/kube/lab/api/v1/namespaces/dev/pods/web-1/proxy/",
+                s.c.kube
+            )),
+        "",
+    );
+    assert!(out.stdout.trim_end().ends_with("403"), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("upgrades only exec, attach and port-forward"),
+        "{out:?}"
+    );
     // Of all these, only the one allowed request reached the API server.
     assert_eq!(
         s.api.requests().len(),

@@ -77,6 +77,25 @@ fn paths_read_as_the_api_server_reads_them() {
         c("PUT", "/api/v1/namespaces/dev/pods/web-1/status", "").verb,
         "update"
     );
+    // A proxy subresource: the pod's own path follows, a trailing slash included.
+    let x = c(
+        "GET",
+        "/api/v1/namespaces/dev/pods/web-1/proxy/healthz/",
+        "",
+    );
+    assert_eq!(
+        (
+            x.kind.as_str(),
+            x.name.as_str(),
+            x.subresource.as_str(),
+            x.verb
+        ),
+        ("pod", "web-1", "proxy", "get")
+    );
+    assert_eq!(
+        c("GET", "/api/v1/namespaces/dev/pods/web-1/proxy/", "").subresource,
+        "proxy"
+    );
     // All namespaces.
     let x = c("GET", "/api/v1/pods", "");
     assert_eq!((x.namespace.as_str(), x.verb), ("", "list"));
@@ -134,6 +153,9 @@ fn ambiguous_paths_are_refused() {
         "/api/v1/namespaces/%2E%2E/pods",
         "/api/v1/namespaces\\dev/pods",
         "/api/v1/pods/",
+        "/api/v1/namespaces/dev/pods/web-1/",
+        "/api/v1/namespaces/dev/pods/web-1/proxy//x",
+        "/api/v1/namespaces/dev/pods/web-1/proxy/../../../secrets",
         "api/v1/pods",
     ] {
         assert!(classify("GET", p, "").is_err(), "{p} was accepted");

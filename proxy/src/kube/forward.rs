@@ -165,7 +165,12 @@ pub fn upstream_request(
     headers.remove(header::HOST);
     let impersonate: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| k.as_str().starts_with("impersonate-"))
+        // The front-proxy headers too (`X-Remote-User`, `-Group`, `-Extra-*`): an API server
+        // with request-header authentication would take them as the caller.
+        .filter(|k| {
+            let k = k.as_str();
+            k.starts_with("impersonate-") || k.starts_with("x-remote-")
+        })
         .cloned()
         .collect();
     for k in impersonate {
@@ -196,4 +201,59 @@ pub fn upstream_request(
         .map_err(|e| e.to_string())?;
     *req.headers_mut() = headers;
     Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_gets_the_doors_principals_and_nothing_of_the_persons_identity() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("authorization", "Bearer stolen"),
+            ("impersonate-user", "root"),
+            ("Impersonate-Group", "system:masters"),
+            ("impersonate-uid", "0"),
+            ("impersonate-extra-scopes", "x"),
+            ("x-remote-user", "admin"),
+            ("X-Remote-Group", "system:masters"),
+            ("x-remote-extra-foo", "bar"),
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "hop"),
+            ("accept", "application/json"),
+        ] {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap_or_else(|e| panic!("{e}")),
+                HeaderValue::from_static(v),
+            );
+        }
+        let groups = vec!["devs".to_string(), "system:authenticated".to_string()];
+        let req = upstream_request(
+            axum::http::Method::GET,
+            "/api/v1/pods",
+            h,
+            Body::empty(),
+            "alice",
+            &groups,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let h = req.headers();
+        assert!(h.get("authorization").is_none());
+        assert!(h.get("impersonate-uid").is_none() && h.get("impersonate-extra-scopes").is_none());
+        assert!(h.keys().all(|k| !k.as_str().starts_with("x-remote-")));
+        assert!(h.get("x-secret").is_none() && h.get("connection").is_none());
+        assert_eq!(h.get_all("impersonate-user").iter().count(), 1);
+        assert_eq!(
+            h.get("impersonate-user"),
+            Some(&HeaderValue::from_static("alice"))
+        );
+        let got: Vec<_> = h.get_all("impersonate-group").iter().collect();
+        assert_eq!(got, vec!["devs", "system:authenticated"]);
+        assert_eq!(
+            h.get("accept"),
+            Some(&HeaderValue::from_static("application/json"))
+        );
+        assert_eq!(req.uri(), "/api/v1/pods");
+    }
 }

@@ -15,6 +15,7 @@
 pub mod access;
 pub mod audit;
 pub mod exec;
+pub mod filter;
 pub mod forward;
 
 use std::sync::Arc;
@@ -211,16 +212,23 @@ async fn handle(
             return refuse_as(&c, code, &why);
         }
     };
-    if let Err(why) = decide(&snap, &c) {
-        door.audit
-            .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
-            .await;
-        return refuse_as(&c, StatusCode::FORBIDDEN, &why);
-    }
+    // A list or watch the roles allow only some items of is forwarded and filtered.
+    let filter = match decide(&snap, &c) {
+        Ok(f) => f,
+        Err(why) => {
+            door.audit
+                .record(audit.finish(StatusCode::FORBIDDEN, false, &why))
+                .await;
+            return refuse_as(&c, StatusCode::FORBIDDEN, &why);
+        }
+    };
     let request = (!c.discovery).then(|| c.request());
-    let (groups, users) = snap
-        .roles
-        .kube_principals_for(&snap.labels, request.as_ref());
+    let (groups, users) = match &filter {
+        Some(f) => (f.groups.clone(), f.users.clone()),
+        None => snap
+            .roles
+            .kube_principals_for(&snap.labels, request.as_ref()),
+    };
     let principals = match sallyport_core::kube::impersonate(
         &user,
         &users,
@@ -261,13 +269,29 @@ async fn handle(
             .await;
         return refuse_as(&c, StatusCode::SERVICE_UNAVAILABLE, &why);
     };
-    let client_upgrade = forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    // A stream the door does not read is a port-forward's, audited as one; any other upgrade
+    // (a WebSocket through `pods/proxy`, say) would be an unrecorded, unaudited pipe.
+    let upgrade = forward::is_upgrade(req.headers());
+    if upgrade && !c.is_portforward() {
+        let why = "this proxy upgrades only exec, attach and port-forward requests";
+        door.audit
+            .record(audit.finish(StatusCode::FORBIDDEN, false, why))
+            .await;
+        return refuse_as(&c, StatusCode::FORBIDDEN, why);
+    }
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let path_and_query = if query.is_empty() {
         rest.clone()
     } else {
         format!("{rest}?{query}")
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    if let Some(f) = &filter
+        && let Err(r) = f.ask_for_json(&mut parts.headers)
+    {
+        door.audit.record(audit.finish(r.code, false, &r.why)).await;
+        return r.response();
+    }
     let up = match forward::upstream_request(
         parts.method,
         &path_and_query,
@@ -302,8 +326,12 @@ async fn handle(
     };
     match forward::forward(&opener, up, client_upgrade, control).await {
         Ok(resp) => {
+            let (resp, allowed, why) = match &filter {
+                Some(f) => f.narrow(resp).await,
+                None => (resp, true, "allowed".to_string()),
+            };
             let code = resp.status();
-            door.audit.record(audit.finish(code, true, "allowed")).await;
+            door.audit.record(audit.finish(code, allowed, &why)).await;
             if let Some(pf) = pf {
                 pf.started(&door, code == StatusCode::SWITCHING_PROTOCOLS)
                     .await;
@@ -321,11 +349,12 @@ async fn handle(
     }
 }
 
-/// The roles' decision on one request: discovery is open to everyone who reaches the cluster.
-fn decide(snap: &access::Snapshot, c: &Classified) -> Result<(), String> {
+/// The roles' decision on one request: discovery is open to everyone who reaches the cluster;
+/// a list or watch the roles allow only some items of comes with the filter that keeps them.
+fn decide(snap: &Arc<access::Snapshot>, c: &Classified) -> Result<Option<filter::Filter>, String> {
     if c.discovery {
         return if snap.roles.can_see_kube(&snap.labels) {
-            Ok(())
+            Ok(None)
         } else {
             Err(format!(
                 "your roles do not allow Kubernetes cluster {}",
@@ -334,9 +363,10 @@ fn decide(snap: &access::Snapshot, c: &Classified) -> Result<(), String> {
         };
     }
     let d = snap.roles.check_kube(&snap.labels, &c.request());
-    if d.allowed {
-        return Ok(());
-    }
+    let explanation = match filter::decide(snap, c, d) {
+        Ok(f) => return Ok(f),
+        Err(why) => why,
+    };
     let what = match (c.name.is_empty(), c.namespace.is_empty()) {
         (true, true) => c.kind.clone(),
         (true, false) => format!("{} in namespace {}", c.kind, c.namespace),
@@ -345,7 +375,7 @@ fn decide(snap: &access::Snapshot, c: &Classified) -> Result<(), String> {
     };
     Err(format!(
         "{} may not {} {what}: {}",
-        snap.user, c.verb, d.explanation
+        snap.user, c.verb, explanation
     ))
 }
 
