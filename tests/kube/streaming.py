@@ -17,6 +17,7 @@
 
 import asyncio
 import base64
+import ctypes
 import errno
 import fcntl
 import json
@@ -104,7 +105,16 @@ def v1_status_text(status):
 
 
 # ---- running a command ------------------------------------------------------------------------
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent():
+    # PR_SET_PDEATHSIG: the command is killed if the fixture is (a test harness may SIGKILL it)
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 def _set_ctty():
+    _die_with_parent()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
@@ -159,7 +169,7 @@ class Process:
                 self.proc = await asyncio.create_subprocess_exec(
                     *self.argv, stdin=P if self.want_stdin else N, stdout=P if self.want_stdout else N,
                     stderr=P if self.want_stderr else N, cwd=self.cwd, env=self.env, start_new_session=True,
-                    limit=1 << 16,
+                    preexec_fn=_die_with_parent, limit=1 << 16,
                 )
             LIVE.add(self)
         except OSError as e:
