@@ -940,19 +940,24 @@ impl CompiledKubeResource {
                 || self.namespace.matches(namespace))
     }
 
-    /// Does this rule match every object of the collection? Sparing where unsure: a deny rule
-    /// it says no to leaves the list to be filtered item by item.
+    /// Does this rule match every object of the collection? Sparing where unsure: a no only
+    /// means the list is filtered item by item (an allow rule) or not refused whole (a deny
+    /// rule).
     fn matches_all(&self, kind: &str, namespace: &str, verb: &str) -> bool {
         let any = |m: &LabelMatcher| matches!(m, LabelMatcher::Any);
         if !self.verbs.iter().any(|v| v == "*" || v == verb) {
             return false;
         }
         if self.kind == "namespace" {
-            return if kind == "namespace" || namespace.is_empty() {
-                !crate::kube::cluster_wide(kind) || kind == "namespace"
+            return if kind == "namespace" {
+                any(&self.name)
+            } else if crate::kube::cluster_wide(kind) {
+                false
+            } else if namespace.is_empty() {
+                any(&self.name)
             } else {
                 self.name.matches(namespace)
-            } && (!namespace.is_empty() || any(&self.name));
+            };
         }
         (self.kind == "*" || self.kind == kind)
             && any(&self.name)
@@ -1417,6 +1422,108 @@ impl RoleSet {
             .any(|r| r.allow.kubernetes_labels.matches(cluster_labels))
     }
 
+    /// Could any object of `kind` in `namespace` (`""`: every namespace) be allowed for `verb`
+    /// (`list` or `watch`) on a cluster with these labels? Yes when a role that matches the
+    /// cluster has an allow rule that could match one of them (`kind: namespace` rules cover
+    /// what is in the namespaces their name matches; cluster-wide kinds ignore namespaces), and
+    /// no deny rule covers the whole collection. The door then forwards the list and keeps only
+    /// the items [`Self::check_kube`] allows.
+    pub fn kube_may_list(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+        kind: &str,
+        namespace: &str,
+        verb: &str,
+    ) -> bool {
+        !self.kube_denies_all(cluster_labels, kind, namespace, verb)
+            && self
+                .kube_listing_roles(cluster_labels, kind, namespace, verb)
+                .next()
+                .is_some()
+    }
+
+    /// Does every object of the collection stand allowed, so that the list may be forwarded as
+    /// it is? Only when an allow rule of a role matching the cluster covers all of it (any name,
+    /// its namespace or every one) and no deny rule could match a single item.
+    pub fn kube_allows_whole_list(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+        kind: &str,
+        namespace: &str,
+        verb: &str,
+    ) -> bool {
+        let deny_some = self.roles.iter().any(|r| {
+            (!r.deny.kubernetes_labels.is_empty()
+                && r.deny.kubernetes_labels.matches(cluster_labels))
+                || r.deny
+                    .kubernetes_resources
+                    .iter()
+                    .any(|k| k.may_match_some(kind, namespace, verb))
+        });
+        !deny_some
+            && self.roles.iter().any(|r| {
+                r.allow.kubernetes_labels.matches(cluster_labels)
+                    && r.allow
+                        .kubernetes_resources
+                        .iter()
+                        .any(|k| k.matches_all(kind, namespace, verb))
+            })
+    }
+
+    /// The groups and users to impersonate for a list or watch that [`Self::kube_may_list`]
+    /// allows: those of the roles that could allow an item of it, less the ones any role denies.
+    pub fn kube_principals_for_list(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+        kind: &str,
+        namespace: &str,
+        verb: &str,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut groups = BTreeSet::new();
+        let mut users = BTreeSet::new();
+        for r in self.kube_listing_roles(cluster_labels, kind, namespace, verb) {
+            groups.extend(r.allow.kubernetes_groups.iter().cloned());
+            users.extend(r.allow.kubernetes_users.iter().cloned());
+        }
+        self.less_denied_principals(groups, users)
+    }
+
+    /// Roles matching the cluster with an allow rule that could match an object of the
+    /// collection.
+    fn kube_listing_roles<'a>(
+        &'a self,
+        cluster_labels: &'a BTreeMap<String, String>,
+        kind: &'a str,
+        namespace: &'a str,
+        verb: &'a str,
+    ) -> impl Iterator<Item = &'a CompiledRole> {
+        self.roles.iter().filter(move |r| {
+            r.allow.kubernetes_labels.matches(cluster_labels)
+                && r.allow
+                    .kubernetes_resources
+                    .iter()
+                    .any(|k| k.may_match_some(kind, namespace, verb))
+        })
+    }
+
+    /// Does a role deny the cluster, or every object of the collection?
+    fn kube_denies_all(
+        &self,
+        cluster_labels: &BTreeMap<String, String>,
+        kind: &str,
+        namespace: &str,
+        verb: &str,
+    ) -> bool {
+        self.roles.iter().any(|r| {
+            (!r.deny.kubernetes_labels.is_empty()
+                && r.deny.kubernetes_labels.matches(cluster_labels))
+                || r.deny
+                    .kubernetes_resources
+                    .iter()
+                    .any(|k| k.matches_all(kind, namespace, verb))
+        })
+    }
+
     /// The groups and users to impersonate on a cluster with these labels.
     pub fn kube_principals(
         &self,
@@ -1443,6 +1550,14 @@ impl RoleSet {
                 users.extend(r.allow.kubernetes_users.iter().cloned());
             }
         }
+        self.less_denied_principals(groups, users)
+    }
+
+    fn less_denied_principals(
+        &self,
+        mut groups: BTreeSet<String>,
+        mut users: BTreeSet<String>,
+    ) -> (Vec<String>, Vec<String>) {
         for r in &self.roles {
             for g in &r.deny.kubernetes_groups {
                 groups.remove(g);

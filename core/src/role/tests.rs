@@ -323,6 +323,303 @@ spec:
     );
 }
 
+/// A list or watch the roles do not allow whole may still be forwarded and filtered: when some
+/// allow rule could match an item of it and no deny rule covers all of it.
+#[test]
+fn kube_lists_that_may_be_filtered() {
+    let set = RoleSet::new(
+        &[
+            role(
+                "kind: role
+version: v1
+metadata: {name: web}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_groups: [web-readers]
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, name: 'web-*', verbs: [get, list, watch]}
+      - {kind: configmap, namespace: 'team-*', verbs: [list]}
+      - {kind: namespace, name: staging, verbs: [list]}
+      - {kind: node, namespace: dev, name: 'n-*', verbs: [list]}
+  deny:
+    kubernetes_resources:
+      - {kind: configmap, namespace: team-secret, name: '*', verbs: [list]}
+      - {kind: service, namespace: dev, name: 'admin-*', verbs: ['*']}
+",
+            ),
+            role(
+                "kind: role
+version: v1
+metadata: {name: ops}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_groups: [ops]
+    kubernetes_resources:
+      - {kind: service, namespace: '*', name: '*', verbs: [list, watch]}
+      - {kind: secret, namespace: '*', name: '*', verbs: [list]}
+  deny:
+    kubernetes_resources:
+      - {kind: '*', namespace: vault, verbs: [list]}
+      - {kind: namespace, name: 'kube-*', verbs: [list]}
+",
+            ),
+            role(
+                "kind: role
+version: v1
+metadata: {name: prod-off}
+spec:
+  deny:
+    kubernetes_labels: {env: prod}
+",
+            ),
+        ],
+        &traits(&[]),
+    );
+    let dev = labels(&[("env", "dev")]);
+    // (kind, namespace, verb, may list, allowed whole)
+    let cases: &[(&str, &str, &str, bool, bool)] = &[
+        // The rule names some pods of dev: dev's list and every namespace's may be filtered.
+        ("pod", "dev", "list", true, false),
+        ("pod", "dev", "watch", true, false),
+        ("pod", "", "list", true, false),
+        ("pod", "prod", "list", false, false),
+        // A verb no rule gives.
+        ("pod", "dev", "deletecollection", false, false),
+        // A namespace glob, and a deny covering one namespace whole.
+        ("configmap", "team-a", "list", true, true),
+        ("configmap", "", "list", true, false),
+        ("configmap", "team-secret", "list", false, false),
+        ("configmap", "dev", "list", false, false),
+        // `kind: namespace` covers what is in the namespaces it names, and the namespaces.
+        ("secret", "staging", "list", true, true),
+        ("deployment", "staging", "list", true, true),
+        ("deployment", "", "list", true, false),
+        ("deployment", "dev", "list", false, false),
+        // A cluster-wide kind (a namespace too) ignores a rule's namespace: allowed by `node`
+        // in dev, and then denied whole by ops's `kind: '*'` in vault.
+        ("namespace", "", "list", false, false),
+        ("node", "", "list", false, false),
+        ("node", "", "watch", false, false),
+        // Allowed whole, but a deny names some items: filtered all the same.
+        ("service", "dev", "list", true, false),
+        ("service", "prod", "list", true, true),
+        // `kind: '*'` denied in vault: nothing of it may be listed; and since an item of every
+        // namespace may be in vault (or kube-*), a list of all of them is filtered.
+        ("service", "vault", "list", false, false),
+        ("secret", "vault", "list", false, false),
+        ("secret", "", "list", true, false),
+        // A custom resource: only `kind: '*'` would match it.
+        ("widgets.example.com", "dev", "list", false, false),
+    ];
+    for &(kind, ns, verb, may, whole) in cases {
+        assert_eq!(
+            set.kube_may_list(&dev, kind, ns, verb),
+            may,
+            "may list {kind} in {ns:?} ({verb})"
+        );
+        assert_eq!(
+            set.kube_allows_whole_list(&dev, kind, ns, verb),
+            whole,
+            "{kind} in {ns:?} ({verb}) allowed whole"
+        );
+    }
+    // A cluster no role allows, or one a role denies.
+    assert!(!set.kube_may_list(&labels(&[("env", "qa")]), "pod", "dev", "list"));
+    assert!(!set.kube_may_list(&labels(&[("env", "prod")]), "pod", "dev", "list"));
+    // Every item is then decided by check_kube: web-1 yes, db-1 and dev's other pods no.
+    let r = |kind, namespace, name, verb| KubeRequest {
+        kind,
+        namespace,
+        name,
+        verb,
+    };
+    assert!(
+        set.check_kube(&dev, &r("pod", "dev", "web-1", "list"))
+            .allowed
+    );
+    assert!(
+        !set.check_kube(&dev, &r("pod", "dev", "shell", "list"))
+            .allowed
+    );
+    assert!(!set.check_kube(&dev, &r("pod", "", "", "list")).allowed);
+    // The principals are those of the roles that could allow an item.
+    assert_eq!(
+        set.kube_principals_for_list(&dev, "pod", "", "list").0,
+        vec!["web-readers"]
+    );
+    assert_eq!(
+        set.kube_principals_for_list(&dev, "service", "dev", "list")
+            .0,
+        vec!["ops"]
+    );
+    assert_eq!(
+        set.kube_principals_for_list(&dev, "secret", "staging", "list")
+            .0,
+        vec!["ops", "web-readers"]
+    );
+}
+
+/// A deny rule covers a whole collection only when it matches every item: any name, and the
+/// namespace (or all of them).
+#[test]
+fn kube_deny_rules_that_cover_a_whole_list() {
+    let set = |deny: &str| {
+        RoleSet::new(
+            &[role(&format!(
+                "kind: role
+version: v1
+metadata: {{name: r}}
+spec:
+  allow:
+    kubernetes_labels: {{'*': '*'}}
+  deny:
+    kubernetes_resources: [{deny}]
+"
+            ))],
+            &traits(&[]),
+        )
+    };
+    let l = labels(&[]);
+    // (deny rule, kind, namespace, may list, allowed whole)
+    #[rustfmt::skip]
+    let cases: &[(&str, &str, &str, bool, bool)] = &[
+        ("{kind: pod, namespace: dev, name: '*', verbs: [list]}", "pod", "dev", false, false),
+        ("{kind: pod, namespace: dev, name: '*', verbs: [list]}", "pod", "", true, false),
+        ("{kind: pod, namespace: dev, name: '*', verbs: [watch]}", "pod", "dev", true, true),
+        ("{kind: pod, namespace: 'd*', verbs: [list]}", "pod", "dev", false, false),
+        ("{kind: pod, namespace: dev, name: 'web-*', verbs: [list]}", "pod", "dev", true, false),
+        ("{kind: pod, verbs: ['*']}", "pod", "", false, false),
+        ("{kind: '*', verbs: [list]}", "secret", "", false, false),
+        ("{kind: '*', verbs: [list]}", "node", "", false, false),
+        ("{kind: namespace, name: dev, verbs: [list]}", "pod", "dev", false, false),
+        ("{kind: namespace, name: dev, verbs: [list]}", "pod", "", true, false),
+        ("{kind: namespace, name: dev, verbs: [list]}", "node", "", true, true),
+        ("{kind: namespace, name: dev, verbs: [list]}", "namespace", "", true, false),
+        ("{kind: namespace, verbs: [list]}", "pod", "", false, false),
+        ("{kind: namespace, verbs: [list]}", "namespace", "", false, false),
+        ("{kind: node, namespace: dev, verbs: [list]}", "node", "", false, false),
+    ];
+    for &(deny, kind, ns, may, whole) in cases {
+        let set = set(deny);
+        assert_eq!(
+            set.kube_may_list(&l, kind, ns, "list"),
+            may,
+            "deny {deny}: list {kind} in {ns:?}"
+        );
+        assert_eq!(
+            set.kube_allows_whole_list(&l, kind, ns, "list"),
+            whole,
+            "deny {deny}: {kind} in {ns:?} whole"
+        );
+    }
+}
+
+/// What the door does with a list rests on two promises, checked here over random roles:
+/// `kube_may_list` is never false while an item of the collection is allowed (no list refused
+/// that has something to show), and `kube_allows_whole_list` is never true while an item is
+/// refused (no list forwarded unfiltered that holds something hidden).
+mod kube_list_properties {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    const KINDS: &[&str] = &["pod", "secret", "namespace", "node", "*"];
+    const PATTERNS: &[&str] = &[
+        "*",
+        "dev",
+        "prod",
+        "d*",
+        "web-*",
+        "^(dev|web-1)$",
+        "^(|web-1)$",
+        "kube-*",
+    ];
+    const VERBS: &[&str] = &["list", "watch", "get", "*"];
+    const NAMESPACES: &[&str] = &["dev", "prod", "kube-system", "web-1"];
+    const NAMES: &[&str] = &["web-1", "db-1", "dev", "prod"];
+
+    fn arb_rules(max: usize) -> impl Strategy<Value = Vec<String>> {
+        proptest::collection::vec(
+            (
+                select(KINDS),
+                select(PATTERNS),
+                select(PATTERNS),
+                select(VERBS),
+            )
+                .prop_map(|(k, ns, n, v)| {
+                    format!("{{kind: '{k}', namespace: '{ns}', name: '{n}', verbs: ['{v}']}}")
+                }),
+            0..max,
+        )
+    }
+
+    fn arb_role() -> impl Strategy<Value = Role> {
+        (arb_rules(3), arb_rules(2), any::<bool>()).prop_map(|(allow, deny, here)| {
+            let cluster = if here { "dev" } else { "prod" };
+            let deny = if deny.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "  deny:\n    kubernetes_resources: [{}]\n",
+                    deny.join(", ")
+                )
+            };
+            role(&format!(
+                "kind: role\nversion: v1\nmetadata: {{name: r}}\nspec:\n  allow:\n    kubernetes_labels: {{env: {cluster}}}\n    kubernetes_resources: [{}]\n{deny}",
+                allow.join(", ")
+            ))
+        })
+    }
+
+    /// Some objects of a collection: (namespace as the evaluator sees it, name).
+    fn items(kind: &str, namespace: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for name in NAMES {
+            match kind {
+                "namespace" => out.push((name.to_string(), name.to_string())),
+                "node" => out.push((String::new(), name.to_string())),
+                _ if namespace.is_empty() => {
+                    for ns in NAMESPACES {
+                        out.push((ns.to_string(), name.to_string()));
+                    }
+                }
+                _ => out.push((namespace.to_string(), name.to_string())),
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn lists_agree_with_their_items(roles in proptest::collection::vec(arb_role(), 1..4)) {
+            let set = RoleSet::new(&roles, &traits(&[]));
+            let l = labels(&[("env", "dev")]);
+            for kind in ["pod", "secret", "namespace", "node"] {
+                let namespaces: &[&str] = if crate::kube::cluster_wide(kind) { &[""] } else { &["", "dev", "prod"] };
+                for &ns in namespaces {
+                    for verb in ["list", "watch"] {
+                        let allowed: Vec<bool> = items(kind, ns)
+                            .iter()
+                            .map(|(ins, name)| {
+                                set.check_kube(&l, &KubeRequest { kind, namespace: ins, name, verb }).allowed
+                            })
+                            .collect();
+                        let may = set.kube_may_list(&l, kind, ns, verb);
+                        let whole = set.kube_allows_whole_list(&l, kind, ns, verb);
+                        prop_assert!(may || !allowed.contains(&true), "{kind} in {ns:?} ({verb}): an item is allowed, the list refused");
+                        prop_assert!(!whole || !allowed.contains(&false), "{kind} in {ns:?} ({verb}): allowed whole, an item refused");
+                        prop_assert!(!whole || may);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn rules() {
     let p = presets();

@@ -2,7 +2,8 @@
 //! `sally kube login`. Each request is decided here, by the person's current roles (auth's
 //! answer, at most 2 s old), on the path the API server will see; the door then impersonates the
 //! principals the roles allow for that request and sends it through the cluster's kube agent
-//! tunnel. Every request, allowed or not, is audited as `kube.request`.
+//! tunnel. Every request, allowed or not, is audited as `kube.request`. A list or watch the
+//! roles allow only some items of is forwarded and comes back with those items only (`filter`).
 //!
 //! Architecture invariant: nothing reaches a cluster that the door did not decide. A request
 //! whose path could be read two ways is refused (400); the person's `Authorization` and
