@@ -310,6 +310,21 @@ fn the_door_refuses_what_it_cannot_read_and_whom_it_does_not_know() {
 fn a_lock_stops_kubectl_within_seconds() {
     let s = setup("kube-dev", &[]);
     kubectl(&s.home, &s.kubeconfig, &[], &["get", "pods", "-n", "dev"]).ok();
+    // A running watch is a live stream: the lock ends it too.
+    let mut watch = Command::new(sallyport_tests::kube::KUBECTL)
+        .env("KUBECONFIG", &s.kubeconfig)
+        .env("HOME", &s.home)
+        .args(["get", "pods", "-n", "dev", "-w"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || requests_to(&s.api, "/pods")
+            .iter()
+            .any(|r| r["query"].as_str().unwrap_or_default().contains("watch"))),
+        "the watch never reached the API server"
+    );
     s.c.sallyctl(&["lock", "--user", "alice", "--message", "incident 7"])
         .ok();
     assert!(
@@ -319,6 +334,89 @@ fn a_lock_stops_kubectl_within_seconds() {
         }),
         "kubectl still works for a locked user"
     );
+    assert!(
+        eventually(Duration::from_secs(10), || watch
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "a locked user's watch goes on"
+    );
+}
+
+#[test]
+fn a_collection_is_deleted_only_when_every_item_in_it_may_be() {
+    let role = "kind: role
+version: v1
+metadata: {name: kube-deleter}
+spec:
+  allow:
+    kubernetes_labels: {env: dev}
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, verbs: ['*']}
+  deny:
+    kubernetes_resources:
+      - {kind: pod, namespace: dev, name: web-2, verbs: [delete, deletecollection]}
+";
+    let s = setup("kube-deleter", &[role]);
+    let out = s.c.sally(
+        &s.home,
+        &[
+            "kube",
+            "credentials",
+            "--proxy",
+            &s.c.proxy,
+            "--cluster",
+            "lab",
+        ],
+        "",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let cert = s.home.join("c.pem");
+    let key = s.home.join("k.pem");
+    std::fs::write(
+        &cert,
+        v["status"]["clientCertificateData"].as_str().unwrap(),
+    )
+    .unwrap();
+    std::fs::write(&key, v["status"]["clientKeyData"].as_str().unwrap()).unwrap();
+    let out = run(
+        Command::new("curl")
+            .args(["-sS", "-k", "-X", "DELETE", "-w", "\n%{http_code}"])
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--key")
+            .arg(&key)
+            .arg(format!(
+                "https://{}/kube/lab/api/v1/namespaces/dev/pods",
+                s.c.kube
+            )),
+        "",
+    );
+    assert!(out.stdout.trim_end().ends_with("403"), "{out:?}");
+    assert!(
+        out.stdout.contains("may not delete every pod in dev"),
+        "{out:?}"
+    );
+    assert!(
+        s.api.requests().iter().all(|r| r["method"] != "DELETE"),
+        "{:?}",
+        s.api.requests()
+    );
+    // One by one, the rest may go; web-2 may not.
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["delete", "pod", "-n", "dev", "web-2"],
+    )
+    .fails_with("Forbidden");
+    kubectl(
+        &s.home,
+        &s.kubeconfig,
+        &[],
+        &["delete", "pod", "-n", "dev", "web-1", "--wait=false"],
+    )
+    .ok();
 }
 
 /// The session whose `session.start` names `pod` and `command`.

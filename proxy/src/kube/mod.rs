@@ -18,6 +18,7 @@ pub mod audit;
 pub mod exec;
 pub mod filter;
 pub mod forward;
+mod watch;
 
 use std::sync::Arc;
 
@@ -333,6 +334,12 @@ async fn handle(
             };
             let code = resp.status();
             door.audit.record(audit.finish(code, allowed, &why)).await;
+            // A watch is a stream too: a lock ends it, as it ends an exec.
+            let resp = if c.verb == "watch" && code.is_success() {
+                watch::until_locked(&door.state, &snap.user, resp)
+            } else {
+                resp
+            };
             if let Some(pf) = pf {
                 pf.started(&door, code == StatusCode::SWITCHING_PROTOCOLS)
                     .await;
@@ -364,6 +371,25 @@ fn decide(snap: &Arc<access::Snapshot>, c: &Classified) -> Result<Option<filter:
         };
     }
     let d = snap.roles.check_kube(&snap.labels, &c.request());
+    // Deleting a collection cannot be filtered: it must be allowed for every item in it, so a
+    // deny rule naming some items cannot be stepped around.
+    if c.verb == "deletecollection"
+        && d.allowed
+        && !snap
+            .roles
+            .kube_allows_whole_list(&snap.labels, &c.kind, &c.namespace, c.verb)
+    {
+        return Err(format!(
+            "{} may not delete every {} in {}: a role denies some of them, or allows only some",
+            snap.user,
+            c.kind,
+            if c.namespace.is_empty() {
+                "any namespace"
+            } else {
+                &c.namespace
+            }
+        ));
+    }
     let explanation = match filter::decide(snap, c, d) {
         Ok(f) => return Ok(f),
         Err(why) => why,
