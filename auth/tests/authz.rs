@@ -441,3 +441,44 @@ async fn refusals_say_why() {
     let (got, _) = call(&f, &malformed, &cert(Editor)).await;
     assert!(got.is_client_error() && got != FORBIDDEN, "{got}");
 }
+
+/// A kubeconfig certificate (the user CA, with the extension naming its cluster) opens the kube
+/// door and nothing of auth's API: not even what its user's login certificate may do.
+#[tokio::test]
+async fn a_kubeconfig_certificate_is_no_caller() {
+    let f = fixture().await;
+    let kp = russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&[11; 32]);
+    let now = OffsetDateTime::now_utc();
+    let pem = f
+        .auth
+        .authorities
+        .tls_user_signer()
+        .sign_with(
+            &ed25519_spki(&kp.public.0),
+            &Subject {
+                common_name: "eddie".into(),
+                organizations: vec!["editor".into()],
+                dns_names: vec![],
+                server: false,
+                not_before: now - time::Duration::minutes(1),
+                not_after: now + time::Duration::hours(1),
+            },
+            Some(&sallyport_core::kube::KubeCertExt {
+                kube_cluster: "prod".into(),
+                kube_users: vec![],
+                kube_groups: vec![],
+            }),
+        )
+        .unwrap();
+    let chain = vec![pem_to_der(&pem).unwrap()];
+    let users = rows()
+        .into_iter()
+        .find(|r| r.path == routes::auth::USERS && r.method == Method::Get)
+        .unwrap();
+    let (status, body) = call(&f, &users, &chain).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(
+        body.contains("kubeconfig certificate is for kubectl only"),
+        "{body}"
+    );
+}

@@ -197,16 +197,31 @@ pub fn check_path(path: &str) -> Result<(), BadPath> {
     if !path.starts_with('/') {
         return Err(BadPath("the path must start with /".into()));
     }
-    let lower = path.to_ascii_lowercase();
-    for bad in ["%2f", "%5c", "%2e", "%00", "\\"] {
-        if lower.contains(bad) {
-            return Err(BadPath(format!(
-                "the path {path:?} contains {bad:?}, which the API server could read another way"
-            )));
-        }
+    if path.len() > MAX_PATH {
+        return Err(BadPath(format!(
+            "the path is {} bytes long; the most this door reads is {MAX_PATH}",
+            path.len()
+        )));
+    }
+    if path.contains('\\') {
+        return Err(BadPath(format!(
+            "the path {path:?} contains a backslash, which the API server could read another way"
+        )));
     }
     if path.len() > 1 {
         let segs: Vec<&str> = path[1..].split('/').collect();
+        // The API server decodes the path before it reads it (`%73ecrets` is `secrets`), and
+        // no name, namespace or resource ever needs encoding: a `%` is refused wherever the
+        // door decides, and allowed only in a proxy subresource's own path, which it does not.
+        let decided = match segs.iter().position(|s| *s == "proxy") {
+            Some(i) if proxied(&segs[..=i]) => &segs[..=i],
+            _ => &segs[..],
+        };
+        if decided.iter().any(|s| s.contains('%')) {
+            return Err(BadPath(format!(
+                "the path {path:?} is percent-encoded where the API server would decode it; send it as the API server reads it"
+            )));
+        }
         let last = segs.len() - 1;
         for (i, seg) in segs.iter().enumerate() {
             // A trailing slash is a proxy path's own (`pods/NAME/proxy/`), nothing else's.
@@ -228,11 +243,16 @@ fn proxied(segs: &[&str]) -> bool {
     })
 }
 
+/// The longest path the door reads (a real one is under a few hundred bytes; every request's
+/// path goes into the audit log).
+pub const MAX_PATH: usize = 4096;
+
+/// Is `key` set in the query as the API server reads it: keys and values decoded, and any value
+/// but `0` or `false` (any case) is true. Stricter than the API server where they differ: a
+/// `watch` the door misreads is decided as a watch, never as a list.
 fn query_flag(query: &str, key: &str) -> bool {
-    query.split('&').any(|kv| {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        k == key && matches!(v, "true" | "1")
-    })
+    url::form_urlencoded::parse(query.as_bytes())
+        .any(|(k, v)| k.eq_ignore_ascii_case(key) && v != "0" && !v.eq_ignore_ascii_case("false"))
 }
 
 /// Reads `method path?query` as the API server would: verb, kind, namespace, name.
@@ -268,8 +288,10 @@ pub fn classify(method: &str, path: &str, query: &str) -> Result<Classified, Bad
         watch_path = true;
         rest = &rest[1..];
     }
-    // namespaces/NS/RESOURCE/... or namespaces/NS (the namespace itself).
-    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+    // namespaces/NS/RESOURCE/... or namespaces/NS (the namespace itself), but namespaces/NS/status
+    // and /finalize are the namespace's own subresources.
+    let namespace_sub = matches!(rest, ["namespaces", _, "status" | "finalize"]);
+    if rest.first() == Some(&"namespaces") && rest.len() >= 3 && !namespace_sub {
         c.namespace = rest[1].to_string();
         rest = &rest[2..];
     }
@@ -278,7 +300,7 @@ pub fn classify(method: &str, path: &str, query: &str) -> Result<Classified, Bad
         [resource, name] => (*resource, *name, ""),
         [resource, name, sub] => (*resource, *name, *sub),
         // `.../pods/NAME/proxy/PATH`: the pod's own path is the API server's to pass on; the
-        // decision is the proxy subresource's (the parent's verb).
+        // decision is the proxy subresource's (verb `proxy`).
         [resource, name, "proxy", ..] => (*resource, *name, "proxy"),
         _ => {
             return Err(BadPath(format!(
@@ -304,6 +326,15 @@ pub fn classify(method: &str, path: &str, query: &str) -> Result<Classified, Bad
     c.verb = match (c.resource.as_str(), sub) {
         ("pods", "exec" | "attach") => "exec",
         ("pods", "portforward") => "portforward",
+        // HTTP into a pod or service: a verb of its own, never the parent's `get`.
+        ("pods" | "services", "proxy") => "proxy",
+        // The kubelet's own API (`/run`, `/exec`): root on the node, never through the door.
+        ("nodes", "proxy") => {
+            return Err(BadPath(
+                "nodes/NAME/proxy reaches the kubelet's own API, which this proxy never passes on"
+                    .into(),
+            ));
+        }
         _ => verb_of(method, !c.name.is_empty(), watch, true),
     };
     Ok(c)

@@ -421,6 +421,7 @@ vocabulary!(
         "deletecollection",
         "exec",
         "portforward",
+        "proxy",
         "*",
     ]
 );

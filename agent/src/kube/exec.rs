@@ -94,6 +94,7 @@ impl ExecServer {
             login: None,
             pending,
             chan: None,
+            used: false,
         };
         if let Err(e) = sallyport_core::door::serve_ssh(
             self.config.clone(),
@@ -133,6 +134,8 @@ struct Conn {
     pending: sallyport_core::door::Pending,
     /// The one session channel a connection carries.
     chan: Option<Chan>,
+    /// The signed exec ran already: a certificate runs it once.
+    used: bool,
 }
 
 /// The exec or attach path and query for `e`, as the API server reads them.
@@ -399,7 +402,7 @@ impl russh::server::Handler for Conn {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if self.chan.is_some() || self.exec.is_none() {
+        if self.chan.is_some() || self.exec.is_none() || self.used {
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)
                 .await;
@@ -457,6 +460,7 @@ impl russh::server::Handler for Conn {
             return session.channel_failure(ch);
         }
         c.started = true;
+        self.used = true;
         let size = c.size;
         let output = c.output.clone();
         match self.open(&exec).await {

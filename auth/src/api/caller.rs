@@ -124,6 +124,12 @@ impl AuthServer {
         let leaf = peer.0.first().ok_or_else(no_certificate)?;
         let s = sallyport_core::x509::parse_subject(leaf)
             .map_err(|e| AuthError::Unauthenticated(e.to_string()))?;
+        // A kubeconfig certificate opens one cluster's door and nothing else.
+        if sallyport_core::kube::KubeCertExt::from_cert(leaf).is_some() {
+            return Err(AuthError::Unauthenticated(
+                "a kubeconfig certificate is for kubectl only; use the login's certificate".into(),
+            ));
+        }
         match s.issuer_common_name.as_str() {
             TLS_USER_CA_CN if s.common_name == ADMIN => Ok(Caller::Admin),
             TLS_USER_CA_CN => {

@@ -90,8 +90,47 @@ fn paths_read_as_the_api_server_reads_them() {
             x.subresource.as_str(),
             x.verb
         ),
-        ("pod", "web-1", "proxy", "get")
+        ("pod", "web-1", "proxy", "proxy")
     );
+    // Its own path is the pod's: encoded there, as the pod may need.
+    assert_eq!(
+        c("GET", "/api/v1/namespaces/dev/services/web/proxy/a%20b", "").verb,
+        "proxy"
+    );
+    assert!(
+        classify(
+            "POST",
+            "/api/v1/nodes/n1/proxy/run/kube-system/p/c",
+            "cmd=sh"
+        )
+        .is_err()
+    );
+    // The namespace's own subresources.
+    let x = c("PUT", "/api/v1/namespaces/dev/finalize", "");
+    assert_eq!(
+        (
+            x.kind.as_str(),
+            x.name.as_str(),
+            x.namespace.as_str(),
+            x.subresource.as_str()
+        ),
+        ("namespace", "dev", "dev", "finalize")
+    );
+    // `watch` as the API server reads the query: decoded, and anything but 0/false is true.
+    for q in ["watch=yes", "watch=True", "%77atch=1", "watch=", "watch"] {
+        assert_eq!(
+            c("GET", "/api/v1/namespaces/dev/pods", q).verb,
+            "watch",
+            "{q}"
+        );
+    }
+    for q in ["watch=0", "watch=false", "watch=FALSE", "watchx=1"] {
+        assert_eq!(
+            c("GET", "/api/v1/namespaces/dev/pods", q).verb,
+            "list",
+            "{q}"
+        );
+    }
     assert_eq!(
         c("GET", "/api/v1/namespaces/dev/pods/web-1/proxy/", "").subresource,
         "proxy"
@@ -157,6 +196,10 @@ fn ambiguous_paths_are_refused() {
         "/api/v1/namespaces/dev/pods/web-1/proxy//x",
         "/api/v1/namespaces/dev/pods/web-1/proxy/../../../secrets",
         "api/v1/pods",
+        // The API server decodes these to secrets, kube-system, nodes.
+        "/api/v1/namespaces/dev/%73ecrets/db",
+        "/api/v1/namespaces/kube-%73ystem/secrets/x",
+        "/api/v1/%6eodes",
     ] {
         assert!(classify("GET", p, "").is_err(), "{p} was accepted");
     }

@@ -61,6 +61,8 @@ impl AccessCache {
         {
             return answer.clone();
         }
+        // Fresh from when it was asked, not answered: never older than FRESH.
+        let asked = Instant::now();
         let answer = self.ask(user, cluster).await;
         // Auth being away is not remembered: the next request asks again.
         if !matches!(answer, Err(Refused::Unavailable))
@@ -70,7 +72,7 @@ impl AccessCache {
                 m.retain(|_, (at, _)| at.elapsed() < FRESH);
             }
             if m.len() < MAX_ENTRIES {
-                m.insert(key, (Instant::now(), answer.clone()));
+                m.insert(key, (asked, answer.clone()));
             }
         }
         answer

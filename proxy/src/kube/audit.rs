@@ -11,8 +11,9 @@ use crate::AuthClient;
 
 /// Records waiting at most; past this a request waits to be let through.
 const QUEUE: usize = 8192;
-/// Records in one post at most (auth takes up to 1024).
-const BATCH: usize = 512;
+/// Records in one post at most (auth takes up to 1024; a record is at most ~10 KiB, its path
+/// and reason cut, so a batch stays under auth's 2 MiB body limit).
+const BATCH: usize = 128;
 
 #[derive(Clone)]
 pub struct RequestAudit {
@@ -60,6 +61,14 @@ async fn post(auth: AuthClient, mut rx: mpsc::Receiver<KubeRecord>) {
                 .await
             {
                 Ok(_) => break,
+                // A batch auth refuses as such will be refused again: said loudly, not retried
+                // forever with every request behind it.
+                Err(crate::auth_client::ClientError::Refused {
+                    status, message, ..
+                }) if (400..500).contains(&status) && status != 429 => {
+                    tracing::error!(status, error = %message, records = batch.len(), "auth refused kube request records; they are lost");
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, records = batch.len(), "kube request records not yet taken by auth; retrying");
                     tokio::time::sleep(wait).await;

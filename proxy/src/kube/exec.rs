@@ -201,14 +201,57 @@ impl HangUp for LockHangUp {
     }
 }
 
-/// Runs one granted exec session on kubectl's WebSocket until either side ends it.
+/// A session granted and dialed whose kubectl has not completed its upgrade yet: dropped
+/// unused, it is ended in auth (no `session.start` is left without its end).
+pub struct Pending {
+    state: Arc<ProxyState>,
+    opened: Option<Opened>,
+}
+
+impl Pending {
+    pub fn new(state: Arc<ProxyState>, opened: Opened) -> Self {
+        Pending {
+            state,
+            opened: Some(opened),
+        }
+    }
+
+    fn take(mut self) -> Option<Opened> {
+        self.opened.take()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(o) = self.opened.take() {
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                let id = o.grant.session_id.clone();
+                drop(o);
+                crate::session::audit::end_now(
+                    &state,
+                    &id,
+                    crate::session::authorize::failed_end(),
+                )
+                .await;
+            });
+        }
+    }
+}
+
+/// Runs one granted exec session on kubectl's WebSocket until either side ends it; `_counted`
+/// keeps it among its user's open connections meanwhile.
 pub async fn run(
     state: Arc<ProxyState>,
     target: Target,
     exec: KubeExec,
-    opened: Opened,
+    pending: Pending,
+    _counted: crate::state::OpenConnection,
     ws: WebSocket,
 ) {
+    let Some(opened) = pending.take() else {
+        return;
+    };
     let (sink, mut stream) = ws.split();
     let door = Arc::new(ExecDoor {
         sink: Mutex::new(sink),
@@ -277,7 +320,10 @@ pub async fn run(
             commands.send(Command::Close);
             break;
         };
-        activity.store(sallyport_core::unix_now_ms(), Ordering::Relaxed);
+        // What the person does counts; kubectl's keep-alive pings do not.
+        if matches!(m, Message::Binary(_)) {
+            activity.store(sallyport_core::unix_now_ms(), Ordering::Relaxed);
+        }
         let ok = match m {
             Message::Binary(b) if b.len() > MAX_MESSAGE => false,
             Message::Binary(b) => match b.first() {

@@ -154,6 +154,7 @@ pub fn upstream_request(
     body: Body,
     user: &str,
     groups: &[String],
+    client: &str,
 ) -> Result<Request<Body>, String> {
     let upgrade = is_upgrade(&headers);
     let (upgrade_to, connection) = (
@@ -169,7 +170,11 @@ pub fn upstream_request(
         // with request-header authentication would take them as the caller.
         .filter(|k| {
             let k = k.as_str();
-            k.starts_with("impersonate-") || k.starts_with("x-remote-")
+            k.starts_with("impersonate-")
+                || k.starts_with("x-remote-")
+                || k.starts_with("x-forwarded-")
+                || k == "forwarded"
+                || k == "x-real-ip"
         })
         .cloned()
         .collect();
@@ -181,6 +186,15 @@ pub fn upstream_request(
     headers.insert("impersonate-user", value(user)?);
     for g in groups {
         headers.append("impersonate-group", value(g)?);
+    }
+    // The API server's audit log names the person's address, as the door saw it, never one
+    // the person wrote.
+    if let Some(ip) = client
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .and_then(|a| HeaderValue::from_str(&a.ip().to_string()).ok())
+    {
+        headers.insert("x-forwarded-for", ip);
     }
     // The agent replaces it with the API server's.
     headers.insert(header::HOST, HeaderValue::from_static("kube-agent"));
@@ -219,6 +233,8 @@ mod tests {
             ("x-remote-user", "admin"),
             ("X-Remote-Group", "system:masters"),
             ("x-remote-extra-foo", "bar"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-real-ip", "10.0.0.1"),
             ("connection", "keep-alive, x-secret"),
             ("x-secret", "hop"),
             ("accept", "application/json"),
@@ -236,6 +252,7 @@ mod tests {
             Body::empty(),
             "alice",
             &groups,
+            "192.0.2.7:4242",
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let h = req.headers();
@@ -255,5 +272,8 @@ mod tests {
             Some(&HeaderValue::from_static("application/json"))
         );
         assert_eq!(req.uri(), "/api/v1/pods");
+        assert!(h.get("x-real-ip").is_none());
+        let fwd: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(fwd, vec!["192.0.2.7"]);
     }
 }

@@ -10,15 +10,15 @@
 //! `Impersonate-*` headers never pass; a refusal is a `metav1.Status` that names no address,
 //! credential or internal error, and nothing of it reaches the agent.
 //!
-//! exec and attach are refused until they run through the session engine, which records them
-//! (a bastion without its recorder is not one).
+//! exec and attach run through the session engine, which records them (`exec`); port-forward
+//! streams are audited and piped (`forward`); every other upgrade is refused.
 
 pub mod access;
 pub mod audit;
 pub mod exec;
 pub mod filter;
 pub mod forward;
-mod watch;
+mod streams;
 
 use std::sync::Arc;
 
@@ -88,10 +88,28 @@ struct Audit {
 }
 
 impl Audit {
+    /// The record, its fields cut to bounded lengths (the path a person sends is theirs to
+    /// choose, and every record waits in a queue and travels in a batch).
     fn finish(mut self, code: StatusCode, allowed: bool, reason: &str) -> KubeRequestRecord {
-        self.record.response_code = code.as_u16();
-        self.record.allowed = allowed;
-        self.record.reason = reason.to_string();
+        fn cut(s: &mut String, max: usize) {
+            if s.len() > max {
+                let mut at = max;
+                while !s.is_char_boundary(at) {
+                    at -= 1;
+                }
+                s.truncate(at);
+                s.push('…');
+            }
+        }
+        let r = &mut self.record;
+        r.response_code = code.as_u16();
+        r.allowed = allowed;
+        r.reason = reason.to_string();
+        cut(&mut r.path, sallyport_core::kube::MAX_PATH);
+        cut(&mut r.reason, 2048);
+        for f in [&mut r.kind, &mut r.namespace, &mut r.name, &mut r.method] {
+            cut(f, 512);
+        }
         self.record
     }
 }
@@ -140,6 +158,16 @@ async fn handle(
         Ok(id) => id,
         Err(why) => return refuse(StatusCode::UNAUTHORIZED, &why),
     };
+    // The methods the Kubernetes API has; anything else is no request of its.
+    if !matches!(
+        req.method().as_str(),
+        "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS"
+    ) {
+        return refuse(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the Kubernetes API takes GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS",
+        );
+    }
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
     let mut audit = Audit {
@@ -301,6 +329,7 @@ async fn handle(
         body,
         &principals.user,
         &principals.groups,
+        &audit.record.remote_addr,
     ) {
         Ok(r) => r,
         Err(why) => {
@@ -326,33 +355,56 @@ async fn handle(
         Some((control, pf)) => (Some(control), Some(pf)),
         None => (None, None),
     };
-    match forward::forward(&opener, up, client_upgrade, control).await {
-        Ok(resp) => {
-            let (resp, allowed, why) = match &filter {
-                Some(f) => f.narrow(resp).await,
-                None => (resp, true, "allowed".to_string()),
-            };
-            let code = resp.status();
-            door.audit.record(audit.finish(code, allowed, &why)).await;
-            // A watch is a stream too: a lock ends it, as it ends an exec.
-            let resp = if c.verb == "watch" && code.is_success() {
-                watch::until_locked(&door.state, &snap.user, resp)
-            } else {
-                resp
-            };
-            if let Some(pf) = pf {
-                pf.started(&door, code == StatusCode::SWITCHING_PROTOCOLS)
-                    .await;
+    // Forwarded and audited on a task of its own: a client that resets its stream once the
+    // request is on its way cannot take the audit record with it.
+    let (state, user) = (door.state.clone(), snap.user.clone());
+    let (verb, discovery, cluster) = (c.verb, c.discovery, cluster.to_string());
+    let task = tokio::spawn(async move {
+        let as_c = Classified {
+            discovery,
+            ..Default::default()
+        };
+        match forward::forward(&opener, up, client_upgrade, control).await {
+            Ok(resp) => {
+                let (resp, allowed, why) = match &filter {
+                    Some(f) => f.narrow(resp).await,
+                    None => (resp, true, "allowed".to_string()),
+                };
+                let code = resp.status();
+                door.audit.record(audit.finish(code, allowed, &why)).await;
+                if let Some(pf) = pf {
+                    pf.started(&door, code == StatusCode::SWITCHING_PROTOCOLS)
+                        .await;
+                }
+                // A watch, `logs -f` or any answer still streaming is a live connection of its
+                // user: a lock ends it, as it ends an exec.
+                if code.is_success() {
+                    streams::until_locked(&state, &user, resp)
+                } else {
+                    resp
+                }
             }
-            resp
+            Err(e) => {
+                tracing::warn!(cluster, verb, error = %e, "kube request not forwarded");
+                if let Some(pf) = pf {
+                    pf.started(&door, false).await;
+                }
+                let why = format!("Kubernetes cluster {cluster} did not answer; try again");
+                door.audit
+                    .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, true, &why))
+                    .await;
+                refuse_as(&as_c, StatusCode::SERVICE_UNAVAILABLE, &why)
+            }
         }
+    });
+    match task.await {
+        Ok(resp) => resp,
         Err(e) => {
-            tracing::warn!(cluster, error = %e, "kube request not forwarded");
-            let why = format!("Kubernetes cluster {cluster} did not answer; try again");
-            door.audit
-                .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, true, &why))
-                .await;
-            refuse_as(&c, StatusCode::SERVICE_UNAVAILABLE, &why)
+            tracing::error!(error = %e, "a kube request's task failed");
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request could not be completed",
+            )
         }
     }
 }
@@ -479,6 +531,7 @@ async fn open_exec(
     let Ok(addr) = remote_addr.parse() else {
         return fail(StatusCode::BAD_REQUEST, "no client address".into());
     };
+    let counted = door.state.open_connection(&snap.user);
     let target = crate::session::Target {
         user: snap.user.clone(),
         login: principals.user.clone(),
@@ -486,7 +539,9 @@ async fn open_exec(
         addr,
         cert_expires,
         open_sessions: Some(0),
-        older_connections: 0,
+        // An exec is a connection of its user for the roles' `max_connections`, as an SSH
+        // connection is.
+        older_connections: door.state.older_connections(&counted, &snap.user),
         credential_refusal: None,
         kube: Some(kube.clone()),
     };
@@ -506,14 +561,27 @@ async fn open_exec(
                 Refusal::Limit(_) => StatusCode::TOO_MANY_REQUESTS,
                 Refusal::HostKey(_) | Refusal::Failed(_) => StatusCode::BAD_GATEWAY,
             };
-            return fail(code, r.to_string());
+            // What went wrong inside (a host key, a dial) is the admin's to read, in the log.
+            let said = match &r {
+                Refusal::HostKey(_) | Refusal::Failed(_) => {
+                    tracing::warn!(user = %snap.user, cluster = %snap.cluster.name, error = %r, "kube exec not opened");
+                    format!(
+                        "the session could not be opened on cluster {}; try again, or ask an administrator to look at the proxy's log",
+                        snap.cluster.name
+                    )
+                }
+                _ => r.to_string(),
+            };
+            return fail(code, said);
         }
     };
     let state = door.state.clone();
+    // Granted and dialed: ended in auth if kubectl never completes the upgrade.
+    let pending = exec::Pending::new(state.clone(), opened);
     let resp = upgrade
         .protocols([protocol])
         .max_message_size(exec::MAX_MESSAGE)
-        .on_upgrade(move |ws| exec::run(state, target, kube, opened, ws));
+        .on_upgrade(move |ws| exec::run(state, target, kube, pending, counted, ws));
     (
         StatusCode::SWITCHING_PROTOCOLS,
         resp,

@@ -1,4 +1,4 @@
-//! A watch's answer is a stream that lasts as long as the person keeps it: like an exec, it is
+//! An answer that streams (a watch, `logs -f`) lasts as long as the person keeps it: like an exec, it is
 //! tracked as a live connection of its user and ended when the user is locked.
 
 use std::pin::Pin;
