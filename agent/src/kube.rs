@@ -964,6 +964,7 @@ fn status_response(code: StatusCode, message: &str) -> Response<Body> {
 }
 
 pub mod exec;
+pub mod spdy;
 
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,7 @@ pub mod role;
 pub mod routes;
 pub mod scp;
 pub mod sftp;
+pub mod spdy;
 pub mod sshcert;
 pub mod terminal;
 pub mod tls;

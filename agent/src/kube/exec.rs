@@ -2,10 +2,16 @@
 //! session inside the tunnel (the session engine's dial, as for a node), with a per-session
 //! certificate in which auth signed exactly which pod, container and command, as which
 //! principals (`sshcert::EXT_KUBE_EXEC`). The agent runs that and nothing else: it opens the
-//! exec stream with the API server (WebSocket `v5.channel.k8s.io`, else v4) with its own
-//! credentials and the signed principals, and relays it as the SSH channel: stdin as data, the
-//! end of stdin as EOF (v5), window changes as resizes, stdout and stderr as data and extended
-//! data, and the API server's final Status as the exit status.
+//! exec stream with the API server with its own credentials and the signed principals, and
+//! relays it as the SSH channel: stdin as data, the end of stdin as EOF, window changes as
+//! resizes, stdout and stderr as data and extended data, and the API server's final Status as
+//! the exit status.
+//!
+//! The stream is WebSocket `v5.channel.k8s.io` (kube-apiserver 1.30 and later), else SPDY/3.1
+//! with `v4.channel.k8s.io` (`super::spdy`): an API server that answers the WebSocket with
+//! anything but its own Status (an older one proxies it to the kubelet, which refuses v5 with
+//! text; one without WebSocket support says 400) is asked again over SPDY. Both have stdin's
+//! end, which WebSocket v4 lacks, so v4 is never asked for.
 //!
 //! An exec the API server refuses (no such pod, RBAC) is answered with a failed `exec` request,
 //! and the API server's Status goes to the proxy as the channel's stderr, for kubectl.
@@ -30,10 +36,12 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
+use super::spdy::SpdyExec;
 use super::{Dialer, KubeServer};
 use crate::{AgentError, AgentIdentity};
 
 const V5: &str = "v5.channel.k8s.io";
+/// The stream protocol asked for over SPDY.
 const V4: &str = "v4.channel.k8s.io";
 
 const STDIN: u8 = 0;
@@ -111,7 +119,8 @@ impl ExecServer {
     }
 }
 
-enum Input {
+/// The SSH channel's input, for the API server.
+pub enum Input {
     Data(Bytes),
     Eof,
     Resize(u32, u32),
@@ -166,12 +175,16 @@ fn exec_path(e: &KubeExec) -> String {
     )
 }
 
-/// What the API server said when it refused the stream: its Status, or one made of its words.
-fn refusal(code: StatusCode, body: &[u8]) -> Bytes {
-    if serde_json::from_slice::<serde_json::Value>(body)
+/// Whether `body` is a `metav1.Status`: the API server's own answer, as to a refused exec.
+fn is_status(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .is_some_and(|v| v.get("status").is_some())
-    {
+}
+
+/// What the API server said when it refused the stream: its Status, or one made of its words.
+fn refusal(code: StatusCode, body: &[u8]) -> Bytes {
+    if is_status(body) {
         return Bytes::copy_from_slice(body);
     }
     let text = String::from_utf8_lossy(body).trim().to_string();
@@ -192,24 +205,88 @@ fn refusal(code: StatusCode, body: &[u8]) -> Bytes {
 
 type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
+/// The API server's exec stream, as it agreed to speak it.
+enum Upstream {
+    WebSocket(Stream),
+    Spdy(SpdyExec),
+}
+
+/// Why an exec stream was not opened.
+enum Refused {
+    /// The exec itself: the Status to give kubectl.
+    Exec(Bytes),
+    /// The stream protocol, in the API server's words: another may do.
+    Protocol(StatusCode, String),
+}
+
+impl Refused {
+    /// The API server's answer to an upgrade it did not accept.
+    async fn of(resp: hyper::Response<hyper::body::Incoming>) -> Self {
+        let code = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body = &body[..body.len().min(64 * 1024)];
+        if is_status(body) {
+            Refused::Exec(Bytes::copy_from_slice(body))
+        } else {
+            Refused::Protocol(code, String::from_utf8_lossy(body).trim().to_string())
+        }
+    }
+}
+
+fn fail(code: StatusCode, m: &str) -> Refused {
+    Refused::Exec(refusal(code, m.as_bytes()))
+}
+
 impl Conn {
-    /// Opens the exec stream with the API server: `Ok` with the stream and whether it speaks
-    /// v5, or the Status to give kubectl.
-    async fn open(&self, e: &KubeExec) -> Result<(Stream, bool), Bytes> {
-        let fail = |code: StatusCode, m: &str| refusal(code, m.as_bytes());
+    /// Opens the exec stream with the API server: WebSocket v5, else SPDY; `Err` with the
+    /// Status to give kubectl.
+    async fn open(&self, e: &KubeExec) -> Result<Upstream, Bytes> {
+        let ws_said = match self.open_websocket(e).await {
+            Ok(ws) => return Ok(Upstream::WebSocket(ws)),
+            Err(Refused::Exec(status)) => return Err(status),
+            Err(Refused::Protocol(code, said)) => (code, said),
+        };
+        tracing::debug!(code = %ws_said.0, said = %ws_said.1, "the API server refused the WebSocket exec stream; asking over SPDY");
+        match self.open_spdy(e).await {
+            Ok(x) => Ok(Upstream::Spdy(x)),
+            Err(Refused::Exec(status)) => Err(status),
+            Err(Refused::Protocol(code, said)) => Err(refusal(
+                code,
+                format!(
+                    "the API server refused the exec stream over WebSocket ({}: {}) and over SPDY/3.1 ({code}: {said})",
+                    ws_said.0, ws_said.1
+                )
+                .as_bytes(),
+            )),
+        }
+    }
+
+    /// A request for the exec stream of `e` with the agent's credentials and the signed
+    /// principals.
+    async fn request(
+        &self,
+        e: &KubeExec,
+        method: hyper::Method,
+        upgrade: &[(header::HeaderName, String)],
+    ) -> Result<Request<Empty<Bytes>>, Refused> {
         let uri = self
             .kube
             .upstream
             .uri(&exec_path(e))
             .map_err(|m| fail(StatusCode::BAD_REQUEST, &m.to_string()))?;
-        let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
-        let mut req = Request::get(uri)
-            .header(header::CONNECTION, "Upgrade")
-            .header(header::UPGRADE, "websocket")
-            .header(header::SEC_WEBSOCKET_VERSION, "13")
-            .header(header::SEC_WEBSOCKET_KEY, &key)
-            .header(header::SEC_WEBSOCKET_PROTOCOL, format!("{V5}, {V4}"))
-            .header("Impersonate-User", &e.kube_user);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONNECTION, "Upgrade");
+        for (k, v) in upgrade {
+            req = req.header(k, v);
+        }
+        req = req.header("Impersonate-User", &e.kube_user);
         for g in &e.kube_groups {
             req = req.header("Impersonate-Group", g);
         }
@@ -221,40 +298,86 @@ impl Conn {
         {
             req.headers_mut().insert(header::AUTHORIZATION, v);
         }
-        let mut resp = self.srv.client.request(req).await.map_err(|err| {
+        Ok(req)
+    }
+
+    async fn send(
+        &self,
+        req: Request<Empty<Bytes>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, Refused> {
+        let resp = self.srv.client.request(req).await.map_err(|err| {
             tracing::error!(error = %crate::join::root_cause(&err), "kube agent: the API server is unreachable");
             fail(StatusCode::SERVICE_UNAVAILABLE, super::UNREACHABLE)
         })?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            let code = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return Err(refusal(code, &body[..body.len().min(64 * 1024)]));
+            return Err(Refused::of(resp).await);
         }
+        Ok(resp)
+    }
+
+    /// The exec stream over WebSocket v5.
+    async fn open_websocket(&self, e: &KubeExec) -> Result<Stream, Refused> {
+        let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
+        let upgrade = [
+            (header::UPGRADE, "websocket".to_string()),
+            (header::SEC_WEBSOCKET_VERSION, "13".to_string()),
+            (header::SEC_WEBSOCKET_KEY, key.clone()),
+            (header::SEC_WEBSOCKET_PROTOCOL, V5.to_string()),
+        ];
+        let req = self.request(e, hyper::Method::GET, &upgrade).await?;
+        let mut resp = self.send(req).await?;
         let want = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         let accepted = resp
             .headers()
             .get(header::SEC_WEBSOCKET_ACCEPT)
-            .is_some_and(|v| v.as_bytes() == want.as_bytes());
+            .is_some_and(|v| v.as_bytes() == want.as_bytes())
+            && resp
+                .headers()
+                .get(header::SEC_WEBSOCKET_PROTOCOL)
+                .is_some_and(|p| p == HeaderValue::from_static(V5));
         if !accepted {
             return Err(fail(
                 StatusCode::BAD_GATEWAY,
                 "the API server's WebSocket handshake did not check out",
             ));
         }
-        let v5 = resp
-            .headers()
-            .get(header::SEC_WEBSOCKET_PROTOCOL)
-            .is_some_and(|p| p == HeaderValue::from_static(V5));
         let upgraded = hyper::upgrade::on(&mut resp)
             .await
             .map_err(|m| fail(StatusCode::BAD_GATEWAY, &m.to_string()))?;
-        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
-        Ok((ws, v5))
+        Ok(WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await)
+    }
+
+    /// The exec stream over SPDY/3.1 (v4), its streams opened as kubectl opens them.
+    async fn open_spdy(&self, e: &KubeExec) -> Result<SpdyExec, Refused> {
+        let upgrade = [
+            (header::UPGRADE, super::spdy::UPGRADE.to_string()),
+            (
+                header::HeaderName::from_static("x-stream-protocol-version"),
+                V4.to_string(),
+            ),
+        ];
+        let req = self.request(e, hyper::Method::POST, &upgrade).await?;
+        let mut resp = self.send(req).await?;
+        let h = resp.headers();
+        let spdy = h
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case(super::spdy::UPGRADE));
+        let v4 = h
+            .get("x-stream-protocol-version")
+            .is_some_and(|v| v.as_bytes() == V4.as_bytes());
+        if !spdy || !v4 {
+            return Err(fail(
+                StatusCode::BAD_GATEWAY,
+                "the API server's SPDY handshake did not check out",
+            ));
+        }
+        let upgraded = hyper::upgrade::on(&mut resp)
+            .await
+            .map_err(|m| fail(StatusCode::BAD_GATEWAY, &m.to_string()))?;
+        SpdyExec::open(TokioIo::new(upgraded), e)
+            .await
+            .map_err(|why| fail(StatusCode::BAD_GATEWAY, &why))
     }
 }
 
@@ -272,8 +395,8 @@ fn resize_message(cols: u32, rows: u32) -> Message {
     )
 }
 
-/// The exit status a final Status means; `None` with its message when it is not an exit.
-fn exit_of(status: &[u8]) -> Result<u32, String> {
+/// The exit status a final Status means; `Err` with its message when it is not an exit.
+pub fn exit_of(status: &[u8]) -> Result<u32, String> {
     let v: serde_json::Value = serde_json::from_slice(status)
         .map_err(|_| String::from_utf8_lossy(status).trim().to_string())?;
     if v["status"] == "Success" {
@@ -294,21 +417,14 @@ fn exit_of(status: &[u8]) -> Result<u32, String> {
         .to_string())
 }
 
-/// Carries the API server's stream to the channel and the channel's input to it.
-async fn relay(
-    ws: Stream,
-    v5: bool,
-    out: Arc<ChannelWriteHalf<Msg>>,
-    mut input: mpsc::Receiver<Input>,
-) {
+/// Carries the API server's WebSocket (v5) to the channel and the channel's input to it.
+async fn relay(ws: Stream, out: Arc<ChannelWriteHalf<Msg>>, mut input: mpsc::Receiver<Input>) {
     let (mut sink, mut stream) = ws.split();
     let writer = tokio::spawn(async move {
         while let Some(i) = input.recv().await {
             let m = match i {
                 Input::Data(d) => framed(STDIN, &d),
-                Input::Eof if v5 => framed(CLOSE, &[STDIN]),
-                // v4 has no way to say it: the command's stdin stays open.
-                Input::Eof => continue,
+                Input::Eof => framed(CLOSE, &[STDIN]),
                 Input::Resize(c, r) => resize_message(c, r),
             };
             if sink.send(m).await.is_err() {
@@ -464,7 +580,7 @@ impl russh::server::Handler for Conn {
         let size = c.size;
         let output = c.output.clone();
         match self.open(&exec).await {
-            Ok((ws, v5)) => {
+            Ok(upstream) => {
                 let (tx, rx) = mpsc::channel(INPUT_QUEUE);
                 if let Some((cols, rows)) = size {
                     let _ = tx.send(Input::Resize(cols, rows)).await;
@@ -473,7 +589,10 @@ impl russh::server::Handler for Conn {
                     c.input = Some(tx);
                 }
                 session.channel_success(ch)?;
-                tokio::spawn(relay(ws, v5, output, rx));
+                match upstream {
+                    Upstream::WebSocket(ws) => tokio::spawn(relay(ws, output, rx)),
+                    Upstream::Spdy(x) => tokio::spawn(x.relay(output, rx)),
+                };
             }
             Err(status) => {
                 tracing::info!(login = ?self.login, pod = %exec.pod, "the API server refused an exec");

@@ -1,19 +1,24 @@
 //! `kubectl exec` and `attach` as a session of the session engine: the door reads kubectl's
-//! stream protocol (WebSocket `v5.channel.k8s.io` or `v4.channel.k8s.io`) and speaks it as
-//! [`Command`]s and [`Event`]s, exactly as the SSH door speaks SSH. The session is granted by
-//! auth (the exec signed into the per-session certificate), dialed over SSH inside the kube
-//! agent's tunnel, relayed, recorded and audited by `crate::session`, like every session.
+//! stream protocol and speaks it as [`Command`]s and [`Event`]s, exactly as the SSH door speaks
+//! SSH. The session is granted by auth (the exec signed into the per-session certificate),
+//! dialed over SSH inside the kube agent's tunnel, relayed, recorded and audited by
+//! `crate::session`, like every session.
 //!
-//! The channel protocol: each binary message starts with its stream: 0 stdin, 1 stdout,
-//! 2 stderr, 3 the error stream (one `metav1.Status` at the end), 4 resize
-//! (`{"Width":W,"Height":H}`); v5 adds `255, 0`: the client closed stdin.
+//! Two front ends share what a session is ([`ExecDoor`], [`drive`]): this module's WebSocket
+//! one and SPDY/3.1's (`super::spdy`). Each only turns kubectl's protocol into [`Input`] and
+//! writes its [`Streams`].
+//!
+//! The WebSocket channel protocol (`v5.channel.k8s.io` or `v4.channel.k8s.io`): each binary
+//! message starts with its stream: 0 stdin, 1 stdout, 2 stderr, 3 the error stream (one
+//! `metav1.Status` at the end), 4 resize (`{"Width":W,"Height":H}`); v5 adds `255, 0`: the
+//! client closed stdin.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use sallyport_core::kube::KubeExec;
 use tokio::sync::{Mutex, mpsc};
@@ -97,9 +102,48 @@ fn framed(stream: u8, data: &[u8]) -> Message {
     Message::Binary(b.freeze())
 }
 
-/// The door's side of one exec session: the engine's events as kubectl's messages.
-pub struct ExecDoor {
-    sink: Mutex<futures::stream::SplitSink<WebSocket, Message>>,
+/// kubectl's side of an exec session, as a front end writes it.
+pub trait Streams: Send + Sync + 'static {
+    /// Output on stdout, or on stderr when `stderr`; false once kubectl is gone.
+    fn output(&self, stderr: bool, data: Bytes) -> impl std::future::Future<Output = bool> + Send;
+
+    /// The final Status on the error stream, then the end of every stream and of the
+    /// connection.
+    fn finish(&self, status: serde_json::Value) -> impl std::future::Future<Output = ()> + Send;
+
+    /// As [`Door::window`], for a front end that holds kubectl's input back until the node
+    /// took it.
+    fn window(&self) -> Option<u32> {
+        None
+    }
+
+    /// As [`Door::consumed`].
+    fn consumed(&self, _bytes: usize) {}
+}
+
+/// What a front end read from kubectl, in order.
+#[derive(Debug)]
+pub enum Input {
+    Data(Bytes),
+    /// kubectl closed stdin.
+    Eof,
+    Resize {
+        cols: u32,
+        rows: u32,
+    },
+    /// Anything else on kubectl's streams: the person is there.
+    Other,
+    /// A keep-alive: not the person's activity (`client_idle_timeout`).
+    KeepAlive,
+    /// kubectl is gone.
+    Closed,
+    /// kubectl broke the protocol (a message too large).
+    Broken,
+}
+
+/// The door's side of one exec session: the engine's events as kubectl's streams.
+pub struct ExecDoor<S> {
+    streams: S,
     /// Requests sent before the command (`pty-req` for a terminal): their replies come first.
     replies_before_exec: u32,
     replies: AtomicU32,
@@ -108,37 +152,26 @@ pub struct ExecDoor {
     refused: AtomicBool,
     refusal: std::sync::Mutex<Vec<u8>>,
     exit: std::sync::Mutex<Option<u32>>,
-    gone: AtomicBool,
 }
 
-impl ExecDoor {
-    async fn put(&self, m: Message) -> bool {
-        if self.gone.load(Ordering::Acquire) {
-            return false;
+impl<S: Streams> ExecDoor<S> {
+    fn new(streams: S, tty: bool) -> Self {
+        ExecDoor {
+            streams,
+            replies_before_exec: u32::from(tty),
+            replies: AtomicU32::new(0),
+            refused: AtomicBool::new(false),
+            refusal: std::sync::Mutex::new(Vec::new()),
+            exit: std::sync::Mutex::new(None),
         }
-        let ok = self.sink.lock().await.send(m).await.is_ok();
-        if !ok {
-            self.gone.store(true, Ordering::Release);
-        }
-        ok
     }
 
     async fn finish(&self, status: serde_json::Value) {
-        let body = serde_json::to_vec(&status).unwrap_or_default();
-        self.put(framed(ERROR, &body)).await;
-        let mut sink = self.sink.lock().await;
-        let _ = sink
-            .send(Message::Close(Some(CloseFrame {
-                code: 1000,
-                reason: "".into(),
-            })))
-            .await;
-        let _ = sink.close().await;
-        self.gone.store(true, Ordering::Release);
+        self.streams.finish(status).await;
     }
 }
 
-impl Door for ExecDoor {
+impl<S: Streams> Door for ExecDoor<S> {
     async fn send(&self, event: Event) -> bool {
         match event {
             Event::Data { ext, data } => {
@@ -150,8 +183,7 @@ impl Door for ExecDoor {
                     }
                     return true;
                 }
-                let stream = if ext == Some(1) { STDERR } else { STDOUT };
-                self.put(framed(stream, &data)).await
+                self.streams.output(ext == Some(1), data).await
             }
             Event::Reply(ok) => {
                 let n = self.replies.fetch_add(1, Ordering::AcqRel);
@@ -190,6 +222,54 @@ impl Door for ExecDoor {
             }
         }
     }
+
+    fn window(&self) -> Option<u32> {
+        self.streams.window()
+    }
+
+    fn consumed(&self, bytes: usize) {
+        self.streams.consumed(bytes);
+    }
+}
+
+/// kubectl's WebSocket, written.
+struct WebSocketStreams {
+    sink: Mutex<futures::stream::SplitSink<WebSocket, Message>>,
+    gone: AtomicBool,
+}
+
+impl WebSocketStreams {
+    async fn put(&self, m: Message) -> bool {
+        if self.gone.load(Ordering::Acquire) {
+            return false;
+        }
+        let ok = self.sink.lock().await.send(m).await.is_ok();
+        if !ok {
+            self.gone.store(true, Ordering::Release);
+        }
+        ok
+    }
+}
+
+impl Streams for WebSocketStreams {
+    async fn output(&self, stderr: bool, data: Bytes) -> bool {
+        let stream = if stderr { STDERR } else { STDOUT };
+        self.put(framed(stream, &data)).await
+    }
+
+    async fn finish(&self, status: serde_json::Value) {
+        let body = serde_json::to_vec(&status).unwrap_or_default();
+        self.put(framed(ERROR, &body)).await;
+        let mut sink = self.sink.lock().await;
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code: 1000,
+                reason: "".into(),
+            })))
+            .await;
+        let _ = sink.close().await;
+        self.gone.store(true, Ordering::Release);
+    }
 }
 
 /// Ends an exec session when its user is locked: the reason reaches kubectl as the Status.
@@ -216,7 +296,7 @@ impl Pending {
         }
     }
 
-    fn take(mut self) -> Option<Opened> {
+    pub(crate) fn take(mut self) -> Option<Opened> {
         self.opened.take()
     }
 }
@@ -252,16 +332,44 @@ pub async fn run(
     let Some(opened) = pending.take() else {
         return;
     };
-    let (sink, mut stream) = ws.split();
-    let door = Arc::new(ExecDoor {
+    let (sink, stream) = ws.split();
+    let streams = WebSocketStreams {
         sink: Mutex::new(sink),
-        replies_before_exec: u32::from(exec.tty),
-        replies: AtomicU32::new(0),
-        refused: AtomicBool::new(false),
-        refusal: std::sync::Mutex::new(Vec::new()),
-        exit: std::sync::Mutex::new(None),
         gone: AtomicBool::new(false),
+    };
+    let stdin = exec.stdin;
+    let input = stream.map(move |m| match m {
+        Ok(Message::Binary(b)) if b.len() > MAX_MESSAGE => Input::Broken,
+        Ok(Message::Binary(b)) => match b.first() {
+            Some(&STDIN) if stdin => Input::Data(b.slice(1..)),
+            Some(&RESIZE) => match resize(&b[1..]) {
+                Some((cols, rows)) => Input::Resize { cols, rows },
+                None => Input::Other,
+            },
+            Some(&CLOSE) if b.get(1) == Some(&STDIN) => Input::Eof,
+            _ => Input::Other,
+        },
+        Ok(Message::Close(_)) | Err(_) => Input::Closed,
+        // kubectl's pings.
+        Ok(_) => Input::KeepAlive,
     });
+    drive(state, target, exec, opened, streams, input).await;
+}
+
+/// Runs one granted exec session: the engine started with an [`ExecDoor`] over `streams`, and
+/// kubectl's `input` given to it as commands, until either side ends it.
+pub async fn drive<S, I>(
+    state: Arc<ProxyState>,
+    target: Target,
+    exec: KubeExec,
+    opened: Opened,
+    streams: S,
+    mut input: I,
+) where
+    S: Streams,
+    I: futures::Stream<Item = Input> + Unpin + Send,
+{
+    let door = Arc::new(ExecDoor::new(streams, exec.tty));
     let activity = Arc::new(AtomicU64::new(sallyport_core::unix_now_ms()));
     let commands = crate::session::start(
         state.clone(),
@@ -279,15 +387,16 @@ pub async fn run(
     if exec.tty {
         let (mut cols, mut rows) = (80, 24);
         let deadline = tokio::time::Instant::now() + FIRST_RESIZE;
-        while let Ok(Some(Ok(m))) = tokio::time::timeout_at(deadline, stream.next()).await {
-            if let Message::Binary(b) = &m
-                && b.first() == Some(&RESIZE)
-                && let Some((c, r)) = resize(&b[1..])
-            {
+        while let Ok(Some(i)) = tokio::time::timeout_at(deadline, input.next()).await {
+            if let Input::Resize { cols: c, rows: r } = i {
                 (cols, rows) = (c, r);
                 break;
             }
-            early.push(m);
+            let end = matches!(i, Input::Closed | Input::Broken);
+            early.push(i);
+            if end {
+                break;
+            }
         }
         commands.send(Command::Pty {
             term: "xterm".into(),
@@ -302,9 +411,9 @@ pub async fn run(
     let mut pending = early.into_iter();
     loop {
         let next = match pending.next() {
-            Some(m) => Some(Ok(m)),
+            Some(i) => Some(i),
             None => tokio::select! {
-                m = stream.next() => m,
+                i = input.next() => i,
                 why = lock_rx.recv() => {
                     door.finish(serde_json::json!({
                         "metadata": {}, "status": "Failure",
@@ -316,30 +425,21 @@ pub async fn run(
                 }
             },
         };
-        let Some(Ok(m)) = next else {
-            commands.send(Command::Close);
-            break;
-        };
+        let i = next.unwrap_or(Input::Closed);
         // What the person does counts; kubectl's keep-alive pings do not.
-        if matches!(m, Message::Binary(_)) {
+        if !matches!(i, Input::KeepAlive) {
             activity.store(sallyport_core::unix_now_ms(), Ordering::Relaxed);
         }
-        let ok = match m {
-            Message::Binary(b) if b.len() > MAX_MESSAGE => false,
-            Message::Binary(b) => match b.first() {
-                Some(&STDIN) if exec.stdin => commands.send(Command::Data(b.slice(1..))),
-                Some(&RESIZE) => match resize(&b[1..]) {
-                    Some((cols, rows)) => commands.send(Command::Resize { cols, rows }),
-                    None => true,
-                },
-                Some(&CLOSE) if b.get(1) == Some(&STDIN) => commands.send(Command::Eof),
-                _ => true,
-            },
-            Message::Close(_) => {
+        let ok = match i {
+            Input::Data(d) => commands.send(Command::Data(d)),
+            Input::Eof => commands.send(Command::Eof),
+            Input::Resize { cols, rows } => commands.send(Command::Resize { cols, rows }),
+            Input::Other | Input::KeepAlive => true,
+            Input::Broken => false,
+            Input::Closed => {
                 commands.send(Command::Close);
                 break;
             }
-            _ => true,
         };
         if !ok {
             door.finish(serde_json::json!({
@@ -355,7 +455,8 @@ pub async fn run(
     state.untrack(id);
 }
 
-fn resize(json: &[u8]) -> Option<(u32, u32)> {
+/// A resize message's size, when it is a sane one.
+pub fn resize(json: &[u8]) -> Option<(u32, u32)> {
     #[derive(serde::Deserialize)]
     struct Size {
         #[serde(rename = "Width")]

@@ -18,6 +18,7 @@ pub mod audit;
 pub mod exec;
 pub mod filter;
 pub mod forward;
+pub mod spdy;
 mod streams;
 
 use std::sync::Arc;
@@ -502,13 +503,17 @@ async fn open_exec(
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let Some(protocol) = protocol.filter(|_| websocket) else {
+    // WebSocket (v5, v4), else SPDY/3.1 (v4): kubectl's first try and its fallback.
+    let ws_protocol = protocol.filter(|_| websocket);
+    let spdy_protocol = spdy::offered(req.headers()).filter(|_| !websocket);
+    let Some(protocol) = ws_protocol.or(spdy_protocol) else {
         return fail(
             StatusCode::BAD_REQUEST,
             format!(
-                "this proxy runs exec and attach over WebSocket ({} or {}); use kubectl 1.30 or later without KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false",
+                "exec and attach run over WebSocket ({} or {}) or SPDY/3.1 ({}); this request offers neither",
                 exec::V5,
-                exec::V4
+                exec::V4,
+                spdy::PROTOCOL
             ),
         );
     };
@@ -526,7 +531,12 @@ async fn open_exec(
         stdin: q.stdin,
         kube_user: principals.user.clone(),
         kube_groups: principals.groups.clone(),
-        protocol: protocol.to_string(),
+        // Over SPDY as Kubernetes names a protocol carried inside another.
+        protocol: if ws_protocol.is_some() {
+            protocol.to_string()
+        } else {
+            format!("{}+{protocol}", spdy::UPGRADE)
+        },
     };
     let Ok(addr) = remote_addr.parse() else {
         return fail(StatusCode::BAD_REQUEST, "no client address".into());
@@ -545,12 +555,20 @@ async fn open_exec(
         credential_refusal: None,
         kube: Some(kube.clone()),
     };
-    let (mut parts, _body) = req.into_parts();
-    let upgrade =
+    enum Upgrade {
+        WebSocket(axum::extract::ws::WebSocketUpgrade),
+        Spdy(hyper::upgrade::OnUpgrade, spdy::Expected),
+    }
+    let upgrade = if ws_protocol.is_some() {
+        let (mut parts, _body) = req.into_parts();
         match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(u) => u,
+            Ok(u) => Upgrade::WebSocket(u),
             Err(e) => return fail(StatusCode::BAD_REQUEST, e.body_text()),
-        };
+        }
+    } else {
+        let mut req = req;
+        Upgrade::Spdy(hyper::upgrade::on(&mut req), spdy::Expected::of(&q))
+    };
     let opened = match crate::session::relay::open(door.state.clone(), &target, None).await {
         Ok(o) => o,
         Err(r) => {
@@ -578,10 +596,18 @@ async fn open_exec(
     let state = door.state.clone();
     // Granted and dialed: ended in auth if kubectl never completes the upgrade.
     let pending = exec::Pending::new(state.clone(), opened);
-    let resp = upgrade
-        .protocols([protocol])
-        .max_message_size(exec::MAX_MESSAGE)
-        .on_upgrade(move |ws| exec::run(state, target, kube, pending, counted, ws));
+    let resp = match upgrade {
+        Upgrade::WebSocket(ws) => ws
+            .protocols([protocol])
+            .max_message_size(exec::MAX_MESSAGE)
+            .on_upgrade(move |ws| exec::run(state, target, kube, pending, counted, ws)),
+        Upgrade::Spdy(on_upgrade, expected) => {
+            tokio::spawn(spdy::run(
+                state, target, kube, expected, pending, counted, on_upgrade,
+            ));
+            spdy::switching(protocol)
+        }
+    };
     (
         StatusCode::SWITCHING_PROTOCOLS,
         resp,
