@@ -130,7 +130,10 @@ struct Chan {
     id: ChannelId,
     output: Arc<ChannelWriteHalf<Msg>>,
     size: Option<(u32, u32)>,
-    input: Option<mpsc::Sender<Input>>,
+    /// Never waited on in the session loop: a stalled API server must not stop the loop from
+    /// reading the proxy's window updates and closes. Bounded by the channel's window, given
+    /// back only as the input is handed on (`feed`).
+    input: Option<mpsc::UnboundedSender<Input>>,
     started: bool,
 }
 
@@ -582,11 +585,14 @@ impl russh::server::Handler for Conn {
         match self.open(&exec).await {
             Ok(upstream) => {
                 let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+                let (utx, urx) = mpsc::unbounded_channel();
                 if let Some((cols, rows)) = size {
-                    let _ = tx.send(Input::Resize(cols, rows)).await;
+                    let _ = utx.send(Input::Resize(cols, rows));
                 }
+                let credit = sallyport_core::flow::server_credit(session.handle(), ch);
+                tokio::spawn(feed(urx, tx, credit));
                 if let Some(c) = self.chan.as_mut() {
-                    c.input = Some(tx);
+                    c.input = Some(utx);
                 }
                 session.channel_success(ch)?;
                 match upstream {
@@ -625,16 +631,17 @@ impl russh::server::Handler for Conn {
             .as_ref()
             .filter(|c| c.id == ch)
             .and_then(|c| c.input.clone());
-        if let Some(tx) = tx
-            && tx
-                .send(Input::Data(Bytes::copy_from_slice(data)))
-                .await
-                .is_err()
-        {
-            return session.close(ch);
+        match tx {
+            // Its window goes back once `feed` hands it on.
+            Some(tx) => {
+                if tx.send(Input::Data(Bytes::copy_from_slice(data))).is_err() {
+                    return session.close(ch);
+                }
+                Ok(())
+            }
+            // Nothing runs to take it: dropped, and its window given back.
+            None => session.consumed(ch, data.len()),
         }
-        // Handed on (or nothing runs to take it): its window goes back.
-        session.consumed(ch, data.len())
     }
 
     async fn channel_eof(
@@ -648,7 +655,7 @@ impl russh::server::Handler for Conn {
             .filter(|c| c.id == ch)
             .and_then(|c| c.input.clone())
         {
-            let _ = tx.send(Input::Eof).await;
+            let _ = tx.send(Input::Eof);
         }
         Ok(())
     }
@@ -668,7 +675,7 @@ impl russh::server::Handler for Conn {
             .filter(|c| c.id == ch)
             .and_then(|c| c.input.clone());
         let taken = match tx {
-            Some(tx) => tx.send(Input::Resize(cols, rows)).await.is_ok(),
+            Some(tx) => tx.send(Input::Resize(cols, rows)).is_ok(),
             None => false,
         };
         if taken {
@@ -754,5 +761,27 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Moves the channel's input to the relay in order, giving the channel's window back for each
+/// piece of data once the relay took it: the proxy can send no more than one window ahead of
+/// the API server, and the session loop never waits.
+async fn feed(
+    mut from: mpsc::UnboundedReceiver<Input>,
+    to: mpsc::Sender<Input>,
+    credit: sallyport_core::flow::Credit,
+) {
+    while let Some(i) = from.recv().await {
+        let n = match &i {
+            Input::Data(d) => d.len(),
+            _ => 0,
+        };
+        if to.send(i).await.is_err() {
+            return;
+        }
+        if n > 0 {
+            credit(n);
+        }
     }
 }
