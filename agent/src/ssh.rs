@@ -47,24 +47,33 @@ pub struct NodeServer {
     pam: Option<PamExec>,
 }
 
+/// What every SSH server of an agent is made from (a node's sessions, a kube agent's execs):
+/// the settings with the agent's host key and certificate, and the user CAs it trusts.
+pub fn agent_server(
+    id: &AgentIdentity,
+) -> Result<(Arc<russh::server::Config>, Vec<PublicKey>), AgentError> {
+    let bad = |e: &dyn std::fmt::Display| AgentError::Identity(e.to_string());
+    let key = PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).map_err(|e| bad(&e))?;
+    let cert = Certificate::from_openssh(id.ssh_host_cert.trim()).map_err(|e| bad(&e))?;
+    let user_cas = id
+        .user_ca_keys
+        .iter()
+        .map(|k| PublicKey::from_openssh(k.trim()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    let config = sallyport_core::sshcert::server_settings(
+        sallyport_core::sshcert::ServerRole::Agent,
+        key,
+        cert,
+    );
+    Ok((Arc::new(config), user_cas))
+}
+
 impl NodeServer {
     pub fn new(id: &AgentIdentity) -> Result<Self, AgentError> {
-        let bad = |e: &dyn std::fmt::Display| AgentError::Identity(e.to_string());
-        let key = PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).map_err(|e| bad(&e))?;
-        let cert = Certificate::from_openssh(id.ssh_host_cert.trim()).map_err(|e| bad(&e))?;
-        let user_cas = id
-            .user_ca_keys
-            .iter()
-            .map(|k| PublicKey::from_openssh(k.trim()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(&e))?;
-        let config = sallyport_core::sshcert::server_settings(
-            sallyport_core::sshcert::ServerRole::Agent,
-            key,
-            cert,
-        );
+        let (config, user_cas) = agent_server(id)?;
         Ok(NodeServer {
-            config: Arc::new(config),
+            config,
             user_cas,
             nodename: id.nodename.clone(),
             pam: None,

@@ -26,7 +26,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
+use russh::keys::ssh_key::{Certificate, PublicKey};
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, ChannelOpenFailure, ChannelWriteHalf};
 use sallyport_core::kube::KubeExec;
@@ -64,25 +64,12 @@ pub struct ExecServer {
 
 impl ExecServer {
     pub fn new(id: &AgentIdentity, kube: &KubeServer) -> Result<Self, AgentError> {
-        let bad = |e: &dyn std::fmt::Display| AgentError::Identity(e.to_string());
-        let key = PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).map_err(|e| bad(&e))?;
-        let cert = Certificate::from_openssh(id.ssh_host_cert.trim()).map_err(|e| bad(&e))?;
-        let user_cas = id
-            .user_ca_keys
-            .iter()
-            .map(|k| PublicKey::from_openssh(k.trim()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(&e))?;
-        let config = sallyport_core::sshcert::server_settings(
-            sallyport_core::sshcert::ServerRole::Agent,
-            key,
-            cert,
-        );
+        let (config, user_cas) = crate::ssh::agent_server(id)?;
         let client = Client::builder(TokioExecutor::new())
             .http1_title_case_headers(true)
             .build(Dialer(kube.upstream.clone()));
         Ok(ExecServer {
-            config: Arc::new(config),
+            config,
             user_cas,
             client,
         })
