@@ -34,32 +34,8 @@ pub async fn run(cfg: &Config, flags: &Flags) -> Result<()> {
         .map_err(anyhow::Error::msg)?
         .to_string();
     let upstream = upstream(cfg)?;
-    let proxy = flags
-        .proxy
-        .clone()
-        .or_else(|| cfg.sallyport.proxy_server.clone());
-    let token = flags
-        .token
-        .clone()
-        .or_else(|| cfg.sallyport.auth_token.clone());
-    let pin = flags
-        .ca_pin
-        .clone()
-        .or_else(|| cfg.sallyport.ca_pin.clone());
-    let trust = match (flags.insecure, pin) {
-        (true, _) => {
-            eprintln!("WARNING: --insecure: the proxy's identity is not checked at join");
-            Trust::Insecure
-        }
-        (false, Some(p)) => Trust::Pin(p.to_ascii_lowercase()),
-        (false, None) if AgentIdentity::load_kube(&cfg.sallyport.data_dir)?.is_none() => {
-            bail!(
-                "first start of a kube agent: give --ca-pin sha256:... (from `sallyctl status`) to verify the proxy, or --insecure"
-            )
-        }
-        // Joined already: the identity carries the CA; the join trust is not used.
-        (false, None) => Trust::Insecure,
-    };
+    let joined = AgentIdentity::load_kube(&cfg.sallyport.data_dir)?.is_some();
+    let (proxy, token, trust) = crate::start::join_settings(cfg, flags, joined, "a kube agent")?;
     kube_agent_main(
         &cfg.sallyport.data_dir,
         cfg,

@@ -528,6 +528,19 @@ pub(crate) fn local_nodename(cfg: &Config) -> Result<String> {
 /// `sallyport start --roles=node`: join once, then keep the tunnel to the proxy.
 async fn run_agent(cfg: &Config, flags: &Flags) -> Result<()> {
     let nodename = local_nodename(cfg)?;
+    let joined = sallyport_agent::AgentIdentity::load(&cfg.sallyport.data_dir)?.is_some();
+    let (proxy, token, trust) = join_settings(cfg, flags, joined, "an agent")?;
+    agent_main(cfg, proxy, token, trust, nodename, false).await
+}
+
+/// What an agent (`what`) joins with: the proxy, the token and how to trust the proxy, from
+/// the flags or the config. An agent that `joined` already trusts the CA in its identity.
+pub fn join_settings(
+    cfg: &Config,
+    flags: &Flags,
+    joined: bool,
+    what: &str,
+) -> Result<(Option<String>, Option<String>, sallyport_core::tls::Trust)> {
     let proxy = flags
         .proxy
         .clone()
@@ -546,17 +559,13 @@ async fn run_agent(cfg: &Config, flags: &Flags) -> Result<()> {
             sallyport_core::tls::Trust::Insecure
         }
         (false, Some(p)) => sallyport_core::tls::Trust::Pin(p.to_ascii_lowercase()),
-        (false, None)
-            if sallyport_agent::AgentIdentity::load(&cfg.sallyport.data_dir)?.is_none() =>
-        {
-            bail!(
-                "first start of an agent: give --ca-pin sha256:... (from `sallyctl status`) to verify the proxy, or --insecure"
-            )
-        }
+        (false, None) if !joined => bail!(
+            "first start of {what}: give --ca-pin sha256:... (from `sallyctl status`) to verify the proxy, or --insecure"
+        ),
         // Joined already: the identity carries the CA; the join trust is not used.
         (false, None) => sallyport_core::tls::Trust::Insecure,
     };
-    agent_main(cfg, proxy, token, trust, nodename, false).await
+    Ok((proxy, token, trust))
 }
 
 async fn agent_main(
