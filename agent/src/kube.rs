@@ -188,6 +188,17 @@ impl KubeUpstream {
     }
 
     /// The URI a forwarded request's path and query go to.
+    /// `host:port` as a request's `Host` names it.
+    fn authority(&self) -> &str {
+        self.origin.strip_prefix("https://").unwrap_or(&self.origin)
+    }
+
+    /// `path_and_query` under the server URL's path, in origin form (a request on a connection
+    /// of its own rather than the pool's).
+    fn path(&self, path_and_query: &str) -> Result<Uri, hyper::http::Error> {
+        Ok(Uri::try_from(format!("{}{}", self.prefix, path_and_query))?)
+    }
+
     fn uri(&self, path_and_query: &str) -> Result<Uri, hyper::http::Error> {
         Ok(Uri::try_from(format!(
             "{}{}{}",
@@ -613,27 +624,28 @@ impl tower::Service<Uri> for Dialer {
     }
 
     fn call(&mut self, _: Uri) -> Self::Future {
-        let up = self.0.clone();
-        Box::pin(async move {
-            let timed_out = |what: &str| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} timed out"))
-            };
-            let tcp = tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                TcpStream::connect((up.host.as_str(), up.port)),
-            )
-            .await
-            .map_err(|_| timed_out("connecting"))??;
-            tcp.set_nodelay(true)?;
-            let tls = tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                TlsConnector::from(up.tls.clone()).connect(up.server_name.clone(), tcp),
-            )
-            .await
-            .map_err(|_| timed_out("the TLS handshake"))??;
-            Ok(TokioIo::new(Upstream(tls)))
-        })
+        Box::pin(dial(self.0.clone()))
     }
+}
+
+/// One TCP connection and TLS handshake with the API server, each bounded by `CONNECT_TIMEOUT`.
+async fn dial(up: Arc<KubeUpstream>) -> std::io::Result<TokioIo<Upstream>> {
+    let timed_out =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} timed out"));
+    let tcp = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        TcpStream::connect((up.host.as_str(), up.port)),
+    )
+    .await
+    .map_err(|_| timed_out("connecting"))??;
+    tcp.set_nodelay(true)?;
+    let tls = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        TlsConnector::from(up.tls.clone()).connect(up.server_name.clone(), tcp),
+    )
+    .await
+    .map_err(|_| timed_out("the TLS handshake"))??;
+    Ok(TokioIo::new(Upstream(tls)))
 }
 
 /// One TLS connection to the API server, as the pool holds it.
@@ -716,7 +728,7 @@ impl KubeServer {
     /// Serves exec and attach sessions too, as the agent `id` (its SSH host key and the user
     /// CAs it trusts).
     pub fn with_exec(mut self, id: &crate::AgentIdentity) -> Result<Self, crate::AgentError> {
-        self.exec = Some(Arc::new(exec::ExecServer::new(id, &self)?));
+        self.exec = Some(Arc::new(exec::ExecServer::new(id)?));
         Ok(self)
     }
 

@@ -24,8 +24,7 @@ use futures::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use russh::keys::ssh_key::{Certificate, PublicKey};
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, ChannelOpenFailure, ChannelWriteHalf};
@@ -37,7 +36,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::spdy::SpdyExec;
-use super::{Dialer, KubeServer};
+use super::KubeServer;
 use crate::{AgentError, AgentIdentity};
 
 const V5: &str = "v5.channel.k8s.io";
@@ -58,21 +57,12 @@ const INPUT_QUEUE: usize = 64;
 pub struct ExecServer {
     config: Arc<russh::server::Config>,
     user_cas: Vec<PublicKey>,
-    /// Exec streams are upgrades, never pooled: their own client, on the same dialer.
-    client: Client<Dialer, Empty<Bytes>>,
 }
 
 impl ExecServer {
-    pub fn new(id: &AgentIdentity, kube: &KubeServer) -> Result<Self, AgentError> {
+    pub fn new(id: &AgentIdentity) -> Result<Self, AgentError> {
         let (config, user_cas) = crate::ssh::agent_server(id)?;
-        let client = Client::builder(TokioExecutor::new())
-            .http1_title_case_headers(true)
-            .build(Dialer(kube.upstream.clone()));
-        Ok(ExecServer {
-            config,
-            user_cas,
-            client,
-        })
+        Ok(ExecServer { config, user_cas })
     }
 
     /// Serves one SSH connection from the proxy on `stream`.
@@ -82,8 +72,14 @@ impl ExecServer {
         stream: S,
     ) {
         let (pending, login) = sallyport_core::door::Pending::new(None);
+        // The API server is dialed as the proxy's SSH connection arrives, so that its TLS
+        // handshake runs beside the SSH handshake, the certificate and the channel rather than
+        // after them. Only the proxy opens streams in the tunnel; the connection is dropped
+        // unused if no exec follows.
+        let warm = Some(Warm(tokio::spawn(super::dial(kube.upstream.clone()))));
         let conn = Conn {
             srv: self.clone(),
+            warm,
             kube,
             exec: None,
             login: None,
@@ -124,8 +120,21 @@ struct Chan {
     started: bool,
 }
 
+/// A connection to the API server being dialed ahead of the exec; aborted when dropped.
+struct Warm(tokio::task::JoinHandle<std::io::Result<ApiConn>>);
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type ApiConn = TokioIo<super::Upstream>;
+
 struct Conn {
     srv: Arc<ExecServer>,
+    /// The connection the first exec stream is asked on (`send`).
+    warm: Option<Warm>,
     kube: Arc<KubeServer>,
     /// What auth signed into the session certificate.
     exec: Option<KubeExec>,
@@ -235,7 +244,7 @@ fn fail(code: StatusCode, m: &str) -> Refused {
 impl Conn {
     /// Opens the exec stream with the API server: WebSocket v5, else SPDY; `Err` with the
     /// Status to give kubectl.
-    async fn open(&self, e: &KubeExec) -> Result<Upstream, Bytes> {
+    async fn open(&mut self, e: &KubeExec) -> Result<Upstream, Bytes> {
         let ws_said = match self.open_websocket(e).await {
             Ok(ws) => return Ok(Upstream::WebSocket(ws)),
             Err(Refused::Exec(status)) => return Err(status),
@@ -264,14 +273,14 @@ impl Conn {
         method: hyper::Method,
         upgrade: &[(header::HeaderName, String)],
     ) -> Result<Request<Empty<Bytes>>, Refused> {
-        let uri = self
-            .kube
-            .upstream
-            .uri(&exec_path(e))
+        let up = &self.kube.upstream;
+        let uri = up
+            .path(&exec_path(e))
             .map_err(|m| fail(StatusCode::BAD_REQUEST, &m.to_string()))?;
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
+            .header(header::HOST, up.authority())
             .header(header::CONNECTION, "Upgrade");
         for (k, v) in upgrade {
             req = req.header(k, v);
@@ -291,12 +300,28 @@ impl Conn {
         Ok(req)
     }
 
+    /// Asks for the upgrade on a connection of its own: the one dialed ahead (`Warm`), else a
+    /// new one. A warm connection the API server closed before the request is replaced once.
     async fn send(
-        &self,
+        &mut self,
         req: Request<Empty<Bytes>>,
     ) -> Result<hyper::Response<hyper::body::Incoming>, Refused> {
-        let resp = self.srv.client.request(req).await.map_err(|err| {
-            tracing::error!(error = %crate::join::root_cause(&err), "kube agent: the API server is unreachable");
+        let warm = match self.warm.take() {
+            Some(mut w) => (&mut w.0).await.ok().and_then(Result::ok),
+            None => None,
+        };
+        let resp = match warm {
+            Some(io) => match round_trip(io, copy(&req)).await {
+                Ok(resp) => Ok(resp),
+                Err(err) => {
+                    tracing::debug!(error = %err, "the connection dialed ahead failed; dialing again");
+                    self.dial_and_send(req).await
+                }
+            },
+            None => self.dial_and_send(req).await,
+        };
+        let resp = resp.map_err(|err| {
+            tracing::error!(error = %err, "kube agent: the API server is unreachable");
             fail(StatusCode::SERVICE_UNAVAILABLE, super::UNREACHABLE)
         })?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -305,8 +330,20 @@ impl Conn {
         Ok(resp)
     }
 
+    async fn dial_and_send(
+        &self,
+        req: Request<Empty<Bytes>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let io = super::dial(self.kube.upstream.clone())
+            .await
+            .map_err(|e| crate::join::root_cause(&e))?;
+        round_trip(io, req)
+            .await
+            .map_err(|e| crate::join::root_cause(&e))
+    }
+
     /// The exec stream over WebSocket v5.
-    async fn open_websocket(&self, e: &KubeExec) -> Result<Stream, Refused> {
+    async fn open_websocket(&mut self, e: &KubeExec) -> Result<Stream, Refused> {
         let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
         let upgrade = [
             (header::UPGRADE, "websocket".to_string()),
@@ -338,7 +375,7 @@ impl Conn {
     }
 
     /// The exec stream over SPDY/3.1 (v4), its streams opened as kubectl opens them.
-    async fn open_spdy(&self, e: &KubeExec) -> Result<SpdyExec, Refused> {
+    async fn open_spdy(&mut self, e: &KubeExec) -> Result<SpdyExec, Refused> {
         let upgrade = [
             (header::UPGRADE, super::spdy::UPGRADE.to_string()),
             (
@@ -369,6 +406,32 @@ impl Conn {
             .await
             .map_err(|why| fail(StatusCode::BAD_GATEWAY, &why))
     }
+}
+
+/// One request on `io`, HTTP/1.1, its connection kept for the upgrade.
+async fn round_trip(
+    io: ApiConn,
+    req: Request<Empty<Bytes>>,
+) -> Result<hyper::Response<hyper::body::Incoming>, hyper::Error> {
+    let (mut tx, conn) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(io)
+        .await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "kube agent: an exec stream's connection ended");
+        }
+    });
+    tx.send_request(req).await
+}
+
+/// The same request again (the body is empty).
+fn copy(req: &Request<Empty<Bytes>>) -> Request<Empty<Bytes>> {
+    let mut again = Request::new(Empty::new());
+    *again.method_mut() = req.method().clone();
+    *again.uri_mut() = req.uri().clone();
+    *again.headers_mut() = req.headers().clone();
+    again
 }
 
 fn framed(stream: u8, data: &[u8]) -> Message {
