@@ -229,6 +229,8 @@ struct Refusal<'a> {
     remote: &'a str,
     /// Why, for the admin reading the audit log (never shown to the client).
     reason: &'a str,
+    /// `local`, or `web` for a browser's web session.
+    method: &'static str,
 }
 
 /// A reserved attempt not yet checked; see [`AuthServer::unchecked`].
@@ -400,7 +402,7 @@ impl AuthServer {
             user: Some(r.user.into()),
             user_exists: r.user_exists,
             event_fields: vec![
-                ("method".into(), "local".into()),
+                ("method".into(), r.method.into()),
                 ("error".into(), err.to_string().into()),
             ],
         })
@@ -427,11 +429,13 @@ impl AuthServer {
             ));
         }
         let record = self.get_user(user).await?;
+        let method = if req.web { "web" } else { "local" };
         let refusal = |reason| Refusal {
             user,
             user_exists: record.is_some(),
             remote,
             reason,
+            method,
         };
         let lock_on_failure = match self.reserve_attempt(user).await? {
             Attempt::Reserved(until) => until,
@@ -512,7 +516,7 @@ impl AuthServer {
         self.emit(
             Event::new(EventType::UserLogin, Some(user))
                 .with("success", true)
-                .with("method", "local")
+                .with("method", method)
                 .with("remote_addr", remote)
                 .with("roles", certs.roles.clone())
                 .with("valid_until", certs.valid_until.clone()),

@@ -23,6 +23,7 @@ fn node_from_row(r: &AnyRow) -> Result<NodeInfo, AuthError> {
             kind == NodeKind::Agentless
                 || seen > sallyport_core::unix_now() - crate::ssh_access::PRESENCE_TTL
         },
+        logins: None,
         kind,
     })
 }
@@ -53,6 +54,7 @@ impl AuthServer {
             labels: req.labels.clone(),
             kind: NodeKind::Agentless,
             online: true,
+            logins: None,
         };
         let now = sallyport_core::unix_now();
         let r = sqlx::query(

@@ -901,6 +901,7 @@ impl AuthServer {
             ssh_public_key: ssh_key,
             ttl_secs: ttl.and_then(|t| u64::try_from(t).ok()),
             remote_addr: cb.remote_addr.clone(),
+            web: false,
         };
         let certs = self
             .issue_user_certs(&user, &req)

@@ -78,6 +78,7 @@ async fn suite(url: &str) {
         ssh_public_key: key.public_key().to_openssh().unwrap(),
         ttl_secs: Some(3600),
         remote_addr: None,
+        web: false,
     };
     let certs = auth
         .login(&login("password-1"), "127.0.0.1:1")

@@ -89,6 +89,10 @@ pub struct LoginRequest {
     /// Set by the proxy from the TCP peer; ignored when a client sends it.
     #[serde(default)]
     pub remote_addr: Option<String>,
+    /// Set by the proxy when the login opens a browser's web session (audited as
+    /// `method: web`); removed from whatever a client sends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub web: bool,
 }
 
 impl std::fmt::Debug for LoginRequest {
@@ -243,6 +247,9 @@ pub struct NodeInfo {
     /// For agents: whether its tunnel is up now.
     #[serde(default)]
     pub online: bool,
+    /// When a person lists nodes: the logins their roles allow on this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

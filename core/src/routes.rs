@@ -170,7 +170,9 @@ pub mod auth {
 }
 
 /// The proxy's web API (HTTPS on 3080): what people and agents reach before they hold a
-/// certificate. Each route but ping and the OIDC callback forwards to one auth route.
+/// certificate, each forwarded to one auth route (but ping and the OIDC callback), and the
+/// browser's web session (`WEB_*`, `NODES`, `TERMINAL`: the session cookie, answered by the proxy
+/// calling auth as the session's own certificate).
 pub mod web {
     pub const PING: &str = "/v1/webapi/ping";
     pub const JOIN: &str = "/v1/webapi/join";
@@ -181,6 +183,16 @@ pub mod web {
     /// Where the identity provider sends the browser back (`crate::oidc::CALLBACK_PATH`).
     pub const OIDC_CALLBACK: &str = "/v1/webapi/oidc/callback";
     pub const OIDC_LOGIN_FINISH: &str = "/v1/webapi/oidc/login/finish";
+    /// A browser signs in (`POST`), reads its session and CSRF token (`GET`), signs out
+    /// (`DELETE` of [`WEB_SESSION`]).
+    pub const WEB_LOGIN: &str = "/v1/webapi/web/login";
+    pub const WEB_SESSION: &str = "/v1/webapi/web/session";
+    /// The nodes the signed-in user's roles reach, with the logins allowed on each.
+    pub const NODES: &str = "/v1/webapi/nodes";
+    /// The browser terminal's WebSocket (`?node=N&login=L&cols=C&rows=R`).
+    pub const TERMINAL: &str = "/v1/webapi/terminal";
+    /// Every path of the web API starts here; an unknown one is a JSON 404.
+    pub const PREFIX: &str = "/v1/webapi/";
 }
 
 use Method::{Delete, Get, Post, Put};
@@ -249,6 +261,11 @@ pub const WEB: &[Route] = &[
     r(Post, web::OIDC_LOGIN_START),
     r(Get, web::OIDC_CALLBACK),
     r(Post, web::OIDC_LOGIN_FINISH),
+    r(Post, web::WEB_LOGIN),
+    r(Get, web::WEB_SESSION),
+    r(Delete, web::WEB_SESSION),
+    r(Get, web::NODES),
+    r(Get, web::TERMINAL),
 ];
 
 #[cfg(test)]

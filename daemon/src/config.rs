@@ -276,6 +276,10 @@ pub struct ProxyService {
     pub max_connections_per_address: usize,
     /// A web connection without a request (or a byte of one, or of a response) for this long
     /// is asked to close; HTTP/2 PINGs do not count.
+    #[serde(default = "default_web_connection_idle_timeout")]
+    pub web_connection_idle_timeout: HumanDuration,
+    /// A browser's web session without input (terminal input, a request that changes
+    /// something; not polling) for this long is signed out, its terminals ended.
     #[serde(default = "default_web_idle_timeout")]
     pub web_idle_timeout: HumanDuration,
     /// The largest a session recording may grow (`1GiB`, `64MiB`, or bytes): past it a
@@ -378,7 +382,7 @@ impl ProxyService {
                 max_per_address: self
                     .max_connections_per_address
                     .max(self.max_unauthenticated_per_address),
-                idle_timeout: self.web_idle_timeout.0,
+                idle_timeout: self.web_connection_idle_timeout.0,
             }),
             ..self.door_limits()
         }
@@ -391,8 +395,12 @@ fn default_max_connections() -> usize {
 fn default_max_connections_per_address() -> usize {
     sallyport_core::door::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
 }
-fn default_web_idle_timeout() -> HumanDuration {
+fn default_web_connection_idle_timeout() -> HumanDuration {
     HumanDuration(sallyport_core::door::DEFAULT_IDLE_TIMEOUT)
+}
+
+fn default_web_idle_timeout() -> HumanDuration {
+    HumanDuration(sallyport_proxy::web::sessions::DEFAULT_IDLE_TIMEOUT)
 }
 
 fn default_login_grace() -> HumanDuration {
@@ -423,6 +431,7 @@ impl Default for ProxyService {
             max_connection_rate_per_address: default_connection_rate(),
             max_connections: default_max_connections(),
             max_connections_per_address: default_max_connections_per_address(),
+            web_connection_idle_timeout: default_web_connection_idle_timeout(),
             web_idle_timeout: default_web_idle_timeout(),
             max_recording_size: default_max_recording_size(),
             max_jumps_per_connection: default_max_jumps_per_connection(),
@@ -600,10 +609,15 @@ impl Config {
                     .into(),
             );
         }
-        if p.web_idle_timeout.0 < Duration::from_secs(1)
-            || p.web_idle_timeout.0 > Duration::from_secs(3600)
+        if p.web_connection_idle_timeout.0 < Duration::from_secs(1)
+            || p.web_connection_idle_timeout.0 > Duration::from_secs(3600)
         {
-            return Err("proxy_service.web_idle_timeout: between 1s and 1h".into());
+            return Err("proxy_service.web_connection_idle_timeout: between 1s and 1h".into());
+        }
+        if p.web_idle_timeout.0 < Duration::from_secs(1)
+            || p.web_idle_timeout.0 > Duration::from_secs(86400)
+        {
+            return Err("proxy_service.web_idle_timeout: between 1s and 24h".into());
         }
         if p.max_recording_size.0 < 4096 {
             return Err("proxy_service.max_recording_size: at least 4KiB".into());
@@ -702,8 +716,10 @@ proxy_service:
   max_connections: 4096                 # to web_listen_addr, all addresses together
   max_connections_per_address: 128      # the same from one address (an IPv6 /64); neither is
                                         # ever below its max_unauthenticated_ counterpart
-  web_idle_timeout: 60s                 # no request for this long: asked to close (PINGs
-                                        # do not count)
+  web_connection_idle_timeout: 60s      # a web connection without a request for this long is
+                                        # asked to close (PINGs do not count)
+  web_idle_timeout: 30m                 # a browser's web session without input for this long
+                                        # is signed out (polling does not count)
   max_recording_size: 1GiB              # a session recording past this size ends the session
                                         # (record_session: strict) or stops, audited (best_effort)
   max_jumps_per_connection: 10          # connections to nodes one SSH connection to the proxy
@@ -810,13 +826,31 @@ mod tests {
             .unwrap_or_else(|| panic!("the web door's open caps"));
         assert_eq!((open.max_connections, open.max_per_address), (4096, 128));
         assert_eq!(open.idle_timeout, Duration::from_secs(60));
+        // Two different idles: the HTTP connection's, and a browser's web session's.
+        assert_eq!(
+            c.proxy_service.web_idle_timeout.0,
+            Duration::from_secs(30 * 60)
+        );
+        assert_eq!(
+            Config::parse("version: v1\n")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .proxy_service
+                .web_idle_timeout
+                .0,
+            Duration::from_secs(30 * 60)
+        );
         let cases = [
             ("max_connections: 0", "max_connections"),
             (
                 "max_connections_per_address: 5000",
                 "max_connections_per_address",
             ),
+            (
+                "web_connection_idle_timeout: 0s",
+                "web_connection_idle_timeout",
+            ),
             ("web_idle_timeout: 0s", "web_idle_timeout"),
+            ("web_idle_timeout: 25h", "web_idle_timeout"),
             ("ssh_login_grace: 0s", "ssh_login_grace"),
             (
                 "max_unauthenticated_connections: 0",

@@ -217,13 +217,6 @@ pub async fn run(
         tunnel_port: tunnel_addr.port(),
         kube_port: Some(kube_addr.port()),
     };
-    tokio::spawn(sallyport_core::https::serve(
-        web_listener,
-        Arc::new(web_tls),
-        sallyport_proxy::web::router(client.clone(), doors),
-        Some(passthrough),
-        p.web_door_limits(),
-    ));
     // Agents' door: only a node certificate from the host CA opens a tunnel.
     let mut tunnel_tls = server_config(
         chain,
@@ -282,6 +275,22 @@ pub async fn run(
     .with_max_jumps_per_connection(p.max_jumps_per_connection);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
+    // Browsers: web sessions, their API and terminals, on the same port.
+    let browser = sallyport_proxy::web::browser::Browser {
+        state: state.proxy.clone(),
+        sessions: sallyport_proxy::web::sessions::WebSessions::new(
+            state.proxy.clone(),
+            p.web_idle_timeout.0,
+        ),
+        origins: web_origins(&names, web_addr.port()),
+    };
+    tokio::spawn(sallyport_core::https::serve(
+        web_listener,
+        Arc::new(web_tls),
+        sallyport_proxy::web::router(state.proxy.auth.clone(), doors, browser),
+        Some(passthrough),
+        p.web_door_limits(),
+    ));
     tokio::spawn(sallyport_core::https::serve(
         kube_listener,
         Arc::new(kube_tls),
@@ -436,6 +445,25 @@ fn bound(listener: &TcpListener, what: &str) -> Result<SocketAddr> {
 }
 
 /// Where to dial a listener that may be bound to 0.0.0.0.
+/// The proxy's own origins, which a browser's requests and WebSocket upgrades must come
+/// from exactly: `https://NAME:PORT` for each name of the proxy's certificate (and without the
+/// port when it is 443).
+fn web_origins(names: &[String], port: u16) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in names {
+        let host = if n.contains(':') {
+            format!("[{n}]")
+        } else {
+            n.clone()
+        };
+        out.push(format!("https://{host}:{port}"));
+        if port == 443 {
+            out.push(format!("https://{host}"));
+        }
+    }
+    out
+}
+
 fn connect_addr(addr: SocketAddr) -> String {
     if addr.ip().is_unspecified() {
         format!("127.0.0.1:{}", addr.port())

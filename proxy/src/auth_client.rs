@@ -18,6 +18,9 @@ use crate::ServiceIdentity;
 pub struct AuthClient {
     http: reqwest::Client,
     base: String,
+    /// The host CA auth's certificate must come from, for clients made as someone else
+    /// ([`AuthClient::as_identity`]).
+    host_ca_pem: Arc<String>,
     failures: Arc<FailureQueue>,
 }
 
@@ -85,21 +88,22 @@ pub enum ClientError {
 
 impl AuthClient {
     pub fn new(auth_addr: &str, id: &ServiceIdentity) -> Result<Self, ClientError> {
-        let setup = |e: &dyn std::fmt::Display| ClientError::Setup(e.to_string());
-        let roots = pem_to_ders(&id.host_ca_pem).map_err(|e| setup(&e))?;
-        let chain = pem_to_ders(&id.chain_pem).map_err(|e| setup(&e))?;
-        let key = private_key_from_pem(&id.key_pem).map_err(|e| setup(&e))?;
-        let tls = client_config(Trust::Roots(roots), Some((chain, key))).map_err(|e| setup(&e))?;
-        let http = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| setup(&e))?;
         Ok(AuthClient {
-            http,
+            http: mtls_client(&id.host_ca_pem, &id.chain_pem, &id.key_pem)?,
             base: format!("https://{auth_addr}"),
+            host_ca_pem: Arc::new(id.host_ca_pem.clone()),
+            failures: Arc::default(),
+        })
+    }
+
+    /// A client of the same auth that presents another certificate: a browser's web session
+    /// calls auth as its own user certificate (`chain_pem`, over `key_pem`), so auth decides
+    /// with that user's current roles and locks, from what the TLS handshake proved.
+    pub fn as_identity(&self, chain_pem: &str, key_pem: &str) -> Result<Self, ClientError> {
+        Ok(AuthClient {
+            http: mtls_client(&self.host_ca_pem, chain_pem, key_pem)?,
+            base: self.base.clone(),
+            host_ca_pem: self.host_ca_pem.clone(),
             failures: Arc::default(),
         })
     }
@@ -213,6 +217,26 @@ impl AuthClient {
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
     }
+}
+
+/// HTTPS with mutual TLS to auth, trusting only the host CA, redirects off.
+fn mtls_client(
+    host_ca_pem: &str,
+    chain_pem: &str,
+    key_pem: &str,
+) -> Result<reqwest::Client, ClientError> {
+    let setup = |e: &dyn std::fmt::Display| ClientError::Setup(e.to_string());
+    let roots = pem_to_ders(host_ca_pem).map_err(|e| setup(&e))?;
+    let chain = pem_to_ders(chain_pem).map_err(|e| setup(&e))?;
+    let key = private_key_from_pem(key_pem).map_err(|e| setup(&e))?;
+    let tls = client_config(Trust::Roots(roots), Some((chain, key))).map_err(|e| setup(&e))?;
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| setup(&e))
 }
 
 #[cfg(test)]

@@ -516,10 +516,10 @@ sys.stdin.read()
 
 /// Only request activity keeps a web connection open: an HTTP/2 connection that sent one
 /// request and then only PINGs (which cost a client nothing) is asked to close (GOAWAY) after
-/// `web_idle_timeout`, and closed.
+/// `web_connection_idle_timeout`, and closed.
 #[test]
 fn an_http2_connection_sending_only_pings_is_closed_when_idle() {
-    let c = cluster(&["web_idle_timeout: 3s"]);
+    let c = cluster(&["web_connection_idle_timeout: 3s"]);
     let script = r#"
 import socket, ssl, struct, sys, time
 port = int(sys.argv[1])

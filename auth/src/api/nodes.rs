@@ -17,19 +17,32 @@ pub(super) async fn list(
 ) -> Result<Json<Vec<NodeInfo>>, AuthError> {
     let nodes = auth.list_nodes().await?;
     // Admins with `list` on `node` see every node; everyone else sees what their roles reach.
-    if auth.authorize(&caller, "node", "list").await.is_ok() {
-        return Ok(Json(nodes));
-    }
+    let sees_all = auth.authorize(&caller, "node", "list").await.is_ok();
     match &caller {
         Caller::User { roles, traits, .. } => {
             let set = auth.role_set(roles, traits).await?;
+            let logins = set.logins();
             Ok(Json(
                 nodes
                     .into_iter()
-                    .filter(|n| set.can_see_node(&node_labels(n)))
+                    .filter(|n| sees_all || set.can_see_node(&node_labels(n)))
+                    .map(|mut n| {
+                        // What a login chooser may offer on this node: the decision a session
+                        // grant makes.
+                        let labels = node_labels(&n);
+                        n.logins = Some(
+                            logins
+                                .iter()
+                                .filter(|l| set.check_node(l, &labels).allowed)
+                                .cloned()
+                                .collect(),
+                        );
+                        n
+                    })
                     .collect(),
             ))
         }
+        _ if sees_all => Ok(Json(nodes)),
         _ => Err(AuthError::AccessDenied(format!(
             "{} cannot list nodes",
             caller.name()

@@ -163,6 +163,7 @@ pub(super) async fn login(
                 ssh_public_key: public.clone(),
                 ttl_secs,
                 remote_addr: None,
+                web: false,
             },
         )
         .await?;

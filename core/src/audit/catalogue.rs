@@ -158,15 +158,16 @@ catalogue! {
     UserSignup = "user.signup", by Auth {
         "remote_addr": "the client's address",
     }
-    /// A login, successful or not: with a password and one-time code (`method: local`) or
-    /// through an SSO connector (`method: oidc`). `user` is who logged in, or the name a failed
+    /// A login, successful or not: with a password and one-time code (`method: local`, or
+    /// `method: web` when it opens a browser's web session) or through an SSO connector
+    /// (`method: oidc`). `user` is who logged in, or the name a failed
     /// login asked for. Failures are aggregated per (address, reason, existing user) a minute.
     UserLogin = "user.login", by Auth {
         "success": "whether certificates were issued",
-        "method": "`local` or `oidc`",
+        "method": "`local`, `web` (a browser's web session) or `oidc`",
         "remote_addr": "the client's address (as the proxy saw it)",
         "roles": "success: the roles in the certificates",
-        "valid_until": "success, local: when the certificates expire",
+        "valid_until": "success, local and web: when the certificates expire",
         "connector": "oidc: the connector's name",
         "claims": "oidc success: the claims that matched a role mapping, as `{claim, value}`",
         "error": "failure: the answer the client got",

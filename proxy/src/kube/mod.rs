@@ -468,6 +468,7 @@ fn cluster_node(c: &sallyport_core::api::KubeClusterInfo) -> sallyport_core::api
         labels: c.labels.clone(),
         kind: sallyport_core::api::NodeKind::Kube,
         online: c.online,
+        logins: None,
     }
 }
 

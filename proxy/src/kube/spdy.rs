@@ -18,7 +18,7 @@
 //!    and kubectl's writing with it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -27,10 +27,11 @@ use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use sallyport_core::kube::KubeExec;
 use sallyport_core::spdy::{Config, End, RecvStream, SendStream, Session, Side};
-use tokio::sync::{Mutex, Notify, mpsc};
+use tokio::sync::{Mutex, mpsc};
 
 use super::exec::{self, Input, Streams};
 use crate::session::Target;
+use crate::session::window::InputWindow;
 use crate::state::{OpenConnection, ProxyState};
 
 pub const UPGRADE: &str = "SPDY/3.1";
@@ -156,40 +157,6 @@ pub async fn accept_streams(
         }
     }
     Ok(kinds)
-}
-
-/// kubectl's input taken and not yet handed to the node.
-#[derive(Default)]
-pub struct InputWindow {
-    in_flight: AtomicUsize,
-    room: Notify,
-}
-
-impl InputWindow {
-    fn took(&self, n: usize) {
-        self.in_flight.fetch_add(n, Ordering::AcqRel);
-    }
-
-    fn consumed(&self, n: usize) {
-        let _ = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v.saturating_sub(n))
-            });
-        self.room.notify_waiters();
-    }
-
-    async fn room(&self) {
-        loop {
-            let more = self.room.notified();
-            tokio::pin!(more);
-            more.as_mut().enable();
-            if self.in_flight.load(Ordering::Acquire) < INPUT_WINDOW as usize {
-                return;
-            }
-            more.await;
-        }
-    }
 }
 
 /// kubectl's SPDY streams, written.
@@ -412,7 +379,7 @@ pub async fn run(
     let Some(opened) = pending.take() else {
         return;
     };
-    let window = Arc::new(InputWindow::default());
+    let window = Arc::new(InputWindow::new(INPUT_WINDOW as usize));
     let (streams, stdin, resize) = SpdyStreams::new(session.clone(), kinds, window.clone());
     let (tx, rx) = mpsc::channel(16);
     let reader = tokio::spawn(read_input(session, stdin, resize, window, tx));

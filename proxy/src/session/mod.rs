@@ -28,6 +28,7 @@ pub mod relay;
 pub mod reply;
 mod request;
 pub mod watchdog;
+pub mod window;
 
 use bytes::Bytes;
 use russh::{Pty, Sig};

@@ -216,7 +216,7 @@ async fn kubectls_streams_carry_output_and_end_with_the_status() {
         panic!("kubectl's streams were not all taken");
     };
     let mut client = opener.await.must();
-    let window = Arc::new(InputWindow::default());
+    let window = Arc::new(InputWindow::new(INPUT_WINDOW as usize));
     let (streams, stdin, resize) = SpdyStreams::new(door.clone(), kinds, window);
     assert!(stdin.is_some() && resize.is_none());
     assert!(streams.output(false, Bytes::from_static(b"out\n")).await);
@@ -269,7 +269,11 @@ async fn a_terminals_output_goes_to_stdout_and_missing_streams_time_out() {
     assert!(kinds.error.is_some() && kinds.stdout.is_some() && kinds.resize.is_some());
     assert!(kinds.stdin.is_none() && kinds.stderr.is_none());
     // With what there is, stderr falls back to stdout.
-    let (streams, _, _) = SpdyStreams::new(door, kinds, Arc::new(InputWindow::default()));
+    let (streams, _, _) = SpdyStreams::new(
+        door,
+        kinds,
+        Arc::new(InputWindow::new(INPUT_WINDOW as usize)),
+    );
     assert!(streams.output(true, Bytes::from_static(b"to stdout")).await);
     let mut client = client;
     streams
@@ -304,7 +308,7 @@ async fn input_is_taken_no_faster_than_the_node_takes_it() {
         panic!("kubectl's streams were not all taken");
     };
     let mut client = opener.await.must();
-    let window = Arc::new(InputWindow::default());
+    let window = Arc::new(InputWindow::new(INPUT_WINDOW as usize));
     let (_streams, stdin, resize) = SpdyStreams::new(door.clone(), kinds, window.clone());
     let (tx, mut rx) = mpsc::channel(16);
     tokio::spawn(read_input(door, stdin, resize, window.clone(), tx));

@@ -1,5 +1,14 @@
 //! The proxy's web API on 3080. Unauthenticated users reach the login and sign-up endpoints
 //! here; the proxy adds the TCP peer address (never a client-sent header) and forwards to auth.
+//! Browsers sign in to a web session (`sessions`, `browser`) and open terminals over a
+//! WebSocket (`terminal`), a door of the session engine like the SSH door.
+//!
+//! Every answer carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
+//! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`; an unknown path is a JSON 404.
+
+pub mod browser;
+pub mod sessions;
+pub mod terminal;
 
 use std::sync::Arc;
 
@@ -16,7 +25,7 @@ use sallyport_core::routes::{auth, web};
 use crate::AuthClient;
 
 /// Largest request body the web API reads.
-const MAX_BODY: usize = 64 * 1024;
+pub const MAX_BODY: usize = 64 * 1024;
 
 /// What the proxy tells clients about its other doors.
 #[derive(Clone, Copy, Debug)]
@@ -27,7 +36,7 @@ pub struct Doors {
     pub kube_port: Option<u16>,
 }
 
-pub fn router(auth: AuthClient, doors: Doors) -> Router {
+pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Router {
     Router::new()
         .route(web::PING, get(ping))
         .route(web::JOIN, for_client(auth::JOIN))
@@ -37,13 +46,41 @@ pub fn router(auth: AuthClient, doors: Doors) -> Router {
         .route(web::OIDC_LOGIN_START, for_client(auth::OIDC_START))
         .route(web::OIDC_CALLBACK, get(oidc_callback))
         .route(web::OIDC_LOGIN_FINISH, post(oidc_finish))
+        .route(web::WEB_LOGIN, post(browser::login))
+        .route(
+            web::WEB_SESSION,
+            get(browser::session).delete(browser::logout),
+        )
+        .route(web::NODES, get(browser::nodes))
+        .route(web::TERMINAL, get(terminal::upgrade))
+        .fallback(browser::not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Arc::new(Web { auth, doors }))
+        .layer(axum::middleware::map_response(api_headers))
+        .with_state(Arc::new(Web {
+            auth,
+            doors,
+            browser: Arc::new(browser),
+        }))
 }
 
-struct Web {
+/// The headers every answer of the API carries.
+async fn api_headers(mut resp: Response) -> Response {
+    let h = resp.headers_mut();
+    for (name, value) in [
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+    ] {
+        h.insert(name, header::HeaderValue::from_static(value));
+    }
+    resp
+}
+
+pub(crate) struct Web {
     auth: AuthClient,
     doors: Doors,
+    browser: Arc<browser::Browser>,
 }
 
 type Auth = State<Arc<Web>>;
@@ -81,10 +118,12 @@ async fn forward(
     }
 }
 
-/// Replaces whatever `remote_addr` the client sent with the address the connection came from.
+/// Replaces whatever `remote_addr` the client sent with the address the connection came from,
+/// and removes the `web` flag only the proxy sets (a login that opens a web session).
 fn with_remote(mut body: serde_json::Value, remote: RemoteAddr) -> serde_json::Value {
     if let Some(m) = body.as_object_mut() {
         m.insert("remote_addr".into(), remote.0.to_string().into());
+        m.remove("web");
     }
     body
 }
