@@ -290,6 +290,18 @@ pub struct ProxyService {
     /// proxy may carry at once; each costs a key exchange.
     #[serde(default = "default_max_jumps_per_connection")]
     pub max_jumps_per_connection: usize,
+    /// Certificates for browsers on `web_listen_addr` (a public CA's), read again when the
+    /// files change; Sallyport's own clients keep getting the cluster's (`core::webcert`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub https_keypairs: Vec<HttpsKeypair>,
+}
+
+/// One `https_keypairs` entry: a PEM certificate chain (leaf first) and its PEM key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpsKeypair {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// A size in bytes, written as a number or with a unit: `512KiB`, `64MiB`, `1GiB` (or
@@ -435,6 +447,7 @@ impl Default for ProxyService {
             web_idle_timeout: default_web_idle_timeout(),
             max_recording_size: default_max_recording_size(),
             max_jumps_per_connection: default_max_jumps_per_connection(),
+            https_keypairs: vec![],
         }
     }
 }
@@ -724,6 +737,11 @@ proxy_service:
                                         # (record_session: strict) or stops, audited (best_effort)
   max_jumps_per_connection: 10          # connections to nodes one SSH connection to the proxy
                                         # carries at once (a ControlMaster's ssh -J / -W)
+  # Certificates browsers trust (a public CA's) for web_listen_addr, chosen by name (SNI) and
+  # read again within 5s of a change; sally, sallyctl and agents keep the cluster's:
+  # https_keypairs:
+  #   - {cert_file: /etc/letsencrypt/live/proxy.example.com/fullchain.pem,
+  #      key_file: /etc/letsencrypt/live/proxy.example.com/privkey.pem}
 
 ssh_service:
   enabled: true

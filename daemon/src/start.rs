@@ -198,6 +198,31 @@ pub async fn run(
         private_key_from_pem(&proxy_id.key_pem)?,
         ClientAuth::None,
     )?;
+    // Browsers' certificates (`https_keypairs`): read now, a mistake stops the start; read
+    // again as the files change. The names they are for are origins the web UI accepts.
+    let public = if p.https_keypairs.is_empty() {
+        None
+    } else {
+        let files = p
+            .https_keypairs
+            .iter()
+            .map(|k| sallyport_core::webcert::Keypair {
+                cert_file: k.cert_file.clone(),
+                key_file: k.key_file.clone(),
+            })
+            .collect();
+        let certs =
+            sallyport_core::webcert::PublicCerts::load(files, web_tls.alpn_protocols.clone())
+                .map_err(|e| anyhow::anyhow!("proxy_service.https_keypairs: {e}"))?;
+        tokio::spawn(certs.clone().watch());
+        Some(certs)
+    };
+    let mut web_names = names.clone();
+    if let Some(c) = &public {
+        web_names.extend(c.names().iter().cloned());
+        web_names.sort();
+        web_names.dedup();
+    }
     let web_listener = bind(p.web_listen_addr, "proxy web").await?;
     let ssh_listener = bind(p.ssh_listen_addr, "proxy ssh").await?;
     let tunnel_listener = bind(p.tunnel_listen_addr, "proxy tunnel").await?;
@@ -282,11 +307,11 @@ pub async fn run(
             state.proxy.clone(),
             p.web_idle_timeout.0,
         ),
-        origins: web_origins(&names, web_addr.port()),
+        origins: web_origins(&web_names, web_addr.port()),
     };
     tokio::spawn(sallyport_core::https::serve(
         web_listener,
-        Arc::new(web_tls),
+        sallyport_core::https::Certs::new(Arc::new(web_tls), public),
         sallyport_proxy::web::router(state.proxy.auth.clone(), doors, browser),
         Some(passthrough),
         p.web_door_limits(),
