@@ -35,8 +35,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
-use super::spdy::SpdyExec;
 use super::KubeServer;
+use super::spdy::SpdyExec;
 use crate::{AgentError, AgentIdentity};
 
 const V5: &str = "v5.channel.k8s.io";
