@@ -8,6 +8,7 @@
 
 pub mod browser;
 pub mod sessions;
+pub mod sso;
 pub mod terminal;
 
 use std::sync::Arc;
@@ -46,6 +47,8 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
         .route(web::OIDC_LOGIN_START, for_client(auth::OIDC_START))
         .route(web::OIDC_CALLBACK, get(oidc_callback))
         .route(web::OIDC_LOGIN_FINISH, post(oidc_finish))
+        .route(web::OIDC_WEB_START, get(sso::start))
+        .route(web::OIDC_WEB_FINISH, get(sso::finish))
         .route(web::WEB_LOGIN, post(browser::login))
         .route(
             web::WEB_SESSION,
@@ -60,6 +63,7 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
             auth,
             doors,
             browser: Arc::new(browser),
+            sso: sso::Pending::default(),
         }))
 }
 
@@ -81,6 +85,8 @@ pub(crate) struct Web {
     auth: AuthClient,
     doors: Doors,
     browser: Arc<browser::Browser>,
+    /// Browsers' SSO sign-ins waiting for the provider.
+    sso: sso::Pending,
 }
 
 type Auth = State<Arc<Web>>;
