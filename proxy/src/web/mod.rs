@@ -5,10 +5,13 @@
 //!
 //! Every answer carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
 //! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`; an unknown path is a JSON 404.
+//! The web UI's pages and files (`ui`: `/`, `/web/*`) are on the same router, with headers of
+//! their own.
 
 pub mod browser;
 pub mod sessions;
 pub mod terminal;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -61,6 +64,9 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
             doors,
             browser: Arc::new(browser),
         }))
+        // The UI's pages and files, after the API's layers: they carry their own headers
+        // (cacheable with ETags, the CSP), not the API's no-store.
+        .merge(ui::router())
 }
 
 /// The headers every answer of the API carries.
