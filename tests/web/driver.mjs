@@ -1,0 +1,366 @@
+// Drives Sallyport's web UI in Debian's Chromium (playwright-core: it never downloads a
+// browser), for tests/tests/web.rs, which starts the cluster and passes it in the environment:
+//   SALLYPORT_URL      https://127.0.0.1:PORT, the proxy's web port
+//   SALLYPORT_CA_PIN   sha256:HEX of the cluster CA's SubjectPublicKeyInfo
+//   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
+//   SCREENSHOTS        where each step saves a PNG
+//
+// Certificates: the proxy serves the cluster's own CA, which no browser trusts. The driver
+// connects once with Node's TLS, checks that the proxy's certificate is signed by the CA whose
+// pin the cluster printed, and starts Chromium with --ignore-certificate-errors-spki-list set
+// to that one certificate's key: Chromium trusts exactly this proxy, as it would a real CA's
+// certificate (the page is a secure context, so the __Host- cookie and its Secure flag are
+// exercised as a browser sees them). Not --ignore-certificate-errors, which would accept any
+// certificate at all, and not an NSS database, which needs certutil and a persistent profile.
+//
+// Each step prints "step: NAME" and saves SCREENSHOTS/NN-NAME.png; any failed check throws,
+// and the driver exits 1 with the message (the Rust test shows it).
+
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import tls from 'node:tls';
+import { chromium } from 'playwright-core';
+
+const BASE = need('SALLYPORT_URL');
+const PIN = need('SALLYPORT_CA_PIN');
+const USERS = JSON.parse(need('SALLYPORT_USERS'));
+const SHOTS = need('SCREENSHOTS');
+const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
+// Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
+const BUDGET = { login: 60 * 1024, terminal: 250 * 1024, domContentLoadedMs: 500 };
+
+function need(name) {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set`);
+  return v;
+}
+
+function check(ok, message) {
+  if (!ok) throw new Error(message);
+}
+
+// --- the proxy's certificate, checked against the cluster's CA pin -----------------------
+
+function spkiSha256(x509) {
+  return crypto.createHash('sha256')
+    .update(x509.publicKey.export({ type: 'spki', format: 'der' }))
+    .digest();
+}
+
+async function proxyKeyHash() {
+  const { hostname, port } = new URL(BASE);
+  const chain = await new Promise((resolve, reject) => {
+    const s = tls.connect({ host: hostname, port: Number(port), rejectUnauthorized: false, ALPNProtocols: ['http/1.1'] }, () => {
+      const out = [];
+      let c = s.getPeerCertificate(true);
+      while (c && c.raw && !out.some((o) => o.equals(c.raw))) {
+        out.push(c.raw);
+        c = c.issuerCertificate;
+      }
+      s.end();
+      resolve(out.map((raw) => new crypto.X509Certificate(raw)));
+    });
+    s.on('error', reject);
+  });
+  check(chain.length > 0, 'the proxy sent no certificate');
+  const leaf = chain[0];
+  const ca = chain.find((c) => `sha256:${spkiSha256(c).toString('hex')}` === PIN);
+  if (ca) {
+    check(leaf.verify(ca.publicKey), "the proxy's certificate is not signed by the pinned CA");
+  } else {
+    // The CA itself is not in the chain the proxy sends: the pin must then be the leaf's
+    // issuer key, which only auth holds; refuse rather than trust blindly.
+    throw new Error(`no certificate in the proxy's chain has the CA pin ${PIN}`);
+  }
+  return spkiSha256(leaf).toString('base64');
+}
+
+// --- TOTP (RFC 6238: SHA-1, 6 digits, 30 s), as the authenticator app computes it --------
+
+function base32(s) {
+  const alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+  let bits = '';
+  for (const ch of s.replace(/=+$/, '').toUpperCase()) {
+    const v = alphabet.indexOf(ch);
+    check(v >= 0, `bad base32 in the TOTP secret: ${ch}`);
+    bits += v.toString(2).padStart(5, '0');
+  }
+  const out = [];
+  for (let i = 0; i + 8 <= bits.length; i += 8) out.push(parseInt(bits.slice(i, i + 8), 2));
+  return Buffer.from(out);
+}
+
+function totp(secret, offsetSteps = 0) {
+  const counter = Math.floor(Date.now() / 1000 / 30) + offsetSteps;
+  const msg = Buffer.alloc(8);
+  msg.writeBigUInt64BE(BigInt(counter));
+  const mac = crypto.createHmac('sha1', base32(secret)).update(msg).digest();
+  const off = mac[mac.length - 1] & 0xf;
+  const n = (mac.readUInt32BE(off) & 0x7fffffff) % 1000000;
+  return String(n).padStart(6, '0');
+}
+
+// --- steps ----------------------------------------------------------------------------------
+
+let stepNo = 0;
+async function step(page, name) {
+  stepNo += 1;
+  const file = path.join(SHOTS, `${String(stepNo).padStart(2, '0')}-${name}.png`);
+  console.log(`step: ${name}`);
+  await page.screenshot({ path: file });
+}
+
+/** The terminal's screen as text (xterm.js's DOM rows), one line per row. */
+async function screen(page) {
+  return page.evaluate(() => [...document.querySelectorAll('#term .xterm-rows > div')]
+    .map((r) => r.textContent.replace(/\u00a0/g, ' ').trimEnd()).join('\n'));
+}
+
+async function waitScreen(page, re, what) {
+  const deadline = Date.now() + 20000;
+  let last = '';
+  while (Date.now() < deadline) {
+    last = await screen(page);
+    const m = last.match(re);
+    if (m) return m;
+    await page.waitForTimeout(100);
+  }
+  throw new Error(`never saw ${what} (${re}) on the terminal; screen:\n${last}`);
+}
+
+async function typeLine(page, text) {
+  await page.keyboard.type(text);
+  await page.keyboard.press('Enter');
+}
+
+async function terminalOpen(page) {
+  await page.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
+  await page.click('#term');
+}
+
+async function signIn(page, user, { code } = {}) {
+  const u = USERS[user];
+  await page.goto(`${BASE}/web/login`);
+  await page.getByLabel('User').fill(user);
+  await page.getByLabel('Password').fill(u.password);
+  if (u.totp_secret) await page.getByLabel(/One-time code/).fill(code || totp(u.totp_secret, 1));
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.waitForURL(`${BASE}/web/nodes`);
+  await page.waitForSelector('#nodes-status:has-text("servers shown")');
+}
+
+/** Bytes on the wire (headers and encoded bodies) of every request of `page` from now on. */
+function countBytes(page) {
+  const requests = [];
+  page.on('requestfinished', (r) => requests.push(r));
+  return async () => {
+    let total = 0;
+    const lines = [];
+    for (const r of requests) {
+      const s = await r.sizes();
+      const n = s.responseBodySize + s.responseHeadersSize;
+      total += n;
+      lines.push(`${n}\t${r.url().replace(BASE, '')}`);
+    }
+    return { total, lines };
+  };
+}
+
+async function domContentLoaded(page) {
+  return page.evaluate(() => {
+    const [nav] = performance.getEntriesByType('navigation');
+    return nav.domContentLoadedEventEnd - nav.startTime;
+  });
+}
+
+async function main() {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const leafKey = await proxyKeyHash();
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${leafKey}`],
+  });
+  const results = {};
+  try {
+    // 1. Page weights and load time, cold cache: the sign-in page in a fresh context.
+    {
+      const ctx = await browser.newContext();
+      const page = await ctx.newPage();
+      const bytes = countBytes(page);
+      await page.goto(`${BASE}/web/login`);
+      await page.waitForSelector('form button[type=submit]');
+      await page.waitForLoadState('networkidle');
+      const { total, lines } = await bytes();
+      const dcl = await domContentLoaded(page);
+      results.login = { bytes: total, domContentLoadedMs: Math.round(dcl) };
+      console.log(`weight: login ${total} bytes, DOMContentLoaded ${dcl.toFixed(1)} ms\n  ${lines.join('\n  ')}`);
+      check(await page.title() === 'Sign in — Sallyport', `title: ${await page.title()}`);
+      await step(page, 'login-page');
+      check(total <= BUDGET.login, `the sign-in page weighs ${total} bytes, over its ${BUDGET.login}`);
+      check(dcl < BUDGET.domContentLoadedMs, `sign-in DOMContentLoaded ${dcl} ms, over ${BUDGET.domContentLoadedMs}`);
+      await ctx.close();
+    }
+
+    const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+    const page = await ctx.newPage();
+    const consoleErrors = [];
+    page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+    page.on('pageerror', (e) => consoleErrors.push(String(e)));
+
+    // 2. / lands on the sign-in page; a wrong code is announced and tied to its field.
+    await page.goto(`${BASE}/`);
+    await page.waitForURL(`${BASE}/web/login`);
+    await page.getByLabel('User').fill('alice');
+    await page.getByLabel('Password').fill(USERS.alice.password);
+    await page.getByLabel(/One-time code/).fill('000000' === totp(USERS.alice.totp_secret, 1) ? '111111' : '000000');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    const alert = page.locator('#login-error');
+    await alert.filter({ hasText: /./ }).waitFor();
+    check(await alert.getAttribute('aria-live') === 'assertive', 'the error is not aria-live');
+    const invalid = await page.locator('[aria-invalid="true"]').getAttribute('aria-describedby');
+    check(invalid === 'login-error', 'the error is not tied to a field');
+    await step(page, 'login-wrong-code');
+
+    // 3. Password and TOTP (the next step's code: sign-up used this one).
+    await signIn(page, 'alice');
+    check(await page.title() === 'Servers — Sallyport', `title: ${await page.title()}`);
+    await step(page, 'nodes');
+
+    // 4. The cookie: HttpOnly, Secure, SameSite=Strict, Path=/, host-only; not readable by script.
+    const cookies = await ctx.cookies();
+    const c = cookies.find((k) => k.name === '__Host-sallyport_session');
+    check(c, `no session cookie: ${JSON.stringify(cookies)}`);
+    check(c.httpOnly && c.secure && c.sameSite === 'Strict' && c.path === '/', `cookie flags: ${JSON.stringify(c)}`);
+    check(!(await page.evaluate(() => document.cookie)).includes('sallyport_session'), 'script reads the cookie');
+
+    // 5. The nodes alice's roles reach, and the search (by name, by key=value).
+    const visible = async () => page.$$eval('table.nodes tbody tr:not([hidden])', (rows) => rows.map((r) => r.dataset.node));
+    check(JSON.stringify(await visible()) === '["local1","web2"]', `alice's nodes: ${await visible()}`);
+    await page.getByLabel('Search').fill('env=prod');
+    check(JSON.stringify(await visible()) === '["web2"]', `env=prod: ${await visible()}`);
+    await step(page, 'nodes-search-label');
+    await page.getByLabel('Search').fill('local');
+    check(JSON.stringify(await visible()) === '["local1"]', `local: ${await visible()}`);
+    await page.getByLabel('Search').fill('');
+    // The login chooser offers the logins the roles allow on that node, only.
+    const logins = await page.$$eval('tr[data-node="local1"] select option', (o) => o.map((x) => x.value));
+    check(JSON.stringify(logins) === '["root"]', `logins on local1: ${logins}`);
+
+    // 6. Terminal: echo hi → hi.
+    await page.getByRole('button', { name: 'Connect to local1' }).click();
+    await page.waitForURL(`${BASE}/web/nodes/local1/terminal?login=root`);
+    await terminalOpen(page);
+    check(await page.title() === 'root@local1 — Sallyport', `title: ${await page.title()}`);
+    await typeLine(page, 'echo hi');
+    await waitScreen(page, /^hi$/m, 'hi');
+    await step(page, 'terminal-echo');
+
+    // 7. A UTF-8 character split across frames (its two bytes written 300 ms apart) stays whole.
+    await typeLine(page, "printf '\\303'; sleep 0.3; printf '\\251\\n'");
+    await waitScreen(page, /^é$/m, 'é');
+
+    // 8. Resize: the page shrinks, the terminal fits, the node's pty follows (stty size).
+    const before = await page.$eval('#term', (t) => `${t.dataset.rows} ${t.dataset.cols}`);
+    await typeLine(page, 'stty size');
+    await waitScreen(page, new RegExp(`^${before}$`, 'm'), `stty size ${before}`);
+    await page.setViewportSize({ width: 800, height: 500 });
+    await page.waitForFunction((b) => {
+      const t = document.querySelector('#term');
+      return `${t.dataset.rows} ${t.dataset.cols}` !== b;
+    }, before);
+    const after = await page.$eval('#term', (t) => `${t.dataset.rows} ${t.dataset.cols}`);
+    await page.keyboard.type('clear');
+    await page.keyboard.press('Enter');
+    await typeLine(page, 'stty size');
+    await waitScreen(page, new RegExp(`^${after}$`, 'm'), `stty size ${after} after the resize from ${before}`);
+    await step(page, 'terminal-resized');
+    results.resize = { before, after };
+
+    // 9. The exit status is shown, and a new session offered.
+    await typeLine(page, 'exit 3');
+    await page.waitForSelector('#term[data-state="closed"]');
+    const reason = await page.locator('#term-reason').textContent();
+    check(/exit status 3/.test(reason), `exit reason: ${reason}`);
+    await step(page, 'terminal-exit');
+    await page.getByRole('button', { name: 'New session' }).click();
+    await terminalOpen(page);
+    await typeLine(page, 'echo again');
+    await waitScreen(page, /^again$/m, 'again');
+
+    // 10. Terminal page weight, cold cache: a new context with alice's cookie and no cache.
+    {
+      const cold = await browser.newContext({ storageState: await ctx.storageState() });
+      const p = await cold.newPage();
+      const bytes = countBytes(p);
+      await p.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
+      await p.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
+      await p.waitForLoadState('networkidle');
+      const { total, lines } = await bytes();
+      const dcl = await domContentLoaded(p);
+      results.terminal = { bytes: total, domContentLoadedMs: Math.round(dcl) };
+      console.log(`weight: terminal ${total} bytes, DOMContentLoaded ${dcl.toFixed(1)} ms\n  ${lines.join('\n  ')}`);
+      await step(p, 'terminal-cold');
+      check(total <= BUDGET.terminal, `the terminal page weighs ${total} bytes, over its ${BUDGET.terminal}`);
+      check(dcl < BUDGET.domContentLoadedMs, `terminal DOMContentLoaded ${dcl} ms, over ${BUDGET.domContentLoadedMs}`);
+      // A repeat visit is answered from the cache by ETag: 304s, no bodies.
+      const again = countBytes(p);
+      const statuses = [];
+      p.on('response', (r) => { if (r.url().includes('/web/assets/')) statuses.push(r.status()); });
+      await p.reload();
+      await p.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
+      const { total: warm } = await again();
+      console.log(`weight: terminal again ${warm} bytes; asset statuses ${statuses.join(',')}`);
+      results.terminal.warmBytes = warm;
+      await cold.close();
+    }
+
+    // 11. A login the roles refuse: the page says why (4403 and the roles' explanation).
+    await page.goto(`${BASE}/web/nodes/local1/terminal?login=nobody`);
+    await page.waitForSelector('#term[data-state="closed"]', { timeout: 20000 });
+    const denied = await page.locator('#term-reason').textContent();
+    check(await page.$eval('#term', (t) => t.dataset.closeCode) === '4403', 'denied: not 4403');
+    check(/^Refused: .*nobody/.test(denied), `denied reason: ${denied}`);
+    await step(page, 'terminal-denied');
+
+    // 12. Sign-out in one tab ends the session and the terminal open in another.
+    await page.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
+    await terminalOpen(page);
+    const other = await ctx.newPage();
+    await other.goto(`${BASE}/web/nodes`);
+    await other.getByRole('button', { name: 'Sign out' }).click();
+    await other.waitForURL(/\/web\/login/);
+    await page.waitForSelector('#term[data-state="closed"]', { timeout: 20000 });
+    const ended = await page.locator('#term-reason').textContent();
+    check(await page.$eval('#term', (t) => t.dataset.closeCode) === '4401', 'sign-out: not 4401');
+    check(/not signed in|session ended/.test(ended), `sign-out reason: ${ended}`);
+    await step(page, 'signed-out-terminal');
+    const status = await other.evaluate(async () => (await fetch('/v1/webapi/web/session')).status);
+    check(status === 401, `the session still answers ${status} after sign-out`);
+    await other.goto(`${BASE}/web/nodes`);
+    await other.waitForURL(/\/web\/login\?next=/);
+    await step(other, 'signed-out-nodes');
+    check(consoleErrors.filter((e) => !/WebSocket|status of 40[13]/.test(e)).length === 0,
+      `errors in the console: ${consoleErrors.join('\n')}`);
+    await ctx.close();
+
+    // 13. bob's roles reach env=dev only: web2 (env=prod) is not listed.
+    {
+      const b = await browser.newContext();
+      const p = await b.newPage();
+      await signIn(p, 'bob');
+      const rows = await p.$$eval('table.nodes tbody tr:not([hidden])', (r) => r.map((x) => x.dataset.node));
+      check(JSON.stringify(rows) === '["local1"]', `bob's nodes: ${rows}`);
+      await step(p, 'nodes-by-role');
+      await b.close();
+    }
+  } finally {
+    await browser.close();
+  }
+  console.log(`results: ${JSON.stringify(results)}`);
+}
+
+main().then(() => process.exit(0), (e) => {
+  console.error(`FAILED at step ${stepNo + 1}: ${e.stack || e}`);
+  process.exit(1);
+});
