@@ -260,6 +260,18 @@ async function main() {
     await typeLine(page, "printf '\\303'; sleep 0.3; printf '\\251\\n'");
     await waitScreen(page, /^é$/m, 'é');
 
+    // 7b. A 1 MiB paste (Ctrl+Shift+V, the browser's paste event) arrives whole: many frames
+    // (the proxy refuses one over 64 KiB), none dropped.
+    await ctx.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: BASE });
+    await page.evaluate(() => navigator.clipboard.writeText('x'.repeat(1 << 20)));
+    await typeLine(page, 'stty raw -echo; head -c 1048576 | wc -c; stty sane');
+    await page.waitForTimeout(500);
+    await page.keyboard.press('Control+Shift+V');
+    await waitScreen(page, /^1048576(\s|$)/m, 'wc -c of the 1 MiB paste');
+    await step(page, 'terminal-paste');
+    await page.keyboard.type('clear');
+    await page.keyboard.press('Enter');
+
     // 8. Resize: the page shrinks, the terminal fits, the node's pty follows (stty size).
     const before = await page.$eval('#term', (t) => `${t.dataset.rows} ${t.dataset.cols}`);
     await typeLine(page, 'stty size');

@@ -10,6 +10,7 @@ import { h, show } from './dom.js';
 import { onLeave } from './main.js';
 
 const PROTOCOL = 'sallyport.term.v1';
+const MAX_FRAME = 32 * 1024;
 
 /** What the page says when the socket closed with `code`. */
 export function closeReason(code, exit, error) {
@@ -94,8 +95,12 @@ export async function render(node, login) {
   };
   showSize();
   const send = (data) => { if (ws && ws.readyState === WebSocket.OPEN) ws.send(data); };
-  term.onData((s) => send(encoder.encode(s)));
-  term.onBinary((s) => send(Uint8Array.from(s, (c) => c.charCodeAt(0) & 0xff)));
+  // The proxy closes on a frame over 64 KiB (1009): a large paste goes as many frames, in order.
+  const sendBytes = (bytes) => {
+    for (let i = 0; i < bytes.length; i += MAX_FRAME) send(bytes.subarray(i, i + MAX_FRAME));
+  };
+  term.onData((s) => sendBytes(encoder.encode(s)));
+  term.onBinary((s) => sendBytes(Uint8Array.from(s, (c) => c.charCodeAt(0) & 0xff)));
   term.onResize(({ cols, rows }) => {
     showSize();
     send(JSON.stringify({ type: 'resize', cols, rows }));
