@@ -28,6 +28,7 @@ const USERS = JSON.parse(need('SALLYPORT_USERS'));
 const SHOTS = need('SCREENSHOTS');
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
+const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
 const BUDGET = { login: 60 * 1024, terminal: 250 * 1024, domContentLoadedMs: 500 };
 
 function need(name) {
@@ -227,6 +228,21 @@ async function main() {
     check(await page.title() === 'Servers — Sallyport', `title: ${await page.title()}`);
     await step(page, 'nodes');
 
+    // 3b. The page's security headers, an unknown page and an unknown file.
+    {
+      const resp = await page.goto(`${BASE}/web/nope`);
+      const hdr = resp.headers();
+      check(hdr['content-security-policy'] === CSP, `CSP: ${hdr['content-security-policy']}`);
+      check(hdr['x-frame-options'] === 'DENY' && hdr['x-content-type-options'] === 'nosniff'
+        && hdr['referrer-policy'] === 'no-referrer', `headers: ${JSON.stringify(hdr)}`);
+      await page.waitForSelector('h1:has-text("Page not found")');
+      check(await page.title() === 'Not found — Sallyport', `title: ${await page.title()}`);
+      const missing = await page.evaluate(async () => (await fetch('/web/assets/nope.js')).status);
+      check(missing === 404, `an unknown file answered ${missing}`);
+      await page.goto(`${BASE}/web/nodes`);
+      await page.waitForSelector('#nodes-status:has-text("servers shown")');
+    }
+
     // 4. The cookie: HttpOnly, Secure, SameSite=Strict, Path=/, host-only; not readable by script.
     const cookies = await ctx.cookies();
     const c = cookies.find((k) => k.name === '__Host-sallyport_session');
@@ -352,7 +368,7 @@ async function main() {
     await other.goto(`${BASE}/web/nodes`);
     await other.waitForURL(/\/web\/login\?next=/);
     await step(other, 'signed-out-nodes');
-    check(consoleErrors.filter((e) => !/WebSocket|status of 40[13]/.test(e)).length === 0,
+    check(consoleErrors.filter((e) => !/WebSocket|status of 40[134]/.test(e)).length === 0,
       `errors in the console: ${consoleErrors.join('\n')}`);
     await ctx.close();
 
