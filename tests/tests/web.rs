@@ -3,7 +3,7 @@
 //! `web2` env=prod) and two users: alice (role `access`: both nodes, login root) and bob
 //! (a role reaching env=dev only). The driver checks, in this order: the sign-in page's weight
 //! and load time on a cold cache; a wrong code announced and tied to its field; sign-in with
-//! password and TOTP; the security headers and the not-found page; the cookie's flags; the nodes and the search; the login chooser;
+//! password and TOTP by keyboard only; axe-core on each page (no serious or critical finding); the security headers and the not-found page; the cookie's flags; the nodes and the search; the login chooser;
 //! `echo hi`; a UTF-8 character split across frames; a 1 MiB paste; `stty size` before and after a resize;
 //! the exit status and a new session; the terminal page's weight on a cold cache; a refused
 //! login explained; sign-out ending the session and a terminal in another tab; bob's nodes.

@@ -37,6 +37,21 @@ function need(name) {
   return v;
 }
 
+// axe-core, run in the page through DevTools (as Playwright evaluates: not subject to the
+// page's CSP, which stays as the proxy sent it). Serious or critical findings fail.
+const AXE = fs.readFileSync(new URL('./node_modules/axe-core/axe.min.js', import.meta.url), 'utf8');
+
+async function accessible(page, name) {
+  await page.evaluate(AXE);
+  const found = await page.evaluate(async () => {
+    const r = await globalThis.axe.run(document, { resultTypes: ['violations'] });
+    return r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help, at: v.nodes.slice(0, 3).map((n) => n.target.join(' ')) }));
+  });
+  const bad = found.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  console.log(`axe: ${name}: ${found.length} findings, ${bad.length} serious or critical ${JSON.stringify(found)}`);
+  check(bad.length === 0, `axe-core on ${name}: ${JSON.stringify(bad)}`);
+}
+
 function check(ok, message) {
   if (!ok) throw new Error(message);
 }
@@ -198,6 +213,7 @@ async function main() {
       console.log(`weight: login ${total} bytes, DOMContentLoaded ${dcl.toFixed(1)} ms\n  ${lines.join('\n  ')}`);
       check(await page.title() === 'Sign in — Sallyport', `title: ${await page.title()}`);
       await step(page, 'login-page');
+      await accessible(page, 'sign-in');
       check(total <= BUDGET.login, `the sign-in page weighs ${total} bytes, over its ${BUDGET.login}`);
       check(dcl < BUDGET.domContentLoadedMs, `sign-in DOMContentLoaded ${dcl} ms, over ${BUDGET.domContentLoadedMs}`);
       await ctx.close();
@@ -222,11 +238,26 @@ async function main() {
     const invalid = await page.locator('[aria-invalid="true"]').getAttribute('aria-describedby');
     check(invalid === 'login-error', 'the error is not tied to a field');
     await step(page, 'login-wrong-code');
+    await accessible(page, 'sign-in with an error');
 
-    // 3. Password and TOTP (the next step's code: sign-up used this one).
-    await signIn(page, 'alice');
+    // 3. Keyboard only: the user field has focus, Tab moves on, Enter signs in.
+    await page.goto(`${BASE}/web/login`);
+    await page.waitForSelector('form button[type=submit]');
+    check(await page.evaluate(() => document.activeElement.id) === 'user', 'the user field has no focus');
+    await page.keyboard.type('alice');
+    await page.keyboard.press('Tab');
+    await page.keyboard.type(USERS.alice.password);
+    await page.keyboard.press('Tab');
+    check(await page.evaluate(() => document.activeElement.id) === 'totp', 'Tab does not reach the code');
+    await page.keyboard.type(totp(USERS.alice.totp_secret, 1));
+    await page.keyboard.press('Enter');
+    await page.waitForURL(`${BASE}/web/nodes`);
+    await page.waitForSelector('#nodes-status:has-text("servers shown")');
+
+    // Password and TOTP (the next step's code: sign-up used this one), above.
     check(await page.title() === 'Servers — Sallyport', `title: ${await page.title()}`);
     await step(page, 'nodes');
+    await accessible(page, 'servers');
 
     // 3b. The page's security headers, an unknown page and an unknown file.
     {
@@ -271,6 +302,7 @@ async function main() {
     await typeLine(page, 'echo hi');
     await waitScreen(page, /^hi$/m, 'hi');
     await step(page, 'terminal-echo');
+    await accessible(page, 'terminal');
 
     // 7. A UTF-8 character split across frames (its two bytes written 300 ms apart) stays whole.
     await typeLine(page, "printf '\\303'; sleep 0.3; printf '\\251\\n'");
@@ -311,6 +343,7 @@ async function main() {
     const reason = await page.locator('#term-reason').textContent();
     check(/exit status 3/.test(reason), `exit reason: ${reason}`);
     await step(page, 'terminal-exit');
+    await accessible(page, 'terminal ended');
     await page.getByRole('button', { name: 'New session' }).click();
     await terminalOpen(page);
     await typeLine(page, 'echo again');
