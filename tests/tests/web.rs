@@ -3,10 +3,12 @@
 //! `web2` env=prod) and two users: alice (role `access`: both nodes, login root) and bob
 //! (a role reaching env=dev only). The driver checks, in this order: the sign-in page's weight
 //! and load time on a cold cache; a wrong code announced and tied to its field; sign-in with
-//! password and TOTP by keyboard only; axe-core on each page (no serious or critical finding); the security headers and the not-found page; the cookie's flags; the nodes and the search; the login chooser;
-//! `echo hi`; a UTF-8 character split across frames; a 1 MiB paste; `stty size` before and after a resize;
-//! the exit status and a new session; the terminal page's weight on a cold cache; a refused
-//! login explained; sign-out ending the session and a terminal in another tab; bob's nodes.
+//! password and TOTP by keyboard only; axe-core on each page (no serious or critical finding);
+//! the security headers and the not-found page; the cookie's flags; the nodes and the search;
+//! the login chooser; `echo hi`; a UTF-8 character split across frames; a 1 MiB paste;
+//! `stty size` before and after a resize; the exit status and a new session; the terminal
+//! page's weight on a cold cache; a refused login explained; sign-out ending the session and a
+//! terminal in another tab; bob's nodes; a lock ending bob's terminal and session.
 //! Each step saves a screenshot in `<target>/web-screenshots/`.
 //!
 //! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.
@@ -89,6 +91,15 @@ spec:
         .env("SALLYPORT_USERS", users.to_string())
         .env("SCREENSHOTS", &shots)
         .env("CHROMIUM", CHROMIUM)
+        .env(
+            "SALLYCTL",
+            serde_json::json!([
+                bin("sallyctl").display().to_string(),
+                "--data-dir",
+                c.data_dir().display().to_string(),
+            ])
+            .to_string(),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -127,7 +138,7 @@ spec:
         status.success(),
         "the browser driver failed:\n{stderr}\nafter:\n{stdout}"
     );
-    assert!(stdout.contains("step: nodes-by-role"), "{stdout}");
+    assert!(stdout.contains("step: locked-terminal"), "{stdout}");
     // The refused login reached auth as one, and the terminal sessions were the browser's.
     let rejected = c.events("session.reject");
     assert!(

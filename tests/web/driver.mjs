@@ -4,6 +4,7 @@
 //   SALLYPORT_CA_PIN   sha256:HEX of the cluster CA's SubjectPublicKeyInfo
 //   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
 //   SCREENSHOTS        where each step saves a PNG
+//   SALLYCTL           JSON argv of the admin's sallyctl (to lock a user)
 //
 // Certificates: the proxy serves the cluster's own CA, which no browser trusts. The driver
 // connects once with Node's TLS, checks that the proxy's certificate is signed by the CA whose
@@ -16,6 +17,7 @@
 // Each step prints "step: NAME" and saves SCREENSHOTS/NN-NAME.png; any failed check throws,
 // and the driver exits 1 with the message (the Rust test shows it).
 
+import { spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -26,6 +28,7 @@ const BASE = need('SALLYPORT_URL');
 const PIN = need('SALLYPORT_CA_PIN');
 const USERS = JSON.parse(need('SALLYPORT_USERS'));
 const SHOTS = need('SCREENSHOTS');
+const SALLYCTL = JSON.parse(need('SALLYCTL'));
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
 const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
@@ -153,6 +156,14 @@ async function typeLine(page, text) {
 async function terminalOpen(page) {
   await page.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
   await page.click('#term');
+}
+
+/** Waits until the shell reads input. A shell ended while its startup files still run can
+ * leave their locks behind (root's .bashrc here runs `pyenv rehash`, whose lock file then stalls
+ * every later root login shell for 60 s): the test ends no shell before it is up. */
+async function shellUp(page) {
+  await typeLine(page, 'echo up$((1+1))');
+  await waitScreen(page, /^up2$/m, 'the shell');
 }
 
 async function signIn(page, user, { code } = {}) {
@@ -357,6 +368,8 @@ async function main() {
       await p.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
       await p.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
       await p.waitForLoadState('networkidle');
+      await p.click('#term');
+      await shellUp(p);
       const { total, lines } = await bytes();
       const dcl = await domContentLoaded(p);
       results.terminal = { bytes: total, domContentLoadedMs: Math.round(dcl) };
@@ -369,7 +382,8 @@ async function main() {
       const statuses = [];
       p.on('response', (r) => { if (r.url().includes('/web/assets/')) statuses.push(r.status()); });
       await p.reload();
-      await p.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
+      await terminalOpen(p);
+      await shellUp(p);
       const { total: warm } = await again();
       console.log(`weight: terminal again ${warm} bytes; asset statuses ${statuses.join(',')}`);
       results.terminal.warmBytes = warm;
@@ -387,6 +401,7 @@ async function main() {
     // 12. Sign-out in one tab ends the session and the terminal open in another.
     await page.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
     await terminalOpen(page);
+    await shellUp(page);
     const other = await ctx.newPage();
     await other.goto(`${BASE}/web/nodes`);
     await other.getByRole('button', { name: 'Sign out' }).click();
@@ -413,6 +428,21 @@ async function main() {
       const rows = await p.$$eval('table.nodes tbody tr:not([hidden])', (r) => r.map((x) => x.dataset.node));
       check(JSON.stringify(rows) === '["local1"]', `bob's nodes: ${rows}`);
       await step(p, 'nodes-by-role');
+
+      // 14. A lock ends bob's terminal (within the proxy's 2 s lock poll) and his session.
+      await p.getByRole('button', { name: 'Connect to local1' }).click();
+      await terminalOpen(p);
+      await typeLine(p, 'echo up$((2+2))');
+      await waitScreen(p, /^up4$/m, 'up4');
+      const lock = spawnSync(SALLYCTL[0], [...SALLYCTL.slice(1), 'lock', '--user', 'bob', '--ttl', '1h', '--message', 'incident 7'], { encoding: 'utf8' });
+      check(lock.status === 0, `sallyctl lock: ${lock.stderr}`);
+      await p.waitForSelector('#term[data-state="closed"]', { timeout: 10000 });
+      const code = await p.$eval('#term', (t) => t.dataset.closeCode);
+      const locked = await p.locator('#term-reason').textContent();
+      check(code === '4409' && /locked/.test(locked), `lock: ${code} ${locked}`);
+      await step(p, 'locked-terminal');
+      await p.goto(`${BASE}/web/nodes`);
+      await p.waitForURL(/\/web\/login\?next=/);
       await b.close();
     }
   } finally {
