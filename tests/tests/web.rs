@@ -6,9 +6,10 @@
 //! password and TOTP by keyboard only; axe-core on each page (no serious or critical finding);
 //! the security headers and the not-found page; the cookie's flags; the nodes and the search;
 //! the login chooser; `echo hi`; a UTF-8 character split across frames; a 1 MiB paste;
-//! `stty size` before and after a resize; the exit status and a new session; the terminal
-//! page's weight on a cold cache; a refused login explained; sign-out ending the session and a
-//! terminal in another tab; bob's nodes; a lock ending bob's terminal and session.
+//! `stty size` before and after a resize; copy by Ctrl+Shift+C; the exit status and a new
+//! session; the terminal page's weight on a cold cache; a refused login explained; sign-out
+//! ending the session and a terminal in another tab; bob's nodes; a lock ending bob's terminal
+//! and session.
 //! Each step saves a screenshot in `<target>/web-screenshots/`.
 //!
 //! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.

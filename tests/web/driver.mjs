@@ -348,6 +348,20 @@ async function main() {
     await step(page, 'terminal-resized');
     results.resize = { before, after };
 
+    // 8b. Copy: a double-click selects a word, Ctrl+Shift+C puts it on the clipboard (and sends
+    // nothing to the shell).
+    await page.keyboard.type('clear');
+    await page.keyboard.press('Enter');
+    await typeLine(page, 'echo copy$((6*7))me');
+    await waitScreen(page, /^copy42me$/m, 'copy42me');
+    const row = page.locator('#term .xterm-rows > div', { hasText: /^copy42me\s*$/ });
+    const box = await row.boundingBox();
+    await page.mouse.dblclick(box.x + 20, box.y + box.height / 2);
+    await page.keyboard.press('Control+Shift+C');
+    const copied = await page.evaluate(() => navigator.clipboard.readText());
+    check(copied === 'copy42me', `copied: ${JSON.stringify(copied)}`);
+    await step(page, 'terminal-copy');
+
     // 9. The exit status is shown, and a new session offered.
     await typeLine(page, 'exit 3');
     await page.waitForSelector('#term[data-state="closed"]');
