@@ -8,6 +8,7 @@ import { current, loadSession, signOut } from './api.js';
 const routes = [
   { re: /^\/web\/?$/, open: true, page: () => go(current() ? '/web/nodes' : '/web/login', true) },
   { re: /^\/web\/login$/, open: true, page: async () => (await import('./login.js')).render() },
+  { re: /^\/web\/signup$/, open: true, page: async () => (await import('./signup.js')).render() },
   { re: /^\/web\/nodes$/, page: async () => (await import('./nodes.js')).render() },
   {
     re: /^\/web\/nodes\/([^/]+)\/terminal$/,
