@@ -9,7 +9,7 @@
 //! `stty size` before and after a resize; copy by Ctrl+Shift+C; the exit status and a new
 //! session; the terminal page's weight on a cold cache; a refused login explained; sign-out
 //! ending the session and a terminal in another tab; bob's nodes; a lock ending bob's terminal
-//! and session.
+//! and session; carol's sign-up from her link (QR code, key, first code) and sign-in.
 //! Each step saves a screenshot in `<target>/web-screenshots/`.
 //!
 //! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.
@@ -81,6 +81,7 @@ spec:
         "alice": {"password": PASSWORD, "totp_secret": alice},
         "bob": {"password": PASSWORD, "totp_secret": bob},
     });
+    let carol = c.add_user("carol", "access", "root");
     let shots = screenshots();
     let _ = std::fs::remove_dir_all(&shots);
 
@@ -92,6 +93,7 @@ spec:
         .env("SALLYPORT_USERS", users.to_string())
         .env("SCREENSHOTS", &shots)
         .env("CHROMIUM", CHROMIUM)
+        .env("SIGNUP_TOKEN", &carol)
         .env(
             "SALLYCTL",
             serde_json::json!([
@@ -139,7 +141,7 @@ spec:
         status.success(),
         "the browser driver failed:\n{stderr}\nafter:\n{stdout}"
     );
-    assert!(stdout.contains("step: locked-terminal"), "{stdout}");
+    assert!(stdout.contains("step: carol-nodes"), "{stdout}");
     // The refused login reached auth as one, and the terminal sessions were the browser's.
     let rejected = c.events("session.reject");
     assert!(

@@ -5,6 +5,7 @@
 //   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
 //   SCREENSHOTS        where each step saves a PNG
 //   SALLYCTL           JSON argv of the admin's sallyctl (to lock a user)
+//   SIGNUP_TOKEN       carol's sign-up token (role access, login root)
 //
 // Certificates: the proxy serves the cluster's own CA, which no browser trusts. The driver
 // connects once with Node's TLS, checks that the proxy's certificate is signed by the CA whose
@@ -29,6 +30,7 @@ const PIN = need('SALLYPORT_CA_PIN');
 const USERS = JSON.parse(need('SALLYPORT_USERS'));
 const SHOTS = need('SCREENSHOTS');
 const SALLYCTL = JSON.parse(need('SALLYCTL'));
+const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
 const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
@@ -457,6 +459,35 @@ async function main() {
       await step(p, 'locked-terminal');
       await p.goto(`${BASE}/web/nodes`);
       await p.waitForURL(/\/web\/login\?next=/);
+      await b.close();
+    }
+
+    // 15. Sign up from the link: the token leaves the address bar, the QR code shows, the key
+    // typed into an authenticator gives the first code; then carol signs in.
+    {
+      const b = await browser.newContext();
+      const p = await b.newPage();
+      await p.goto(`${BASE}/web/signup#${SIGNUP_TOKEN}`);
+      await p.waitForSelector('#totp-secret');
+      check(p.url() === `${BASE}/web/signup`, `the token stayed in the address bar: ${p.url()}`);
+      check(await p.title() === 'Sign up — Sallyport', `title: ${await p.title()}`);
+      const qr = await p.$eval('#totp-qr', (img) => img.complete && img.naturalWidth > 0);
+      check(qr, 'the QR code did not render');
+      await accessible(p, 'sign-up');
+      const secret = (await p.locator('#totp-secret').textContent()).replace(/\s/g, '');
+      await p.getByLabel('New password').fill(USERS.alice.password);
+      await p.getByLabel('Repeat the password').fill(`${USERS.alice.password}!`);
+      await p.getByRole('button', { name: 'Create account' }).click();
+      await p.locator('#signup-error').filter({ hasText: 'differ' }).waitFor();
+      await p.getByLabel('Repeat the password').fill(USERS.alice.password);
+      await p.getByLabel('Code from your authenticator').fill(totp(secret, 0));
+      await step(p, 'signup');
+      await p.getByRole('button', { name: 'Create account' }).click();
+      await p.waitForSelector('h1:has-text("Your account is ready")');
+      await step(p, 'signed-up');
+      USERS.carol = { password: USERS.alice.password, totp_secret: secret };
+      await signIn(p, 'carol');
+      await step(p, 'carol-nodes');
       await b.close();
     }
   } finally {
