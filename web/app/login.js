@@ -52,14 +52,18 @@ export async function render() {
   });
   input('user').focus();
 
-  // Single sign-on connectors, as ping names them. The browser's OIDC flow is not served yet:
-  // they are named, with the command that signs in through them.
+  // Single sign-on: one button per connector ping names, a plain link to the proxy's start of
+  // the browser's OIDC sign-in (it comes back to /web/nodes signed in, or to a page saying why).
   try {
     const ping = await api('GET', '/v1/webapi/ping');
     const names = Array.isArray(ping.auth_connectors) ? ping.auth_connectors : [];
     if (names.length) {
       connectors.append(h('h2', { text: 'Single sign-on' }),
-        h('ul', {}, names.map((n) => h('li', {}, h('code', { text: `sally login --auth=${n}` })))));
+        h('ul', { class: 'sso' }, names.map((n) => h('li', {}, h('a', {
+          class: 'button',
+          href: `/v1/webapi/oidc/web/start?connector=${encodeURIComponent(n)}`,
+          text: `Sign in with ${n}`,
+        })))));
     }
   } catch (e) { /* sign-in works without it */ }
 }
