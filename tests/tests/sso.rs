@@ -687,13 +687,7 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
     let s: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(s["user"], "alice@example.com");
     assert!(s["roles"].to_string().contains("sso-ops"), "{s}");
-    let logins: Vec<serde_json::Value> = c
-        .sallyctl(&["audit", "search", "--type", "user.login"])
-        .ok()
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let logins = c.events("user.login");
     assert!(
         logins.iter().any(|e| e["method"] == "oidc"
             && e["success"] == true

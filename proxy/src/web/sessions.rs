@@ -364,13 +364,18 @@ async fn sweep(sessions: Weak<WebSessions>) {
 
 /// The session id in a `Cookie` header, if one names [`COOKIE`].
 pub fn cookie_value(headers: &axum::http::HeaderMap) -> Option<String> {
+    cookie_named(headers, COOKIE)
+}
+
+/// The value of the cookie named exactly `name` in the request's `Cookie` headers.
+pub fn cookie_named(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim().to_string())
 }
 

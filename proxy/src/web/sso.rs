@@ -89,14 +89,23 @@ impl Pending {
 }
 
 fn binding_cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == BINDING_COOKIE)
-        .map(|(_, v)| v.trim().to_string())
+    sessions::cookie_named(headers, BINDING_COOKIE)
+}
+
+/// The page for auth's refusal (its words) or for auth out of reach.
+fn auth_refused(e: crate::auth_client::ClientError, default: StatusCode) -> Response {
+    match e {
+        crate::auth_client::ClientError::Refused {
+            status, message, ..
+        } => failed(StatusCode::from_u16(status).unwrap_or(default), &message),
+        e => {
+            tracing::error!(error = %e, "auth unreachable");
+            failed(
+                StatusCode::BAD_GATEWAY,
+                "the auth service is unreachable; try again shortly",
+            )
+        }
+    }
 }
 
 fn set_binding(value: &str) -> String {
@@ -203,21 +212,7 @@ pub(crate) async fn start(
             Some(u) => u.to_string(),
             None => return failed(StatusCode::BAD_GATEWAY, "auth gave no provider address"),
         },
-        Err(crate::auth_client::ClientError::Refused {
-            status, message, ..
-        }) => {
-            return failed(
-                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
-                &message,
-            );
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            return failed(
-                StatusCode::BAD_GATEWAY,
-                "the auth service is unreachable; try again shortly",
-            );
-        }
+        Err(e) => return auth_refused(e, StatusCode::BAD_REQUEST),
     };
     web.sso.put(
         &binding,
@@ -274,21 +269,7 @@ pub(crate) async fn finish(
         .await
     {
         Ok(c) => c,
-        Err(crate::auth_client::ClientError::Refused {
-            status, message, ..
-        }) => {
-            return failed(
-                StatusCode::from_u16(status).unwrap_or(StatusCode::UNAUTHORIZED),
-                &message,
-            );
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            return failed(
-                StatusCode::BAD_GATEWAY,
-                "the auth service is unreachable; try again shortly",
-            );
-        }
+        Err(e) => return auth_refused(e, StatusCode::UNAUTHORIZED),
     };
     web.sso.done(&binding);
     let (_, id) = match super::browser::open_session(&web.auth, &web.browser.sessions, certs, &key)
