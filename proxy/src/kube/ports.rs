@@ -299,8 +299,7 @@ mod tests {
         for piece in bytes.chunks(cut) {
             w.feed(piece);
         }
-        let s = seen.lock().unwrap().iter().copied().collect();
-        s
+        seen.lock().unwrap().iter().copied().collect()
     }
 
     #[test]
