@@ -92,6 +92,8 @@ pub mod auth {
     pub const NODE_HOST_KEY: &str = "/v1/nodes/{name}/host-key";
 
     pub const SESSIONS: &str = "/v1/sessions";
+    /// One session's record and its recording's size, for whom may replay it.
+    pub const SESSION: &str = "/v1/sessions/{id}";
     pub const SESSION_END: &str = "/v1/sessions/{id}/end";
     pub const SESSION_CHECK: &str = "/v1/sessions/{id}/check";
     pub const SESSION_UPDATE: &str = "/v1/sessions/{id}/update";
@@ -148,6 +150,9 @@ pub mod auth {
     }
     pub fn node_host_key(name: &str) -> String {
         fill(NODE_HOST_KEY, name)
+    }
+    pub fn session(id: &str) -> String {
+        fill(SESSION, id)
     }
     pub fn session_end(id: &str) -> String {
         fill(SESSION_END, id)
@@ -235,6 +240,7 @@ pub const AUTH: &[Route] = &[
     r(Post, auth::NODE_PROXY_HOST_CERT),
     r(Post, auth::NODE_HOST_KEY),
     r(Get, auth::SESSIONS),
+    r(Get, auth::SESSION),
     r(Post, auth::SESSIONS),
     r(Post, auth::SESSION_END),
     r(Post, auth::SESSION_CHECK),
