@@ -196,6 +196,11 @@ pub mod web {
     pub const NODES: &str = "/v1/webapi/nodes";
     /// The browser terminal's WebSocket (`?node=N&login=L&cols=C&rows=R`).
     pub const TERMINAL: &str = "/v1/webapi/terminal";
+    /// The sessions the user may replay (`sally recordings ls`'s scope), one's record with its
+    /// recording's size, and its asciicast, streamed.
+    pub const RECORDINGS: &str = "/v1/webapi/recordings";
+    pub const RECORDING: &str = "/v1/webapi/recordings/{id}";
+    pub const RECORDING_CAST: &str = "/v1/webapi/recordings/{id}/cast";
     /// Every path of the web API starts here; an unknown one is a JSON 404.
     pub const PREFIX: &str = "/v1/webapi/";
 }
@@ -272,6 +277,9 @@ pub const WEB: &[Route] = &[
     r(Delete, web::WEB_SESSION),
     r(Get, web::NODES),
     r(Get, web::TERMINAL),
+    r(Get, web::RECORDINGS),
+    r(Get, web::RECORDING),
+    r(Get, web::RECORDING_CAST),
 ];
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`; an unknown path is a JSON 404.
 
 pub mod browser;
+pub mod recordings;
 pub mod sessions;
 pub mod terminal;
 
@@ -53,6 +54,9 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
         )
         .route(web::NODES, get(browser::nodes))
         .route(web::TERMINAL, get(terminal::upgrade))
+        .route(web::RECORDINGS, get(recordings::list))
+        .route(web::RECORDING, get(recordings::get))
+        .route(web::RECORDING_CAST, get(recordings::cast))
         .fallback(browser::not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(api_headers))
