@@ -201,6 +201,10 @@ pub mod web {
     pub const RECORDINGS: &str = "/v1/webapi/recordings";
     pub const RECORDING: &str = "/v1/webapi/recordings/{id}";
     pub const RECORDING_CAST: &str = "/v1/webapi/recordings/{id}/cast";
+    /// The audit log, a page at a time (`?type=&user=&node=&session=&since=&until=&limit=&cursor=`),
+    /// and the whole filtered range as `sallyctl audit search` prints it.
+    pub const AUDIT: &str = "/v1/webapi/audit";
+    pub const AUDIT_DOWNLOAD: &str = "/v1/webapi/audit/download";
     /// Every path of the web API starts here; an unknown one is a JSON 404.
     pub const PREFIX: &str = "/v1/webapi/";
 }
@@ -280,6 +284,8 @@ pub const WEB: &[Route] = &[
     r(Get, web::RECORDINGS),
     r(Get, web::RECORDING),
     r(Get, web::RECORDING_CAST),
+    r(Get, web::AUDIT),
+    r(Get, web::AUDIT_DOWNLOAD),
 ];
 
 #[cfg(test)]

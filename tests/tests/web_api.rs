@@ -1,5 +1,6 @@
 //! The browser's JSON API past sign-in and the terminal, driven as the web UI drives it (the
-//! shared `sallyport_tests::web::Browser`): recordings and their casts. Every answer is auth's, asked as the signed-in user's own certificate, so each
+//! shared `sallyport_tests::web::Browser`): recordings and their casts, the audit log and its
+//! download. Every answer is auth's, asked as the signed-in user's own certificate, so each
 //! check has its refusal beside it: another user's recording, a search without the right, a
 //! locked user, no session.
 
@@ -167,3 +168,120 @@ fn recordings_are_listed_described_and_streamed_only_to_whom_may_replay_them() {
     });
 }
 
+/// The `user.login` records a search for `filters` finds, through the page's paging.
+async fn all_pages(b: &Browser, filters: &str, limit: u32) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut cursor: Option<i64> = None;
+    loop {
+        let mut path = format!("/v1/webapi/audit?{filters}&limit={limit}");
+        if let Some(c) = cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let (status, page) = b.get(&path).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        let events = page["events"].as_array().unwrap();
+        assert!(events.len() <= limit as usize, "{page}");
+        out.extend(events.iter().cloned());
+        match page["next_cursor"].as_i64() {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+}
+
+fn seqs(events: &[Value]) -> Vec<i64> {
+    events.iter().map(|e| e["seq"].as_i64().unwrap()).collect()
+}
+
+#[test]
+fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
+    let c = cluster_with(&[("alice", "access", "root"), ("carol", "auditor", "")]);
+    rt().block_on(async {
+        // Some records to page through: sign-ins of both, and a recorded session of Alice's.
+        for _ in 0..3 {
+            signed_in(&c, "alice").await;
+            signed_in(&c, "carol").await;
+        }
+        let alice = signed_in(&c, "alice").await;
+        let session = recorded_session(&alice, "echo audited").await;
+        let carol = signed_in(&c, "carol").await;
+
+        // A person without the right to search gets auth's refusal, said.
+        let (status, body) = alice.get("/v1/webapi/audit").await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("event"), "{body}");
+        let (status, _, _) = alice.get_bytes("/v1/webapi/audit/download").await;
+        assert_eq!(status, 403);
+
+        // Pages: newest first, each at most `limit`, no record twice, none left out.
+        let one_go = all_pages(&carol, "type=user.login", 1000).await;
+        assert!(one_go.len() >= 8, "{one_go:?}");
+        let paged = all_pages(&carol, "type=user.login", 3).await;
+        assert_eq!(seqs(&paged), seqs(&one_go));
+        let s = seqs(&paged);
+        assert!(s.windows(2).all(|w| w[0] > w[1]), "newest first: {s:?}");
+
+        // Filters: user, node, session, since/until.
+        let mine = all_pages(&carol, "type=user.login&user=alice", 100).await;
+        assert!(mine.len() >= 4, "{mine:?}");
+        assert!(mine.iter().all(|e| e["user"] == "alice"), "{mine:?}");
+        let of_session = all_pages(&carol, &format!("session={session}"), 100).await;
+        let kinds: Vec<&str> = of_session
+            .iter()
+            .map(|e| e["event"].as_str().unwrap())
+            .collect();
+        assert!(
+            kinds.contains(&"session.start") && kinds.contains(&"session.end"),
+            "{kinds:?}"
+        );
+        assert!(
+            of_session
+                .iter()
+                .all(|e| e["session_id"] == session.as_str())
+        );
+        let on_node = all_pages(&carol, "type=session.start&node=local1", 100).await;
+        assert_eq!(on_node.len(), 1, "{on_node:?}");
+        let elsewhere = all_pages(&carol, "type=session.start&node=web9", 100).await;
+        assert!(elsewhere.is_empty(), "{elsewhere:?}");
+        let future = all_pages(&carol, "since=2999-01-01T00:00:00Z", 100).await;
+        assert!(future.is_empty(), "{future:?}");
+        let past = all_pages(&carol, "type=user.login&until=2000-01-01T00:00:00Z", 100).await;
+        assert!(past.is_empty(), "{past:?}");
+
+        // Bad filters are said, as JSON.
+        for (query, needle) in [
+            ("type=no.such", "no.such"),
+            ("limit=0", "limit"),
+            ("cursor=x", "cursor"),
+            ("since=yesterday", "since"),
+            ("colour=red", "unknown field"),
+        ] {
+            let (status, body) = carol.get(&format!("/v1/webapi/audit?{query}")).await;
+            assert_eq!(status, 400, "{query}: {body}");
+            assert!(
+                body["error"].as_str().unwrap().contains(needle),
+                "{query}: {body}"
+            );
+        }
+
+        // The download is what `sallyctl audit search` prints for the same range, byte for byte.
+        for (query, args) in [
+            ("type=user.login", vec!["--type", "user.login"]),
+            (
+                "type=user.login&user=alice",
+                vec!["--type", "user.login", "--user", "alice"],
+            ),
+        ] {
+            let (status, ctype, download) = carol
+                .get_bytes(&format!("/v1/webapi/audit/download?{query}"))
+                .await;
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&download));
+            assert_eq!(ctype, "application/x-ndjson");
+            let mut search = vec!["audit", "search", "--limit", "10000"];
+            search.extend(args);
+            let printed = c.sallyctl(&search).ok().stdout;
+            assert_eq!(String::from_utf8_lossy(&download), printed, "{query}");
+            assert!(printed.lines().count() >= 4);
+        }
+    });
+}

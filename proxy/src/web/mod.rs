@@ -6,6 +6,7 @@
 //! Every answer carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
 //! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`; an unknown path is a JSON 404.
 
+pub mod audit;
 pub mod browser;
 pub mod recordings;
 pub mod sessions;
@@ -57,6 +58,8 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
         .route(web::RECORDINGS, get(recordings::list))
         .route(web::RECORDING, get(recordings::get))
         .route(web::RECORDING_CAST, get(recordings::cast))
+        .route(web::AUDIT, get(audit::page))
+        .route(web::AUDIT_DOWNLOAD, get(audit::download))
         .fallback(browser::not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(api_headers))
