@@ -271,11 +271,12 @@ pub(crate) async fn download(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sallyport_core::audit::EventType;
 
     #[test]
     fn filters_become_one_encoded_auth_query() {
         let f = Filters {
-            event_type: Some("session.start".into()),
+            event_type: Some(EventType::SessionStart.name().into()),
             user: Some("a&b=c".into()),
             node: Some(String::new()),
             since: Some("2026-01-31T09:00:00Z".into()),
@@ -286,7 +287,10 @@ mod tests {
         q.limit = Some(5);
         assert_eq!(
             audit_path(&q),
-            "/v1/audit?type=session.start&user=a%26b%3Dc&since=1769850000&until=1769850000&limit=5"
+            format!(
+                "/v1/audit?type={}&user=a%26b%3Dc&since=1769850000&until=1769850000&limit=5",
+                EventType::SessionStart.name()
+            )
         );
     }
 
