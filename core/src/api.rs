@@ -234,6 +234,10 @@ pub struct PutRole {
     pub role: crate::role::Role,
     #[serde(default)]
     pub overwrite: bool,
+    /// Save only over this revision (`Role::revision` of what the editor read): a role changed
+    /// or removed since is a 409. Implies `overwrite`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
