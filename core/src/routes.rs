@@ -205,6 +205,11 @@ pub mod web {
     /// and the whole filtered range as `sallyctl audit search` prints it.
     pub const AUDIT: &str = "/v1/webapi/audit";
     pub const AUDIT_DOWNLOAD: &str = "/v1/webapi/audit/download";
+    /// The role editor: the list, one role as YAML with its revision (`GET`), saved over that
+    /// revision (`PUT`) or deleted, and a text checked with each problem's line and column.
+    pub const ROLES: &str = "/v1/webapi/roles";
+    pub const ROLE: &str = "/v1/webapi/roles/{name}";
+    pub const ROLES_VALIDATE: &str = "/v1/webapi/roles/validate";
     /// Every path of the web API starts here; an unknown one is a JSON 404.
     pub const PREFIX: &str = "/v1/webapi/";
 }
@@ -286,6 +291,11 @@ pub const WEB: &[Route] = &[
     r(Get, web::RECORDING_CAST),
     r(Get, web::AUDIT),
     r(Get, web::AUDIT_DOWNLOAD),
+    r(Get, web::ROLES),
+    r(Post, web::ROLES_VALIDATE),
+    r(Get, web::ROLE),
+    r(Put, web::ROLE),
+    r(Delete, web::ROLE),
 ];
 
 #[cfg(test)]

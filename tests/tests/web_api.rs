@@ -285,3 +285,191 @@ fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
         }
     });
 }
+
+const STAGING: &str = "kind: role\nversion: v1\nmetadata: {name: staging}\nspec:\n  allow:\n    logins: [ubuntu]\n    rules:\n      - resources: [session]\n        verbs: [list]\n";
+
+/// The 1-based line and column where `needle` first is in `text`.
+fn place_of(text: &str, needle: &str) -> (u64, u64) {
+    let at = text.find(needle).unwrap();
+    let line = text[..at].matches('\n').count() as u64 + 1;
+    let column = (at - text[..at].rfind('\n').map_or(0, |i| i + 1)) as u64 + 1;
+    (line, column)
+}
+
+#[test]
+fn roles_are_edited_as_yaml_checked_where_wrong_and_saved_only_over_what_was_opened() {
+    use reqwest::Method;
+    let c = cluster_with(&[("alice", "access", "root"), ("ed", "editor", "")]);
+    rt().block_on(async {
+        let ed = signed_in(&c, "ed").await;
+        let (status, list) = ed.get("/v1/webapi/roles").await;
+        assert_eq!(status, 200, "{list}");
+        let names: Vec<&str> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, vec!["access", "auditor", "editor"]);
+        let (status, access) = ed.get("/v1/webapi/roles/access").await;
+        assert_eq!(status, 200, "{access}");
+        assert!(
+            access["yaml"].as_str().unwrap().contains("internal.logins"),
+            "{access}"
+        );
+        assert_eq!(access["revision"].as_str().unwrap().len(), 64);
+
+        // Checked where wrong: the parser's refusal and validate's, each at its value.
+        let craete = STAGING.replace("verbs: [list]", "verbs: [craete]");
+        let v2 = STAGING.replace("version: v1", "version: v2");
+        let pattern = STAGING.replace("[ubuntu]", "[ubuntu, 'ub*']");
+        for (text, needle, says) in [
+            (&craete, "craete", "craete"),
+            (&v2, "v2", "version"),
+            (&pattern, "'ub*'", "not patterns"),
+        ] {
+            let (status, body) = ed
+                .send(
+                    Method::POST,
+                    "/v1/webapi/roles/validate",
+                    serde_json::json!({"yaml": text}),
+                )
+                .await;
+            assert_eq!(status, 200, "{body}");
+            let errors = body["errors"].as_array().unwrap();
+            assert_eq!(errors.len(), 1, "{body}");
+            let (line, column) = place_of(text, needle);
+            assert_eq!(errors[0]["line"], line, "{needle}: {body}");
+            assert_eq!(errors[0]["column"], column, "{needle}: {body}");
+            assert!(
+                errors[0]["message"].as_str().unwrap().contains(says),
+                "{body}"
+            );
+            // Saving it is refused the same way, and nothing is saved.
+            let (status, body) = ed
+                .send(
+                    Method::PUT,
+                    "/v1/webapi/roles/staging",
+                    serde_json::json!({"yaml": text}),
+                )
+                .await;
+            assert_eq!(status, 400, "{body}");
+            assert_eq!(body["errors"][0]["line"], line, "{body}");
+        }
+        assert_eq!(ed.get("/v1/webapi/roles/staging").await.0, 404);
+        let (status, body) = ed
+            .send(
+                Method::POST,
+                "/v1/webapi/roles/validate",
+                serde_json::json!({"yaml": STAGING}),
+            )
+            .await;
+        assert_eq!((status, body), (200, serde_json::json!({"errors": []})));
+
+        // Created, then saved over the revision it was opened at.
+        let (status, made) = ed
+            .send(
+                Method::PUT,
+                "/v1/webapi/roles/staging",
+                serde_json::json!({"yaml": STAGING}),
+            )
+            .await;
+        assert_eq!(status, 200, "{made}");
+        assert_eq!(made["created"], true);
+        // Creating it again is a conflict, not an overwrite.
+        let (status, body) = ed
+            .send(
+                Method::PUT,
+                "/v1/webapi/roles/staging",
+                serde_json::json!({"yaml": STAGING}),
+            )
+            .await;
+        assert_eq!(status, 409, "{body}");
+        let (_, opened) = ed.get("/v1/webapi/roles/staging").await;
+        assert_eq!(opened["revision"], made["revision"]);
+        let first_edit = STAGING.replace("[ubuntu]", "[ubuntu, deploy]");
+        let (status, saved) = ed
+            .send(
+                Method::PUT,
+                "/v1/webapi/roles/staging",
+                serde_json::json!({"yaml": first_edit, "revision": opened["revision"]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{saved}");
+        assert_eq!(saved["created"], false);
+        // A second editor who opened the same revision: 409, and the first edit stands.
+        let (status, body) = ed
+            .send(
+                Method::PUT,
+                "/v1/webapi/roles/staging",
+                serde_json::json!({"yaml": STAGING.replace("[ubuntu]", "[ops]"), "revision": opened["revision"]}),
+            )
+            .await;
+        assert_eq!(status, 409, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("changed"),
+            "{body}"
+        );
+        let (_, now) = ed.get("/v1/webapi/roles/staging").await;
+        assert!(now["yaml"].as_str().unwrap().contains("deploy"), "{now}");
+        assert_eq!(now["revision"], saved["revision"]);
+        let (status, body) = ed
+            .send(
+                Method::PUT,
+                "/v1/webapi/roles/staging",
+                serde_json::json!({"yaml": STAGING.replace("name: staging", "name: other")}),
+            )
+            .await;
+        assert_eq!(status, 400, "{body}");
+
+        // Another origin or no CSRF token: 403 before anything is read.
+        for (origin, csrf) in [
+            (Some("https://evil.example"), ed.csrf.clone()),
+            (Some(ed.origin.as_str()), None),
+            (Some(ed.origin.as_str()), Some("wrong".to_string())),
+            (None, ed.csrf.clone()),
+        ] {
+            for (method, path) in [
+                (Method::PUT, "/v1/webapi/roles/staging"),
+                (Method::POST, "/v1/webapi/roles/validate"),
+                (Method::DELETE, "/v1/webapi/roles/staging"),
+            ] {
+                let (status, body) = ed
+                    .send_as(
+                        method.clone(),
+                        path,
+                        origin,
+                        csrf.as_deref(),
+                        serde_json::json!({"yaml": STAGING, "revision": now["revision"]}),
+                    )
+                    .await;
+                assert_eq!(status, 403, "{method} {path} from {origin:?}: {body}");
+            }
+        }
+        assert_eq!(ed.get("/v1/webapi/roles/staging").await.1, now);
+
+        // A person whose roles say nothing of roles: auth's 403, said.
+        let alice = signed_in(&c, "alice").await;
+        let (status, body) = alice.get("/v1/webapi/roles").await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("role"), "{body}");
+        let (status, _) = alice
+            .send(
+                Method::PUT,
+                "/v1/webapi/roles/staging",
+                serde_json::json!({"yaml": STAGING, "revision": now["revision"]}),
+            )
+            .await;
+        assert_eq!(status, 403);
+        assert_eq!(alice.send(Method::DELETE, "/v1/webapi/roles/staging", Value::Null).await.0, 403);
+
+        // Deleted.
+        let (status, body) = ed
+            .send(Method::DELETE, "/v1/webapi/roles/staging", Value::Null)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(ed.get("/v1/webapi/roles/staging").await.0, 404);
+        let updates = c.events("role.update");
+        assert_eq!(updates.len(), 1, "{updates:?}");
+    });
+}

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod browser;
 pub mod recordings;
+pub mod roles;
 pub mod sessions;
 pub mod terminal;
 
@@ -60,6 +61,12 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
         .route(web::RECORDING_CAST, get(recordings::cast))
         .route(web::AUDIT, get(audit::page))
         .route(web::AUDIT_DOWNLOAD, get(audit::download))
+        .route(web::ROLES, get(roles::list))
+        .route(web::ROLES_VALIDATE, post(roles::validate))
+        .route(
+            web::ROLE,
+            get(roles::get).put(roles::put).delete(roles::delete),
+        )
         .fallback(browser::not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(api_headers))
