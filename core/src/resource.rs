@@ -71,7 +71,7 @@ pub fn parse_all(text: &str, source: &str) -> Result<Vec<Resource>, String> {
                         line: first_line + 1,
                         column: 1,
                     });
-                    format!("{source}: line {}, column {}: {e}", at.line, at.column)
+                    format!("{source}: line {} column {}: {e}", at.line, at.column)
                 })?;
                 out.push(Resource::Role(role));
             }
@@ -191,7 +191,7 @@ mod tests {
         }
         let second = "kind: role\nversion: v1\nmetadata: {name: a}\n---\nkind: role\nversion: v3\nmetadata: {name: b}\n";
         let e = parse_all(second, "r.yaml").err().unwrap_or_default();
-        assert!(e.starts_with("r.yaml: line 6, column 10: "), "{e}");
+        assert!(e.starts_with("r.yaml: line 6 column 10: "), "{e}");
     }
 
     #[test]

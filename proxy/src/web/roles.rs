@@ -89,7 +89,7 @@ struct Save {
 fn invalid(problems: Vec<Problem>) -> Response {
     let error = problems
         .first()
-        .map(|p| format!("line {}, column {}: {}", p.line, p.column, p.message))
+        .map(|p| format!("line {} column {}: {}", p.line, p.column, p.message))
         .unwrap_or_default();
     (
         StatusCode::BAD_REQUEST,
