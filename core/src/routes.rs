@@ -210,6 +210,14 @@ pub mod web {
     pub const ROLES: &str = "/v1/webapi/roles";
     pub const ROLE: &str = "/v1/webapi/roles/{name}";
     pub const ROLES_VALIDATE: &str = "/v1/webapi/roles/validate";
+    /// Admin: users with their locks (`GET`), a new user (`POST`: the sign-up link, once), a
+    /// reset; a lock (`POST`), lifted (`DELETE` of [`LOCK`]); join tokens, a new one with the
+    /// agent's command, once.
+    pub const USERS: &str = "/v1/webapi/users";
+    pub const USER_RESET: &str = "/v1/webapi/users/{name}/reset";
+    pub const LOCKS: &str = "/v1/webapi/locks";
+    pub const LOCK: &str = "/v1/webapi/locks/{id}";
+    pub const TOKENS: &str = "/v1/webapi/tokens";
     /// Every path of the web API starts here; an unknown one is a JSON 404.
     pub const PREFIX: &str = "/v1/webapi/";
 }
@@ -296,6 +304,13 @@ pub const WEB: &[Route] = &[
     r(Get, web::ROLE),
     r(Put, web::ROLE),
     r(Delete, web::ROLE),
+    r(Get, web::USERS),
+    r(Post, web::USERS),
+    r(Post, web::USER_RESET),
+    r(Post, web::LOCKS),
+    r(Delete, web::LOCK),
+    r(Get, web::TOKENS),
+    r(Post, web::TOKENS),
 ];
 
 #[cfg(test)]

@@ -473,3 +473,225 @@ fn roles_are_edited_as_yaml_checked_where_wrong_and_saved_only_over_what_was_ope
         assert_eq!(updates.len(), 1, "{updates:?}");
     });
 }
+
+fn find_user<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .find(|u| u["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// The token in a sign-up link, checked to be this proxy's `/web/signup#TOKEN`.
+fn signup_token(b: &Browser, answer: &Value) -> String {
+    let url = answer["signup_url"].as_str().unwrap();
+    let token = url
+        .strip_prefix(&format!("{}/web/signup#", b.origin))
+        .unwrap_or_else(|| panic!("{url}"));
+    assert!(token.len() >= 32, "{url}");
+    token.to_string()
+}
+
+#[test]
+fn admins_add_reset_lock_and_unlock_users_and_make_join_tokens_and_no_one_else_does() {
+    use reqwest::Method;
+    use serde_json::json;
+    let c = cluster_with(&[("alice", "access", "root"), ("ed", "editor", "")]);
+    rt().block_on(async {
+        let ed = signed_in(&c, "ed").await;
+
+        // A new user: the sign-up link, once; it works with `sally signup`.
+        let (status, added) = ed
+            .send(
+                Method::POST,
+                "/v1/webapi/users",
+                json!({"name": "dave", "roles": ["access"], "logins": ["root"]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{added}");
+        assert_eq!(added["user"], "dave");
+        assert!(added.get("token").is_none(), "{added}");
+        let token = signup_token(&ed, &added);
+        let (_, users) = ed.get("/v1/webapi/users").await;
+        assert_eq!(find_user(&users, "dave")["status"], "pending", "{users}");
+        c.signup(&token, PASSWORD);
+        let (status, users) = ed.get("/v1/webapi/users").await;
+        assert_eq!(status, 200, "{users}");
+        let dave = find_user(&users, "dave");
+        assert_eq!(dave["roles"], json!(["access"]));
+        assert_eq!(dave["logins"], json!(["root"]));
+        assert_eq!(dave["status"], "active");
+        assert_eq!(dave["locked"], false);
+        assert_eq!(find_user(&users, "ed")["type"], "local");
+        let mut dave_b = signed_in(&c, "dave").await;
+
+        // A lock: dave's web session ends; unlocked, he signs in again.
+        let (status, lock) = ed
+            .send(
+                Method::POST,
+                "/v1/webapi/locks",
+                json!({"user": "dave", "message": "incident 9", "ttl": "1h"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{lock}");
+        assert_eq!(lock["user"], "dave");
+        assert!(lock["expires"].as_str().is_some(), "{lock}");
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while dave_b.get("/v1/webapi/web/session").await.0 != 401 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "the locked user's web session lives on");
+        let (status, _, body) = dave_b.login("dave", PASSWORD, None).await;
+        assert_ne!(status, 200, "{body}");
+        let (_, users) = ed.get("/v1/webapi/users").await;
+        let dave = find_user(&users, "dave");
+        assert_eq!(dave["locked"], true, "{users}");
+        assert_eq!(dave["locks"][0]["message"], "incident 9");
+        let id = lock["id"].as_str().unwrap();
+        let (status, body) = ed
+            .send(
+                Method::DELETE,
+                &format!("/v1/webapi/locks/{id}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let (_, users) = ed.get("/v1/webapi/users").await;
+        assert_eq!(find_user(&users, "dave")["locked"], false, "{users}");
+        assert_eq!(dave_b.login("dave", PASSWORD, None).await.0, 200);
+        let (status, body) = ed
+            .send(
+                Method::POST,
+                "/v1/webapi/locks",
+                json!({"user": "dave", "ttl": "soon"}),
+            )
+            .await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body["error"].as_str().unwrap().starts_with("ttl"), "{body}");
+
+        // A reset: the old password is gone, the new link signs up again.
+        let (status, reset) = ed
+            .send(Method::POST, "/v1/webapi/users/dave/reset", Value::Null)
+            .await;
+        assert_eq!(status, 200, "{reset}");
+        let again = signup_token(&ed, &reset);
+        assert_ne!(again, token);
+        assert_ne!(Browser::new(&c).login("dave", PASSWORD, None).await.0, 200);
+        c.signup(&again, "another horse battery");
+        assert_eq!(
+            Browser::new(&c)
+                .login("dave", "another horse battery", None)
+                .await
+                .0,
+            200
+        );
+
+        // A join token: the agent's command, once; the list shows no secret.
+        let (status, made) = ed
+            .send(Method::POST, "/v1/webapi/tokens", json!({"type": "node"}))
+            .await;
+        assert_eq!(status, 200, "{made}");
+        let command = made["command"].as_str().unwrap();
+        let proxy = ed.origin.strip_prefix("https://").unwrap();
+        assert!(
+            command.starts_with(&format!(
+                "sallyport start --roles=node --proxy={proxy} --token="
+            )),
+            "{command}"
+        );
+        assert!(
+            command.contains(&format!("--ca-pin={}", c.pin)),
+            "{command}"
+        );
+        let secret = command
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("--token="))
+            .unwrap();
+        let (status, tokens) = ed.get("/v1/webapi/tokens").await;
+        assert_eq!(status, 200, "{tokens}");
+        assert!(
+            tokens
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["type"] == "node"),
+            "{tokens}"
+        );
+        assert!(!tokens.to_string().contains(secret), "{tokens}");
+        // The token in the command joins an agent.
+        let dir = c.dir.path().join("agent-web2");
+        let child = c
+            .agent_command("web2", "", Some(secret), &dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let _agent = Agent::new("web2", "", dir, child);
+        c.wait_online("web2");
+        let (status, body) = ed
+            .send(Method::POST, "/v1/webapi/tokens", json!({"type": "signup"}))
+            .await;
+        assert_eq!(status, 400, "{body}");
+
+        // Cross-origin or without the CSRF token: refused, nothing made.
+        for (origin, csrf) in [
+            (Some("https://evil.example"), ed.csrf.clone()),
+            (Some(ed.origin.as_str()), None),
+        ] {
+            for (path, body) in [
+                (
+                    "/v1/webapi/users",
+                    json!({"name": "mallory", "roles": ["editor"]}),
+                ),
+                ("/v1/webapi/locks", json!({"user": "ed"})),
+                ("/v1/webapi/tokens", json!({"type": "node"})),
+                ("/v1/webapi/users/dave/reset", Value::Null),
+            ] {
+                let (status, answer) = ed
+                    .send_as(Method::POST, path, origin, csrf.as_deref(), body)
+                    .await;
+                assert_eq!(status, 403, "{path} from {origin:?}: {answer}");
+            }
+        }
+        let (_, users) = ed.get("/v1/webapi/users").await;
+        assert!(!users.to_string().contains("mallory"), "{users}");
+        assert_eq!(find_user(&users, "ed")["locked"], false);
+
+        // A plain user: auth's 403 on every admin route, said.
+        let alice = signed_in(&c, "alice").await;
+        for path in ["/v1/webapi/users", "/v1/webapi/tokens"] {
+            let (status, body) = alice.get(path).await;
+            assert_eq!(status, 403, "{path}: {body}");
+            assert!(!body["error"].as_str().unwrap().is_empty(), "{body}");
+        }
+        for (path, body) in [
+            (
+                "/v1/webapi/users",
+                json!({"name": "mallory", "roles": ["editor"]}),
+            ),
+            ("/v1/webapi/locks", json!({"user": "ed"})),
+            ("/v1/webapi/tokens", json!({"type": "node"})),
+            ("/v1/webapi/users/dave/reset", Value::Null),
+        ] {
+            let (status, answer) = alice.send(Method::POST, path, body).await;
+            assert_eq!(status, 403, "{path}: {answer}");
+        }
+        let (status, _) = alice
+            .send(
+                Method::DELETE,
+                &format!("/v1/webapi/locks/{id}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, 403);
+        assert_eq!(
+            Browser::new(&c)
+                .login("dave", "another horse battery", None)
+                .await
+                .0,
+            200
+        );
+    });
+}

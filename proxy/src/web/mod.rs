@@ -6,6 +6,7 @@
 //! Every answer carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
 //! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`; an unknown path is a JSON 404.
 
+pub mod admin;
 pub mod audit;
 pub mod browser;
 pub mod recordings;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Extension, Json, Router};
 use reqwest::Method;
 use sallyport_core::api::ErrorBody;
@@ -67,6 +68,11 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
             web::ROLE,
             get(roles::get).put(roles::put).delete(roles::delete),
         )
+        .route(web::USERS, get(admin::users).post(admin::add_user))
+        .route(web::USER_RESET, post(admin::reset_user))
+        .route(web::LOCKS, post(admin::add_lock))
+        .route(web::LOCK, delete(admin::remove_lock))
+        .route(web::TOKENS, get(admin::tokens).post(admin::add_token))
         .fallback(browser::not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(api_headers))
