@@ -265,11 +265,21 @@ fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
         }
 
         // The download is what `sallyctl audit search` prints for the same range, byte for byte.
+        let by_session = format!("session={session}");
         for (query, args) in [
             ("type=user.login", vec!["--type", "user.login"]),
             (
                 "type=user.login&user=alice",
                 vec!["--type", "user.login", "--user", "alice"],
+            ),
+            (by_session.as_str(), vec!["--session", session.as_str()]),
+            (
+                "type=session.start&node=local1",
+                vec!["--type", "session.start", "--node", "local1"],
+            ),
+            (
+                "type=user.login&until=2999-01-01T00:00:00Z",
+                vec!["--type", "user.login", "--until", "2999-01-01T00:00:00Z"],
             ),
         ] {
             let (status, ctype, download) = carol
@@ -281,7 +291,7 @@ fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
             search.extend(args);
             let printed = c.sallyctl(&search).ok().stdout;
             assert_eq!(String::from_utf8_lossy(&download), printed, "{query}");
-            assert!(printed.lines().count() >= 4);
+            assert!(printed.lines().count() >= 1, "{query}");
         }
     });
 }
