@@ -705,3 +705,66 @@ fn admins_add_reset_lock_and_unlock_users_and_make_join_tokens_and_no_one_else_d
         );
     });
 }
+
+/// The daemon's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// A cast is passed on as it is read, never held whole, with no whole-answer timeout: while a
+/// browser that took 1 MiB of a 48 MiB recording stops for 35 s (longer than the proxy's 30 s
+/// for a whole call to auth), the daemon holds far less than the file; the rest then arrives
+/// whole and byte for byte.
+#[test]
+fn a_large_cast_read_slowly_arrives_whole() {
+    let c = cluster_with(&[("alice", "access", "root")]);
+    rt().block_on(async {
+        let alice = signed_in(&c, "alice").await;
+        let id = recorded_session(&alice, "echo big").await;
+        let file = c.data_dir().join("recordings").join(format!("{id}.cast"));
+        let mut cast = std::fs::read(&file).unwrap();
+        let line =
+            b"[1.0, \"o\", \"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"]\n";
+        while cast.len() < 48 * 1024 * 1024 {
+            cast.extend_from_slice(line);
+        }
+        std::fs::write(&file, &cast).unwrap();
+
+        let (_, detail) = alice.get(&format!("/v1/webapi/recordings/{id}")).await;
+        assert_eq!(detail["recording_size"], cast.len() as u64);
+        let pid = c.pid().unwrap();
+        let before = rss(pid);
+        let mut resp = alice
+            .request(
+                reqwest::Method::GET,
+                &format!("/v1/webapi/recordings/{id}/cast"),
+                None,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut got = Vec::with_capacity(cast.len());
+        while got.len() < 1024 * 1024 {
+            got.extend_from_slice(&resp.chunk().await.unwrap().unwrap());
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let held = rss(pid).saturating_sub(before);
+        assert!(
+            held < 16 * 1024 * 1024,
+            "the daemon grew by {held} bytes while the browser paused"
+        );
+        tokio::time::sleep(Duration::from_secs(32)).await;
+        while let Some(chunk) = resp.chunk().await.unwrap() {
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got.len(), cast.len());
+        assert!(got == cast, "the cast arrived changed");
+    });
+}
