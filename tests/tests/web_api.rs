@@ -479,6 +479,10 @@ fn roles_are_edited_as_yaml_checked_where_wrong_and_saved_only_over_what_was_ope
             .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(ed.get("/v1/webapi/roles/staging").await.0, 404);
+        // A route asked with a method it does not answer: a JSON 405.
+        let (status, body) = ed.get("/v1/webapi/roles/validate").await;
+        assert_eq!(status, 405, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("GET"), "{body}");
         let updates = c.events("role.update");
         assert_eq!(updates.len(), 1, "{updates:?}");
     });
