@@ -70,10 +70,21 @@ fn recordings_are_listed_described_and_streamed_only_to_whom_may_replay_them() {
         let mine = recorded_session(&alice, "echo from-al''ice").await;
         let theirs = recorded_session(&bob, "echo from-b''ob").await;
 
-        // Alice sees her own sessions only (`sally recordings ls`'s scope).
+        // Alice sees her own sessions only: what `sally recordings ls` shows her.
         let (status, list) = alice.get("/v1/webapi/recordings").await;
         assert_eq!(status, 200, "{list}");
         assert_eq!(ids(&list), vec![mine.clone()]);
+        let home = c.dir.path().join("home-alice");
+        c.login(&home, "alice", PASSWORD).ok();
+        let listed: Value = serde_json::from_str(
+            &c.sally(&home, &["recordings", "ls", "--format", "json"], "")
+                .ok()
+                .stdout,
+        )
+        .unwrap();
+        assert_eq!(ids(&listed), ids(&list));
+        assert_eq!(listed[0]["node"], list[0]["node"]);
+        assert_eq!(listed[0]["start"], list[0]["start"]);
         // The auditor sees everyone's.
         let (status, list) = carol.get("/v1/webapi/recordings").await;
         assert_eq!(status, 200, "{list}");
