@@ -174,8 +174,11 @@ fn seq(record: &serde_json::Value) -> Option<i64> {
     record.get("seq").and_then(serde_json::Value::as_i64)
 }
 
-/// `GET /v1/webapi/audit`: one page, newest first: `{"events": [...], "next_cursor": N|null}`
-/// (`null` when this page reached the oldest record that matches).
+/// `GET /v1/webapi/audit`: one page, newest first: `{"events": [...], "next_cursor": N|null,
+/// "unanchored_from": N|null}` (`next_cursor` null when this page reached the oldest record
+/// that matches; `unanchored_from` the first seq of this page no signed checkpoint covers yet,
+/// as `sallyctl audit search` warns: linked to the chain head, not yet beyond a database
+/// writer's reach).
 pub(crate) async fn page(
     State(web): Web,
     headers: HeaderMap,
@@ -187,14 +190,24 @@ pub(crate) async fn page(
     let mut q = f.query()?;
     q.limit = Some(limit);
     q.before = f.cursor()?;
-    let mut events = search(&s, &q).await?;
+    let (mut events, unanchored): (Vec<serde_json::Value>, _) = s
+        .auth
+        .get_with_header(&audit_path(&q), sallyport_core::audit::UNANCHORED_HEADER)
+        .await
+        .map_err(from_auth)?;
+    let unanchored_from = unanchored.and_then(|v| v.parse::<i64>().ok());
     events.reverse();
     let next_cursor = if events.len() as u64 >= u64::from(limit) {
         events.last().and_then(seq)
     } else {
         None
     };
-    Ok(Json(serde_json::json!({"events": events, "next_cursor": next_cursor})).into_response())
+    Ok(Json(serde_json::json!({
+        "events": events,
+        "next_cursor": next_cursor,
+        "unanchored_from": unanchored_from,
+    }))
+    .into_response())
 }
 
 /// `GET /v1/webapi/audit/download`: every record that matches, oldest first, one compact JSON
