@@ -497,6 +497,29 @@ fn roles_are_edited_as_yaml_checked_where_wrong_and_saved_only_over_what_was_ope
             .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(ed.get("/v1/webapi/roles/staging").await.0, 404);
+        // Every route the table lists is served (whatever it then says to a stranger).
+        let stranger = Browser::new(&c);
+        for route in sallyport_core::routes::WEB {
+            let path = route
+                .pattern
+                .replace("{id}", "x")
+                .replace("{name}", "x");
+            let method = reqwest::Method::from_bytes(route.method.as_str().as_bytes()).unwrap();
+            let resp = stranger
+                .request(method, &path, None)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body = resp.text().await.unwrap_or_default();
+            // The router's own 404 and 405 name themselves; anything else is the route's answer.
+            assert!(
+                !body.contains("no such API route") && !body.contains("does not answer"),
+                "{route:?}: {status} {body}"
+            );
+        }
         // A route asked with a method it does not answer: a JSON 405.
         let (status, body) = ed.get("/v1/webapi/roles/validate").await;
         assert_eq!(status, 405, "{body}");
