@@ -141,7 +141,7 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
 }
 
 /// Auth's refusal as the browser gets it; anything else is auth being unreachable.
-fn from_auth(e: ClientError) -> ApiError {
+pub(crate) fn from_auth(e: ClientError) -> ApiError {
     match e {
         ClientError::Refused {
             status, message, ..
@@ -349,5 +349,13 @@ pub async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!("no such API route: {method} {}", uri.path()),
+    )
+}
+
+/// A known API route asked with a method it does not answer: a JSON 405.
+pub async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not answer {method}", uri.path()),
     )
 }
