@@ -572,6 +572,18 @@ auth_service:
         self.child.as_ref().map(Child::id)
     }
 
+    /// The daemon's resident memory, in bytes.
+    pub fn rss(&self) -> u64 {
+        let pid = self.pid().expect("the daemon runs");
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap()
+            * 1024
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }

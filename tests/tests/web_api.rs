@@ -751,16 +751,6 @@ fn admins_add_reset_lock_and_unlock_users_and_make_join_tokens_and_no_one_else_d
     });
 }
 
-/// The daemon's resident memory, in bytes.
-fn rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .unwrap()
-        * 1024
-}
 
 /// A cast is passed on as it is read, never held whole, with no whole-answer timeout: while a
 /// browser that took 1 MiB of a 48 MiB recording stops for 35 s (longer than the proxy's 30 s
@@ -783,8 +773,8 @@ fn a_large_cast_read_slowly_arrives_whole() {
 
         let (_, detail) = alice.get(&format!("/v1/webapi/recordings/{id}")).await;
         assert_eq!(detail["recording_size"], cast.len() as u64);
-        let pid = c.pid().unwrap();
-        let before = rss(pid);
+
+        let before = c.rss();
         let mut resp = alice
             .request(
                 reqwest::Method::GET,
@@ -800,7 +790,7 @@ fn a_large_cast_read_slowly_arrives_whole() {
             got.extend_from_slice(&resp.chunk().await.unwrap().unwrap());
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let held = rss(pid).saturating_sub(before);
+        let held = c.rss().saturating_sub(before);
         assert!(
             held < 16 * 1024 * 1024,
             "the daemon grew by {held} bytes while the browser paused"
