@@ -30,6 +30,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use sallyport_core::api::{Certs, ConnectorKind, LoginRequest};
 use sallyport_core::audit::{Event, EventType};
 use sallyport_core::oidc::{OidcConnector, map_roles, merge_userinfo};
+use sallyport_core::routes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;
@@ -73,6 +74,27 @@ pub struct OidcStart {
     /// The client's address, as the proxy saw the connection (never sent by the client).
     #[serde(default)]
     pub remote_addr: Option<String>,
+    /// A browser's sign-in, started by the proxy itself (which drops the field from what
+    /// clients send): the browser comes back to the proxy's own finishing page
+    /// ([`routes::web::OIDC_WEB_FINISH`]), same site, rather than to a loopback listener;
+    /// `client_redirect_url` is ignored.
+    #[serde(default)]
+    pub web: bool,
+}
+
+/// What `oidc_requests.client_redirect` holds for a browser's sign-in.
+const WEB_REDIRECT: &str = "web";
+
+/// Where the browser goes after the callback: the client's redirect with `pairs` in its
+/// query, or for a browser's sign-in the proxy's own finishing page (a path on the same site).
+fn next_location(client_redirect: &str, pairs: &[(&str, &str)]) -> Result<String, AuthError> {
+    if client_redirect == WEB_REDIRECT {
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish();
+        return Ok(format!("{}?{query}", routes::web::OIDC_WEB_FINISH));
+    }
+    with_query(client_redirect, pairs)
 }
 
 /// Logins started and not yet called back, by hashed state: the client address each came from
@@ -535,7 +557,12 @@ impl AuthServer {
 
     pub async fn oidc_start(&self, req: &OidcStart) -> Result<OidcStarted, AuthError> {
         let c = self.connector(&req.connector).await?;
-        if !loopback_redirect(&req.client_redirect_url) {
+        let client_redirect = if req.web {
+            WEB_REDIRECT
+        } else {
+            req.client_redirect_url.as_str()
+        };
+        if !req.web && !loopback_redirect(&req.client_redirect_url) {
             return Err(AuthError::BadRequest(
                 "the client's redirect must be http://127.0.0.1:PORT/… (sally's own listener)"
                     .into(),
@@ -568,7 +595,7 @@ impl AuthServer {
         .bind(c.name())
         .bind(&nonce)
         .bind(&verifier)
-        .bind(&req.client_redirect_url)
+        .bind(client_redirect)
         .bind(token_hash(&req.client_key))
         .bind(req.ssh_public_key.trim())
         .bind(req.ttl_secs.map(|t| i64::try_from(t).unwrap_or(i64::MAX)))
@@ -665,7 +692,7 @@ impl AuthServer {
                 })
                 .await;
                 return Ok(OidcRedirect {
-                    location: with_query(&client_redirect, &[("error", &error)])?,
+                    location: next_location(&client_redirect, &[("error", &error)])?,
                 });
             }
         };
@@ -697,7 +724,7 @@ impl AuthServer {
                 )
                 .await?;
                 Ok(OidcRedirect {
-                    location: with_query(&client_redirect, &[("response", &response)])?,
+                    location: next_location(&client_redirect, &[("response", &response)])?,
                 })
             }
             Err((user, why)) => {
@@ -715,7 +742,7 @@ impl AuthServer {
                 )
                 .await;
                 Ok(OidcRedirect {
-                    location: with_query(&client_redirect, &[("error", &why)])?,
+                    location: next_location(&client_redirect, &[("error", &why)])?,
                 })
             }
         }

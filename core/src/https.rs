@@ -55,15 +55,53 @@ pub struct Passthrough {
     pub target: String,
 }
 
+/// The certificates a listener answers with: one configuration for every client, or on the
+/// proxy's web port the cluster's for Sallyport's own clients (they offer
+/// [`crate::webcert::CLUSTER_ALPN`]) and public ones for everyone else (browsers).
+#[derive(Clone)]
+pub struct Certs {
+    cluster: Arc<rustls::ServerConfig>,
+    public: Option<Arc<crate::webcert::PublicCerts>>,
+}
+
+impl Certs {
+    pub fn new(
+        cluster: Arc<rustls::ServerConfig>,
+        public: Option<Arc<crate::webcert::PublicCerts>>,
+    ) -> Self {
+        Certs { cluster, public }
+    }
+
+    fn for_hello(&self, hello: &rustls::server::ClientHello<'_>) -> Arc<rustls::ServerConfig> {
+        let ours = hello
+            .alpn()
+            .is_some_and(|mut p| p.any(|a| a == crate::webcert::CLUSTER_ALPN));
+        match &self.public {
+            Some(public) if !ours => public.config(),
+            _ => self.cluster.clone(),
+        }
+    }
+}
+
+impl From<Arc<rustls::ServerConfig>> for Certs {
+    fn from(cluster: Arc<rustls::ServerConfig>) -> Self {
+        Certs {
+            cluster,
+            public: None,
+        }
+    }
+}
+
 /// Accepts connections until the task is dropped; each connection runs on its own task,
 /// admitted under `limits` (see the module doc).
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: impl Into<Certs>,
     router: axum::Router,
     passthrough: Option<Passthrough>,
     limits: door::Limits,
 ) {
+    let tls: Certs = tls.into();
     let passthrough = passthrough.map(Arc::new);
     let idle = limits.open.map_or(IDLE_TIMEOUT, |o| o.idle_timeout);
     let door = Door::new("https", limits);
@@ -135,7 +173,7 @@ fn wants_passthrough(hello: &rustls::server::ClientHello<'_>, p: &Passthrough) -
 /// target.
 async fn handshake(
     tcp: TcpStream,
-    tls: Arc<rustls::ServerConfig>,
+    tls: Certs,
     passthrough: Option<&Passthrough>,
 ) -> std::io::Result<Handshake> {
     let recorder = Recorder {
@@ -158,11 +196,12 @@ async fn handshake(
             target: p.target.clone(),
         });
     }
+    let config = tls.for_hello(&start.client_hello());
     let mut start = start;
     start.io.recording = false;
     start.io.seen = Vec::new();
     start
-        .into_stream(tls)
+        .into_stream(config)
         .await
         .map(|s| Handshake::Done(Box::new(s)))
 }
@@ -197,12 +236,7 @@ async fn pipe(
 /// Answers a connection beyond the door's caps with 429 and the reason (the caller holds a
 /// `door::telling_permit`; without one the connection is just closed). A passthrough client
 /// expects the target's TLS, not ours: it is closed too.
-async fn refuse(
-    tcp: TcpStream,
-    tls: Arc<rustls::ServerConfig>,
-    passthrough: Option<Arc<Passthrough>>,
-    reason: String,
-) {
+async fn refuse(tcp: TcpStream, tls: Certs, passthrough: Option<Arc<Passthrough>>, reason: String) {
     let _ = tokio::time::timeout(door::telling_time(), async move {
         let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await?;
         if let Some(p) = passthrough.as_deref()
@@ -210,7 +244,8 @@ async fn refuse(
         {
             return Ok(());
         }
-        let stream = start.into_stream(tls).await?;
+        let config = tls.for_hello(&start.client_hello());
+        let stream = start.into_stream(config).await?;
         let svc = hyper::service::service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
             let reason = reason.clone();
             async move {

@@ -27,6 +27,7 @@ pub mod sshcert;
 pub mod terminal;
 pub mod tls;
 pub mod tunnel;
+pub mod webcert;
 pub mod x509;
 pub mod yaml;
 

@@ -188,6 +188,11 @@ pub mod web {
     /// Where the identity provider sends the browser back (`crate::oidc::CALLBACK_PATH`).
     pub const OIDC_CALLBACK: &str = "/v1/webapi/oidc/callback";
     pub const OIDC_LOGIN_FINISH: &str = "/v1/webapi/oidc/login/finish";
+    /// A browser's SSO sign-in: the link of the sign-in page's button for a connector
+    /// (`?connector=NAME`), and the same-site page the callback sends the browser on to, which
+    /// opens the web session and moves on to the servers page.
+    pub const OIDC_WEB_START: &str = "/v1/webapi/oidc/web/start";
+    pub const OIDC_WEB_FINISH: &str = "/v1/webapi/oidc/web/finish";
     /// A browser signs in (`POST`), reads its session and CSRF token (`GET`), signs out
     /// (`DELETE` of [`WEB_SESSION`]).
     pub const WEB_LOGIN: &str = "/v1/webapi/web/login";
@@ -289,6 +294,8 @@ pub const WEB: &[Route] = &[
     r(Post, web::OIDC_LOGIN_START),
     r(Get, web::OIDC_CALLBACK),
     r(Post, web::OIDC_LOGIN_FINISH),
+    r(Get, web::OIDC_WEB_START),
+    r(Get, web::OIDC_WEB_FINISH),
     r(Post, web::WEB_LOGIN),
     r(Get, web::WEB_SESSION),
     r(Delete, web::WEB_SESSION),

@@ -102,7 +102,13 @@ pub fn client_config(
         Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
         None => builder.with_no_client_auth(),
     };
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // The last one says "a Sallyport client": the proxy's web port answers it with the
+    // cluster's certificate even when browsers get a public one (`crate::webcert`).
+    cfg.alpn_protocols = vec![
+        b"h2".to_vec(),
+        b"http/1.1".to_vec(),
+        crate::webcert::CLUSTER_ALPN.to_vec(),
+    ];
     Ok(cfg)
 }
 

@@ -5,10 +5,13 @@ back through the proxy's callback to `sally login`'s listener on 127.0.0.1. Prin
 page's status and body, and every URL it visits on stderr (`visit URL`). Standard library only.
 
 usage: browser.py URL LOGIN
+Environment: STOP_AT=PATH stops before visiting a URL whose path starts with PATH and prints
+`stop URL` (for a test to go on from there); COOKIES=1 prints `cookie NAME=VALUE` on stderr
+for every cookie the jar holds at the end.
 The proxy's certificate is from the cluster's own CA, which this throwaway browser does not
 verify (the tests check the cluster's TLS elsewhere).
 """
-import http.cookiejar, re, ssl, sys, urllib.error, urllib.parse, urllib.request
+import http.cookiejar, os, re, ssl, sys, urllib.error, urllib.parse, urllib.request
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -28,7 +31,18 @@ def main():
         NoRedirect,
     )
     data = None
+    stop_at = os.environ.get("STOP_AT")
+
+    def cookies():
+        if os.environ.get("COOKIES"):
+            for c in jar:
+                print(f"cookie {c.name}={c.value}", file=sys.stderr)
+
     for _ in range(30):
+        if stop_at and urllib.parse.urlsplit(url).path.startswith(stop_at):
+            print(f"stop {url}")
+            cookies()
+            sys.exit(0)
         print(f"visit {url}", file=sys.stderr)
         req = urllib.request.Request(url, data=data)
         try:
@@ -53,6 +67,7 @@ def main():
             continue
         print(status)
         print(body)
+        cookies()
         sys.exit(0 if status == 200 else 1)
     print("too many redirects")
     sys.exit(2)

@@ -618,3 +618,148 @@ fn started_logins_called_back_with_errors_are_counted_and_bounded() {
     assert_eq!(start_login(&c).0, 429);
     drop(p);
 }
+
+/// browser.py from `url` as `who`, with `env`; returns (stdout, stderr).
+fn browse(url: &str, who: &str, env: &[(&str, &str)]) -> (String, String) {
+    let r = run(
+        Command::new("python3")
+            .arg(oidc_dir().join("browser.py"))
+            .arg(url)
+            .arg(who)
+            .envs(env.iter().copied()),
+        "",
+    );
+    (r.stdout, r.stderr)
+}
+
+/// `GET url` on the proxy with `cookie` (none when empty): status and body.
+fn get_with_cookie(c: &Cluster, url: &str, cookie: &str) -> (u16, String) {
+    let mut args = vec!["-sk", "-o", "-", "-w", "\n%{http_code}"];
+    let header = format!("Cookie: {cookie}");
+    if !cookie.is_empty() {
+        args.extend(["-H", header.as_str()]);
+    }
+    let url = if url.starts_with("https://") {
+        url.to_string()
+    } else {
+        format!("https://{}{url}", c.proxy)
+    };
+    args.push(&url);
+    let out = run(Command::new("curl").args(&args), "").stdout;
+    let (body, code) = out.rsplit_once('\n').unwrap_or((&out, "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn cookies_of(stderr: &str) -> String {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("cookie "))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[test]
+fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started() {
+    let c = Cluster::start();
+    roles_file(&c);
+    let p = provider(&c);
+    connector(&c, "corp", &p.issuer);
+    let start = format!(
+        "https://{}/v1/webapi/oidc/web/start?connector=corp",
+        c.proxy
+    );
+
+    // The whole way, as a browser goes: provider, callback, the proxy's finishing page.
+    let (out, err) = browse(&start, "alice", &[("COOKIES", "1")]);
+    assert!(
+        out.starts_with("200") && out.contains("Signed in"),
+        "{out}\n{err}"
+    );
+    assert!(out.contains("url=/web/nodes"), "the page moves on: {out}");
+    assert!(
+        err.contains("/v1/webapi/oidc/web/finish?response="),
+        "{err}"
+    );
+    let cookies = cookies_of(&err);
+    assert!(cookies.contains("__Host-sallyport_session="), "{cookies}");
+    let (code, body) = get_with_cookie(&c, "/v1/webapi/web/session", &cookies);
+    assert_eq!(code, 200, "{body}");
+    let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(s["user"], "alice@example.com");
+    assert!(s["roles"].to_string().contains("sso-ops"), "{s}");
+    let logins = c.events("user.login");
+    assert!(
+        logins.iter().any(|e| e["method"] == "oidc"
+            && e["success"] == true
+            && e["user"] == "alice@example.com"),
+        "{logins:?}"
+    );
+
+    // Stopped before the finishing page: another browser (an attacker who got the link, or who
+    // wants to sign the victim in as themselves) cannot use it, and trying burns nothing...
+    let (out, err) = browse(
+        &start,
+        "alice",
+        &[("STOP_AT", "/v1/webapi/oidc/web/finish"), ("COOKIES", "1")],
+    );
+    let finish = out
+        .lines()
+        .find_map(|l| l.strip_prefix("stop "))
+        .unwrap_or_else(|| panic!("{out}\n{err}"))
+        .to_string();
+    let (code, page) = get_with_cookie(&c, &finish, "");
+    assert_eq!(code, 403, "{page}");
+    assert!(page.contains("not started in this browser"), "{page}");
+    let (code, _) = get_with_cookie(&c, &finish, "__Host-sallyport_sso=forged");
+    assert_eq!(code, 403);
+    // A link any site can send the browser (its Lax binding cookie goes along): a made-up
+    // response or error uses nothing up, and shows no text of the link's without a sign-in.
+    let cookies = cookies_of(&err);
+    assert!(cookies.contains("__Host-sallyport_sso="), "{cookies}");
+    let made_up = format!(
+        "https://{}/v1/webapi/oidc/web/finish?response=made-up",
+        c.proxy
+    );
+    let (code, page) = get_with_cookie(&c, &made_up, &cookies);
+    assert_eq!(code, 401, "{page}");
+    let spoof = "/v1/webapi/oidc/web/finish?error=Call+IT+at+555";
+    let (code, page) = get_with_cookie(&c, spoof, "");
+    assert_eq!(code, 403);
+    assert!(!page.contains("Call IT"), "{page}");
+    // ...and the browser that started finishes it, once.
+    let (code, page) = get_with_cookie(&c, &finish, &cookies);
+    assert_eq!(code, 200, "{page}");
+    let (code, page) = get_with_cookie(&c, &finish, &cookies);
+    assert_eq!(code, 403, "one use: {page}");
+
+    // A person the roles do not admit is told why on the page, and gets no session.
+    let (out, err) = browse(&start, "bob", &[("COOKIES", "1")]);
+    assert!(
+        out.starts_with("401") && out.contains("map to no Sallyport role"),
+        "{out}"
+    );
+    assert!(
+        !cookies_of(&err).contains("__Host-sallyport_session="),
+        "{err}"
+    );
+    // A sign-in started from another site's link is refused.
+    let cross = run(
+        Command::new("curl").args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Sec-Fetch-Site: cross-site",
+            &start,
+        ]),
+        "",
+    );
+    assert_eq!(cross.stdout, "403");
+    // An unknown connector: a page that says so, no provider visited.
+    let (code, page) = get_with_cookie(&c, "/v1/webapi/oidc/web/start?connector=nope", "");
+    assert!(code == 404 || code == 400, "{code} {page}");
+    assert!(page.contains("nope"), "{page}");
+    drop(p);
+}

@@ -216,6 +216,29 @@ pub(crate) async fn login(
         .json(reqwest::Method::POST, auth::LOGIN, Some(&req))
         .await
         .map_err(from_auth)?;
+    let (session, id) = open_session(&web.auth, &web.browser.sessions, certs, &key)?;
+    let mut resp = Json(session_json(&session, &web.browser.sessions)).into_response();
+    if let Ok(v) = header::HeaderValue::from_str(&sessions::set_cookie(&id)) {
+        resp.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(resp)
+}
+
+/// A web session for the certificates auth issued over `key` (the proxy's own, made for this
+/// sign-in): auth is called as them from now on. Returns the session and the id for the cookie.
+pub(crate) fn open_session(
+    client: &crate::AuthClient,
+    sessions: &Arc<WebSessions>,
+    certs: Certs,
+    key: &russh::keys::PrivateKey,
+) -> Result<(Arc<WebSession>, String), ApiError> {
+    let internal = |e: &dyn std::fmt::Display| {
+        tracing::error!(error = %e, "cannot open a web session");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the proxy could not open the web session",
+        )
+    };
     let seed = key
         .key_data()
         .ed25519()
@@ -223,8 +246,7 @@ pub(crate) async fn login(
         .ok_or_else(|| internal(&"not Ed25519"))?;
     let key_pem =
         sallyport_core::x509::to_pem("PRIVATE KEY", &sallyport_core::x509::ed25519_pkcs8(&seed));
-    let as_user = web
-        .auth
+    let as_user = client
         .as_identity(&certs.tls_cert_pem, &key_pem)
         .map_err(|e| internal(&e))?;
     let expires = time::OffsetDateTime::parse(
@@ -233,19 +255,14 @@ pub(crate) async fn login(
     )
     .map(|t| t.unix_timestamp().max(0) as u64)
     .map_err(|e| internal(&e))?;
-    let (session, id) = web.browser.sessions.create(Earned {
+    Ok(sessions.create(Earned {
         user: certs.user,
         roles: certs.roles,
         logins: certs.logins,
         expires,
         valid_until: certs.valid_until,
         auth: as_user,
-    });
-    let mut resp = Json(session_json(&session, &web.browser.sessions)).into_response();
-    if let Ok(v) = header::HeaderValue::from_str(&sessions::set_cookie(&id)) {
-        resp.headers_mut().insert(header::SET_COOKIE, v);
-    }
-    Ok(resp)
+    }))
 }
 
 /// `GET /v1/webapi/web/session`: who is signed in, until when, and the CSRF token. Reading it
@@ -256,8 +273,20 @@ pub(crate) async fn session(State(web): Web, headers: HeaderMap) -> Result<Respo
 }
 
 /// `DELETE /v1/webapi/web/session`: signs out; the session is forgotten and its terminals end.
+/// A session this proxy does not know (gone already, or kept by another proxy: web sessions
+/// live in one proxy's memory) is 401 with the cookie removed, and the page says so.
 pub(crate) async fn logout(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = match web.browser.changing(&headers) {
+        Ok(s) => s,
+        Err(e) if e.status == StatusCode::UNAUTHORIZED => {
+            let mut resp = e.into_response();
+            if let Ok(v) = header::HeaderValue::from_str(&sessions::clear_cookie()) {
+                resp.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            return Ok(resp);
+        }
+        Err(e) => return Err(e),
+    };
     web.browser.sessions.sign_out(&s);
     let mut resp = Json(serde_json::json!({})).into_response();
     if let Ok(v) = header::HeaderValue::from_str(&sessions::clear_cookie()) {

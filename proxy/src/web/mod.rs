@@ -5,6 +5,8 @@
 //!
 //! Every answer carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
 //! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`; an unknown path is a JSON 404.
+//! The web UI's pages and files (`ui`: `/`, `/web/*`) are on the same router, with headers of
+//! their own.
 
 pub mod admin;
 pub mod audit;
@@ -12,7 +14,9 @@ pub mod browser;
 pub mod recordings;
 pub mod roles;
 pub mod sessions;
+pub mod sso;
 pub mod terminal;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -44,12 +48,14 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
     Router::new()
         .route(web::PING, get(ping))
         .route(web::JOIN, for_client(auth::JOIN))
-        .route(web::SIGNUP_START, for_client(auth::SIGNUP_START))
+        .route(web::SIGNUP_START, post(signup_start))
         .route(web::SIGNUP_FINISH, for_client(auth::SIGNUP_FINISH))
         .route(web::LOGIN, for_client(auth::LOGIN))
         .route(web::OIDC_LOGIN_START, for_client(auth::OIDC_START))
         .route(web::OIDC_CALLBACK, get(oidc_callback))
         .route(web::OIDC_LOGIN_FINISH, post(oidc_finish))
+        .route(web::OIDC_WEB_START, get(sso::start))
+        .route(web::OIDC_WEB_FINISH, get(sso::finish))
         .route(web::WEB_LOGIN, post(browser::login))
         .route(
             web::WEB_SESSION,
@@ -81,7 +87,11 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
             auth,
             doors,
             browser: Arc::new(browser),
+            sso: sso::Pending::default(),
         }))
+        // The UI's pages and files, after the API's layers: they carry their own headers
+        // (cacheable with ETags, the CSP), not the API's no-store.
+        .merge(ui::router())
 }
 
 /// The headers every answer of the API carries.
@@ -102,6 +112,8 @@ pub(crate) struct Web {
     auth: AuthClient,
     doors: Doors,
     browser: Arc<browser::Browser>,
+    /// Browsers' SSO sign-ins waiting for the provider.
+    sso: sso::Pending,
 }
 
 type Auth = State<Arc<Web>>;
@@ -112,7 +124,12 @@ async fn forward(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> Response {
-    match auth.call(method, path, body).await {
+    relay(auth.call(method, path, body).await)
+}
+
+/// Auth's answer as the client gets it.
+fn relay(answer: Result<(u16, Vec<u8>), crate::auth_client::ClientError>) -> Response {
+    match answer {
         Ok((status, body)) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut resp =
@@ -125,18 +142,21 @@ async fn forward(
             }
             resp
         }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            (
-                StatusCode::BAD_GATEWAY,
-                Json(ErrorBody {
-                    error: "the auth service is unreachable; try again shortly".into(),
-                    code: None,
-                }),
-            )
-                .into_response()
-        }
+        Err(e) => auth_unreachable(&e),
     }
+}
+
+/// The answer when auth cannot be reached (the cause goes to the log only).
+fn auth_unreachable(e: &dyn std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "auth unreachable");
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(ErrorBody {
+            error: "the auth service is unreachable; try again shortly".into(),
+            code: None,
+        }),
+    )
+        .into_response()
 }
 
 /// Replaces whatever `remote_addr` the client sent with the address the connection came from,
@@ -163,17 +183,7 @@ async fn ping(State(web): Auth) -> Response {
             }
             Json(v).into_response()
         }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            (
-                StatusCode::BAD_GATEWAY,
-                Json(ErrorBody {
-                    error: "the auth service is unreachable; try again shortly".into(),
-                    code: None,
-                }),
-            )
-                .into_response()
-        }
+        Err(e) => auth_unreachable(&e),
     }
 }
 
@@ -194,6 +204,59 @@ fn for_client(path: &'static str) -> MethodRouter<Arc<Web>> {
             .await
         },
     )
+}
+
+/// `POST /v1/webapi/signup/start`, forwarded to auth like the others; when auth answers with
+/// a TOTP enrollment URI the proxy adds it as a QR code (`otpauth_qr_svg`, an SVG document) for
+/// the browser's sign-up page, drawn by the same crate as `sally signup`'s terminal QR code.
+async fn signup_start(
+    State(web): Auth,
+    Extension(remote): Extension<RemoteAddr>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let answer = web
+        .auth
+        .call(
+            Method::POST,
+            auth::SIGNUP_START,
+            Some(with_remote(body, remote)),
+        )
+        .await;
+    let Ok((200, bytes)) = &answer else {
+        // A refusal or an unreachable auth: answered as every forwarded route answers it.
+        return relay(answer);
+    };
+    let Ok(mut started) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return (
+            StatusCode::BAD_GATEWAY,
+            Json(ErrorBody {
+                error: "auth's answer to the sign-up was not JSON".into(),
+                code: None,
+            }),
+        )
+            .into_response();
+    };
+    if let Some(svg) = started["otpauth_uri"].as_str().and_then(qr_svg) {
+        started["otpauth_qr_svg"] = svg.into();
+    }
+    Json(started).into_response()
+}
+
+/// `text` as a QR code in SVG: one path of unit squares, a 4-module quiet zone.
+pub fn qr_svg(text: &str) -> Option<String> {
+    let code = qrcode::QrCode::new(text.as_bytes()).ok()?;
+    let width = code.width();
+    let size = width + 8;
+    let mut path = String::new();
+    for (i, color) in code.to_colors().iter().enumerate() {
+        if *color == qrcode::Color::Dark {
+            let (x, y) = (i % width + 4, i / width + 4);
+            path.push_str(&format!("M{x} {y}h1v1h-1z"));
+        }
+    }
+    Some(format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {size} {size}\" shape-rendering=\"crispEdges\"><rect width=\"{size}\" height=\"{size}\" fill=\"#fff\"/><path d=\"{path}\" fill=\"#000\"/></svg>"
+    ))
 }
 
 async fn oidc_finish(State(web): Auth, Json(body): Json<serde_json::Value>) -> Response {
@@ -267,5 +330,31 @@ async fn oidc_callback(
                 "the auth service is unreachable; try again shortly",
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn the_qr_code_is_an_svg_of_unit_squares_in_a_quiet_zone() {
+        let uri = "otpauth://totp/sallyport:alice?secret=JBSWY3DPEHPK3PXP&issuer=sallyport";
+        let svg = super::qr_svg(uri).unwrap();
+        let code = qrcode::QrCode::new(uri.as_bytes()).unwrap();
+        let size = code.width() + 8;
+        assert!(svg.starts_with(&format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {size} {size}\""
+        )));
+        let dark = code
+            .to_colors()
+            .iter()
+            .filter(|c| **c == qrcode::Color::Dark)
+            .count();
+        assert_eq!(svg.matches("h1v1h-1z").count(), dark);
+        assert!(
+            svg.contains("M4 4h1v1h-1z"),
+            "the finder's corner at the quiet zone's edge"
+        );
     }
 }

@@ -1,0 +1,153 @@
+//! The web UI in a real browser: Debian's Chromium, driven by `tests/web/driver.mjs`
+//! (playwright-core), against a cluster with a second factor, two nodes (`local1` env=dev,
+//! `web2` env=prod) and two users: alice (role `access`: both nodes, login root) and bob
+//! (a role reaching env=dev only). The driver checks, in this order: the sign-in page's weight
+//! and load time on a cold cache; a wrong code announced and tied to its field; sign-in with
+//! password and TOTP by keyboard only; axe-core on each page (no serious or critical finding);
+//! the security headers and the not-found page; the cookie's flags; the nodes and the search;
+//! the login chooser; `echo hi`; a UTF-8 character split across frames; a 1 MiB paste;
+//! `stty size` before and after a resize; copy by Ctrl+Shift+C; the exit status and a new
+//! session; the terminal page's weight on a cold cache; a refused login explained; sign-out
+//! ending the session and a terminal in another tab; bob's nodes; a lock ending bob's terminal
+//! and session; carol's sign-up from her link (QR code, key, first code) and sign-in.
+//! Each step saves a screenshot in `<target>/web-screenshots/`.
+//!
+//! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sallyport_tests::*;
+
+const PASSWORD: &str = "correct horse battery";
+const CHROMIUM: &str = "/usr/lib/chromium/chromium";
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `<target>/web-screenshots`, beside the test binary's profile directory.
+fn screenshots() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // <target>/debug/deps/web-HASH
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    target.join("web-screenshots")
+}
+
+#[test]
+fn web_ui_in_chromium() {
+    let driver_dir = workspace().join("tests/web");
+    assert!(
+        std::path::Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: apt-get install chromium (scripts/test does)"
+    );
+    assert!(
+        driver_dir.join("node_modules/playwright-core").exists(),
+        "playwright-core is missing: (cd tests/web && npm ci) (scripts/test does)"
+    );
+    let c = Cluster::start_with(Options {
+        second_factor: true,
+        ..Options::default()
+    });
+    c.wait_online("local1");
+    let _web2 = c.agent("web2", "env=prod");
+    c.create(
+        "kind: role
+version: v1
+metadata: {name: dev-only}
+spec:
+  allow:
+    logins: [root]
+    node_labels: {env: dev}
+",
+    )
+    .ok();
+    let alice = c.add_user("alice", "access", "root");
+    let alice = c.signup(&alice, PASSWORD).unwrap();
+    let bob = c.add_user("bob", "dev-only", "");
+    let bob = c.signup(&bob, PASSWORD).unwrap();
+    let users = serde_json::json!({
+        "alice": {"password": PASSWORD, "totp_secret": alice},
+        "bob": {"password": PASSWORD, "totp_secret": bob},
+    });
+    let carol = c.add_user("carol", "access", "root");
+    let shots = screenshots();
+    let _ = std::fs::remove_dir_all(&shots);
+
+    let mut child = Command::new("node")
+        .arg("driver.mjs")
+        .current_dir(&driver_dir)
+        .env("SALLYPORT_URL", format!("https://{}", c.proxy))
+        .env("SALLYPORT_CA_PIN", &c.pin)
+        .env("SALLYPORT_USERS", users.to_string())
+        .env("SCREENSHOTS", &shots)
+        .env("CHROMIUM", CHROMIUM)
+        .env("SIGNUP_TOKEN", &carol)
+        .env(
+            "SALLYCTL",
+            serde_json::json!([
+                bin("sallyctl").display().to_string(),
+                "--data-dir",
+                c.data_dir().display().to_string(),
+            ])
+            .to_string(),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run node");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stdout = reader.join().unwrap();
+    let stderr = err_reader.join().unwrap();
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    println!("screenshots: {}", shots.display());
+    let status = status.expect("the browser driver ran past 240 s");
+    assert!(
+        status.success(),
+        "the browser driver failed:\n{stderr}\nafter:\n{stdout}"
+    );
+    assert!(stdout.contains("step: carol-nodes"), "{stdout}");
+    // The refused login reached auth as one, and the terminal sessions were the browser's.
+    let rejected = c.events("session.reject");
+    assert!(
+        rejected
+            .iter()
+            .any(|e| e.to_string().contains("nobody") && e["user"] == "alice"),
+        "{rejected:?}"
+    );
+}

@@ -1,0 +1,90 @@
+// The web UI's entry: a small router over history.pushState. Every page path is this one
+// index.html (the proxy serves it for all of /web/*); each page is a module loaded when first
+// shown, so the sign-in page never downloads the terminal.
+
+import { h, show } from './dom.js';
+import { current, loadSession, signOut } from './api.js';
+
+const routes = [
+  { re: /^\/web\/?$/, open: true, page: () => go(current() ? '/web/nodes' : '/web/login', true) },
+  { re: /^\/web\/login$/, open: true, page: async () => (await import('./login.js')).render() },
+  { re: /^\/web\/signup$/, open: true, page: async () => (await import('./signup.js')).render() },
+  { re: /^\/web\/nodes$/, page: async () => (await import('./nodes.js')).render() },
+  {
+    re: /^\/web\/nodes\/([^/]+)\/terminal$/,
+    page: async (m) => (await import('./terminal.js')).render(decodeURIComponent(m[1]),
+      new URLSearchParams(location.search).get('login') || ''),
+  },
+];
+
+let leaving = null;
+
+/** Called by a page that holds something to close (a terminal) when another page replaces it. */
+export function onLeave(fn) { leaving = fn; }
+
+export function go(path, replace = false) {
+  if (replace) history.replaceState(null, '', path);
+  else history.pushState(null, '', path);
+  return route();
+}
+
+async function route() {
+  if (leaving) {
+    const fn = leaving;
+    leaving = null;
+    try { fn(); } catch (e) { /* the page is going anyway */ }
+  }
+  const path = location.pathname;
+  for (const r of routes) {
+    const m = path.match(r.re);
+    if (!m) continue;
+    if (!r.open && !current()) {
+      const next = path + location.search;
+      return go(`/web/login?next=${encodeURIComponent(next)}`, true);
+    }
+    bar();
+    return r.page(m);
+  }
+  bar();
+  show('Not found',
+    h('h1', { text: 'Page not found' }),
+    h('p', {}, 'There is no page at ', h('code', { text: path }), '.'),
+    h('p', {}, h('a', { href: '/web/nodes', text: 'Go to the servers' })));
+}
+
+function bar() {
+  const s = current();
+  document.getElementById('bar').hidden = !s;
+  document.getElementById('who').textContent = s ? `Signed in as ${s.user}` : '';
+}
+
+// Same-origin links under /web/ stay in the page (but the player, which needs its own CSP,
+// and clicks with a modifier, which open tabs).
+document.addEventListener('click', (e) => {
+  const a = e.target.closest && e.target.closest('a[href]');
+  if (!a || e.defaultPrevented || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+  const url = new URL(a.href, location.href);
+  if (url.origin !== location.origin || !url.pathname.startsWith('/web') || a.target) return;
+  if (/^\/web\/recordings\/[^/]+$/.test(url.pathname)) return;
+  e.preventDefault();
+  go(url.pathname + url.search + url.hash);
+});
+window.addEventListener('popstate', () => route());
+
+document.getElementById('signout').addEventListener('click', async () => {
+  try { await signOut(); } catch (e) { /* signed out here either way */ }
+  go('/web/login');
+});
+
+async function start() {
+  try {
+    await loadSession();
+  } catch (e) {
+    show('Error', h('h1', { text: 'The proxy cannot be reached' }),
+      h('p', { role: 'alert', text: e.message }));
+    return;
+  }
+  await route();
+}
+
+start();
