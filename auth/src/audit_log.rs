@@ -54,16 +54,45 @@ const HEAD: &str = "audit_head";
 //
 // An event renamed by the catalogue is searched under both names ($1 today's, $5 the former
 // one or ''): records written before the rename keep the old name, hashed into the chain.
-const SEARCH_SQLITE: &str = "SELECT seq, record FROM audit_events
+/// A search's filters; `$1` type, `$5` its former name, `$2` user, `$3` since (text of the
+/// record's `time`, inclusive), `$6` node, `$7` session, `$8` until (exclusive), `$9` below
+/// this seq, `$10` above this seq (0: no bound). Then `ORDER BY seq DESC|ASC LIMIT $4`.
+macro_rules! search_sqlite {
+    ($order:literal) => {
+        concat!(
+            "SELECT seq, record FROM audit_events
      WHERE ($1 = '' OR json_extract(record, '$.event') IN ($1, $5))
        AND ($2 = '' OR json_extract(record, '$.user') = $2)
        AND ($3 = '' OR json_extract(record, '$.time') >= $3)
-     ORDER BY seq DESC LIMIT $4";
-const SEARCH_POSTGRES: &str = "SELECT seq, record FROM audit_events
+       AND ($6 = '' OR json_extract(record, '$.node') = $6)
+       AND ($7 = '' OR json_extract(record, '$.session_id') = $7)
+       AND ($8 = '' OR json_extract(record, '$.time') < $8)
+       AND ($9 = 0 OR seq < $9)
+       AND ($10 = 0 OR seq > $10)
+     ORDER BY seq ",
+            $order,
+            " LIMIT $4"
+        )
+    };
+}
+macro_rules! search_postgres {
+    ($order:literal) => {
+        concat!(
+            "SELECT seq, record FROM audit_events
      WHERE ($1 = '' OR (record::jsonb ->> 'event') IN ($1, $5))
        AND ($2 = '' OR (record::jsonb ->> 'user') = $2)
        AND ($3 = '' OR (record::jsonb ->> 'time') COLLATE \"C\" >= $3)
-     ORDER BY seq DESC LIMIT $4";
+       AND ($6 = '' OR (record::jsonb ->> 'node') = $6)
+       AND ($7 = '' OR (record::jsonb ->> 'session_id') = $7)
+       AND ($8 = '' OR (record::jsonb ->> 'time') COLLATE \"C\" < $8)
+       AND ($9 = 0 OR seq < $9)
+       AND ($10 = 0 OR seq > $10)
+     ORDER BY seq ",
+            $order,
+            " LIMIT $4"
+        )
+    };
+}
 
 /// The checkpoint signing key and where the last checkpoint signed with it is remembered.
 pub(crate) struct Anchor {
@@ -487,10 +516,20 @@ impl AuthServer {
     /// out: its own hash, then (with a checkpoint key) the signed span it lies in.
     pub async fn audit_search(&self, q: &AuditQuery) -> Result<AuditSearch, AuthError> {
         let limit = i64::from(q.limit.unwrap_or(1000).min(10_000));
-        let sql = match self.backend.kind {
-            Kind::Sqlite => SEARCH_SQLITE,
-            Kind::Postgres => SEARCH_POSTGRES,
+        // Paging forward takes the oldest after the cursor; everything else the newest.
+        let forward = q.after.is_some_and(|a| a > 0);
+        let sql = match (self.backend.kind, forward) {
+            (Kind::Sqlite, false) => search_sqlite!("DESC"),
+            (Kind::Sqlite, true) => search_sqlite!("ASC"),
+            (Kind::Postgres, false) => search_postgres!("DESC"),
+            (Kind::Postgres, true) => search_postgres!("ASC"),
         };
+        // The end of `until`'s second, as the text a record's `time` is compared with.
+        let until = q
+            .until
+            .filter(|u| *u > 0)
+            .map(|u| since_text(u.saturating_add(1)))
+            .unwrap_or_default();
         let since = q
             .since
             .filter(|s| *s > 0)
@@ -517,10 +556,21 @@ impl AuthServer {
                     .and_then(EventType::former_name)
                     .unwrap_or_default(),
             )
+            .bind(q.node.clone().unwrap_or_default())
+            .bind(q.session.clone().unwrap_or_default())
+            .bind(until)
+            .bind(q.before.filter(|b| *b > 0).unwrap_or(0))
+            .bind(q.after.filter(|a| *a > 0).unwrap_or(0))
             .fetch_all(&self.backend.pool)
             .await?;
         let mut records = Vec::with_capacity(rows.len());
-        for r in rows.iter().rev() {
+        // Oldest first, whichever way the rows came.
+        let ordered: Vec<_> = if forward {
+            rows.iter().collect()
+        } else {
+            rows.iter().rev().collect()
+        };
+        for r in ordered {
             let seq: i64 = r.try_get(0)?;
             let text: String = r.try_get(1)?;
             let record: Value = serde_json::from_str(&text).unwrap_or(Value::Null);

@@ -1,6 +1,8 @@
 //! Session recordings on disk (`<data>/recordings/<session>.cast`, written by the proxy):
 //! which file is a session's, and who may open it.
 
+use sallyport_core::api::{SessionDetail, SessionInfo};
+
 use crate::{AuthError, AuthServer};
 
 impl AuthServer {
@@ -11,6 +13,37 @@ impl AuthServer {
         id: &str,
         only_of: Option<&str>,
     ) -> Result<tokio::fs::File, AuthError> {
+        let (_, path) = self.visible_session(id, only_of).await?;
+        let path = path.ok_or_else(|| AuthError::NotFound("no recordings are kept here".into()))?;
+        tokio::fs::File::open(path).await.map_err(|e| {
+            AuthError::NotFound(format!("recording of session {id} is not available: {e}"))
+        })
+    }
+
+    /// Session `id`'s record and its recording's size now (`None`: no file), for `only_of` as
+    /// in [`AuthServer::open_recording`].
+    pub async fn session_detail(
+        &self,
+        id: &str,
+        only_of: Option<&str>,
+    ) -> Result<SessionDetail, AuthError> {
+        let (session, path) = self.visible_session(id, only_of).await?;
+        let recording_size = match path {
+            Some(p) => tokio::fs::metadata(p).await.ok().map(|m| m.len()),
+            None => None,
+        };
+        Ok(SessionDetail {
+            session,
+            recording_size,
+        })
+    }
+
+    /// Session `id` if `only_of` may see it, and where its recording would be.
+    async fn visible_session(
+        &self,
+        id: &str,
+        only_of: Option<&str>,
+    ) -> Result<(SessionInfo, Option<std::path::PathBuf>), AuthError> {
         let s = self
             .get_session(id)
             .await?
@@ -22,15 +55,11 @@ impl AuthServer {
         }
         // The id names a file: nothing but a UUID reaches the file system.
         uuid::Uuid::parse_str(id).map_err(|_| AuthError::BadRequest("not a session id".into()))?;
-        let dir = self
+        let path = self
             .config
             .recordings_dir
-            .clone()
-            .ok_or_else(|| AuthError::NotFound("no recordings are kept here".into()))?;
-        tokio::fs::File::open(dir.join(format!("{id}.cast")))
-            .await
-            .map_err(|e| {
-                AuthError::NotFound(format!("recording of session {id} is not available: {e}"))
-            })
+            .as_ref()
+            .map(|dir| dir.join(format!("{id}.cast")));
+        Ok((s, path))
     }
 }

@@ -125,6 +125,51 @@ impl AuthServer {
         Ok(created)
     }
 
+    /// Saves `role` over the revision `expected` (`Role::revision` of what the caller read),
+    /// compare-and-swap on the stored text: a role changed or removed since is a conflict,
+    /// never overwritten.
+    pub async fn replace_role(
+        &self,
+        role: &Role,
+        expected: &str,
+        by: &str,
+    ) -> Result<(), AuthError> {
+        role.validate()
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
+        let name = role.name();
+        let changed = || {
+            AuthError::Conflict(format!(
+                "role {name} was changed or removed since you opened it; reload it and make your edits again"
+            ))
+        };
+        let row = sqlx::query("SELECT spec FROM roles WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .ok_or_else(changed)?;
+        let stored: String = row.try_get(0)?;
+        if parse(name, &stored)?.revision() != expected {
+            return Err(changed());
+        }
+        let spec = serde_json::to_string(role)?;
+        let swapped =
+            sqlx::query("UPDATE roles SET spec = $1, updated = $2 WHERE name = $3 AND spec = $4")
+                .bind(&spec)
+                .bind(sallyport_core::unix_now())
+                .bind(name)
+                .bind(&stored)
+                .execute(&self.backend.pool)
+                .await?
+                .rows_affected()
+                == 1;
+        if !swapped {
+            return Err(changed());
+        }
+        self.emit(Event::new(EventType::RoleUpdate, Some(by)).with("name", name))
+            .await?;
+        Ok(())
+    }
+
     /// Deletes a role no user holds.
     pub async fn delete_role(&self, name: &str, by: &str) -> Result<(), AuthError> {
         let holders: Vec<String> = self

@@ -558,12 +558,16 @@ impl AuthServer {
     }
 
     /// Pending sign-up tokens (their secrets are never stored, so never shown).
+    /// Pending sign-up tokens, then pending join tokens, each soonest to expire first; never
+    /// a secret (only hashes are kept).
     pub async fn list_tokens(&self) -> Result<Vec<TokenInfo>, AuthError> {
+        let now = sallyport_core::unix_now();
         let rows = sqlx::query("SELECT user_name, expires FROM signup_tokens WHERE used = 0 AND expires > $1 ORDER BY expires")
-            .bind(sallyport_core::unix_now())
+            .bind(now)
             .fetch_all(&self.backend.pool)
             .await?;
-        rows.iter()
+        let mut out = rows
+            .iter()
             .map(|r| {
                 Ok(TokenInfo {
                     kind: TokenKind::Signup,
@@ -571,6 +575,24 @@ impl AuthServer {
                     expires: rfc3339(r.try_get::<i64, _>(1)?),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, AuthError>>()?;
+        let joins = sqlx::query(
+            "SELECT kind, expires FROM join_tokens WHERE used = 0 AND expires > $1 ORDER BY expires",
+        )
+        .bind(now)
+        .fetch_all(&self.backend.pool)
+        .await?;
+        for r in &joins {
+            // A kind this version does not know is left out rather than failing the list.
+            let Ok(kind) = r.try_get::<String, _>(0)?.parse::<TokenKind>() else {
+                continue;
+            };
+            out.push(TokenInfo {
+                kind,
+                user: None,
+                expires: rfc3339(r.try_get::<i64, _>(1)?),
+            });
+        }
+        Ok(out)
     }
 }

@@ -153,6 +153,7 @@ fn rows() -> Vec<Row> {
         row(Post, "/v1/sessions/nope/update", p::SESSION_UPDATE, Some(end), PROXY, OK),
         row(Post, "/v1/sessions/nope/events", p::SESSION_EVENTS, Some("[]"), PROXY, MISSING),
         row(Get, "/v1/sessions/nope/recording", p::SESSION_RECORDING, None, USERS, MISSING),
+        row(Get, "/v1/sessions/nope", p::SESSION, None, USERS, MISSING),
         row(Get, p::LOCKS, p::LOCKS, None, Who::Only(&[Editor, Admin, Proxy]), OK),
         row(Post, p::LOCKS, p::LOCKS, Some(r#"{"user":"nobody"}"#), ADMINS, MISSING),
         row(Delete, "/v1/locks/nope", p::LOCK, None, ADMINS, MISSING),

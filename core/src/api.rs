@@ -185,6 +185,21 @@ pub struct AuditQuery {
     pub since: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
+    /// Only records naming this node (`node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Only records of this session (`session_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Unix seconds, inclusive: records up to the end of this second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<i64>,
+    /// Paging back: only records with `seq` below this (the newest `limit` of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<i64>,
+    /// Paging forward: only records with `seq` above this, the oldest `limit` of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -219,6 +234,10 @@ pub struct PutRole {
     pub role: crate::role::Role,
     #[serde(default)]
     pub overwrite: bool,
+    /// Save only over this revision (`Role::revision` of what the editor read): a role changed
+    /// or removed since is a 409. Implies `overwrite`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -622,6 +641,16 @@ pub struct SessionInfo {
     pub status: SessionStatus,
     pub kind: SessionKind,
     pub command: Option<String>,
+}
+
+/// One session as `GET /v1/sessions/{id}` gives it: its record and its recording's size now
+/// (`None` when no recording is kept; a live session's grows).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionDetail {
+    #[serde(flatten)]
+    pub session: SessionInfo,
+    #[serde(default)]
+    pub recording_size: Option<u64>,
 }
 
 /// The reason of a proxy's report of failures its full report queue dropped (with their

@@ -29,6 +29,7 @@ pub mod tls;
 pub mod tunnel;
 pub mod webcert;
 pub mod x509;
+pub mod yaml;
 
 /// Installs the one crypto provider compiled into the workspace (aws-lc-rs). Safe to call more
 /// than once; every `main` and test helper calls it before building a rustls config.

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::oidc::OidcConnector;
 use crate::role::Role;
+use crate::yaml::{Place, Places, Problem, parse_problem};
 
 /// One resource document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,8 +66,13 @@ pub fn parse_all(text: &str, source: &str) -> Result<Vec<Resource>, String> {
             "role" => {
                 let role: Role =
                     serde_saphyr::from_str(&padded).map_err(|e| format!("{source}: {e}"))?;
-                role.validate()
-                    .map_err(|e| format!("{source}: line {}: {e}", first_line + 1))?;
+                role.validate().map_err(|e| {
+                    let at = Places::of(&padded).find(&e.path()).unwrap_or(Place {
+                        line: first_line + 1,
+                        column: 1,
+                    });
+                    format!("{source}: line {} column {}: {e}", at.line, at.column)
+                })?;
                 out.push(Resource::Role(role));
             }
             "oidc" => {
@@ -89,6 +95,24 @@ pub fn parse_all(text: &str, source: &str) -> Result<Vec<Resource>, String> {
         return Err(format!("{source}: no resources found"));
     }
     Ok(out)
+}
+
+/// One role as the web editor sends it (a single document): the role, or what is wrong with it
+/// where it is — a value the parser refused where the parser says, a value `Role::validate`
+/// refuses at that value (`version: v2` at `v2`, a login pattern at that login).
+pub fn parse_role(text: &str) -> Result<Role, Problem> {
+    let role: Role = serde_saphyr::from_str(text).map_err(|e| parse_problem(&e))?;
+    role.validate().map_err(|e| {
+        let at = Places::of(text)
+            .find(&e.path())
+            .unwrap_or(Place { line: 1, column: 1 });
+        Problem {
+            line: at.line,
+            column: at.column,
+            message: e.to_string(),
+        }
+    })?;
+    Ok(role)
 }
 
 /// Splits a YAML stream at `---` lines; yields (index of the document's first line, text).
@@ -126,6 +150,48 @@ mod tests {
             ok.iter().map(|r| r.name().to_string()).collect::<Vec<_>>(),
             vec!["a", "b"]
         );
+    }
+
+    #[test]
+    fn a_role_refused_after_parsing_is_refused_at_the_offending_value() {
+        for (text, line, column, needle) in [
+            (
+                "kind: role\nversion: v2\nmetadata: {name: a}\n",
+                2,
+                10,
+                "version",
+            ),
+            (
+                "kind: role\nversion: v1\nmetadata:\n  name: ../a\n",
+                4,
+                9,
+                "metadata.name",
+            ),
+            (
+                "kind: role\nversion: v1\nmetadata: {name: a}\nspec:\n  allow:\n    logins: [root, 'ro*']\n",
+                6,
+                20,
+                "ro*",
+            ),
+            (
+                "kind: role\nversion: v1\nmetadata: {name: a}\nspec:\n  allow:\n    rules:\n      - resources: [role]\n        verbs: [craete]\n",
+                8,
+                17,
+                "craete",
+            ),
+        ] {
+            let p = parse_role(text)
+                .err()
+                .unwrap_or_else(|| panic!("{text} accepted"));
+            assert_eq!((p.line, p.column), (line, column), "{text}: {p:?}");
+            assert!(p.message.contains(needle), "{p:?}");
+            // `sallyctl create` says the same place.
+            let e = parse_all(text, "r.yaml").err().unwrap_or_default();
+            assert!(e.contains(&format!("line {line}")), "{e}");
+        }
+        let second = "kind: role\nversion: v1\nmetadata: {name: a}\n---\nkind: role\nversion: v3\nmetadata: {name: b}\n";
+        let e = parse_all(second, "r.yaml").err().unwrap_or_default();
+        assert!(e.starts_with("r.yaml: line 6 column 10: "), "{e}");
     }
 
     #[test]

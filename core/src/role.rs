@@ -498,6 +498,19 @@ pub struct RoleError {
     pub role: String,
     pub field: String,
     pub message: String,
+    /// The offending item of a list `field`, counted from 0.
+    pub item: Option<usize>,
+}
+
+impl RoleError {
+    /// Where the offending value is, as a dotted path (`spec.allow.logins.1`), for
+    /// `yaml::Places::find`.
+    pub fn path(&self) -> String {
+        match self.item {
+            Some(i) => format!("{}.{i}", self.field),
+            None => self.field.clone(),
+        }
+    }
 }
 
 impl Role {
@@ -508,6 +521,7 @@ impl Role {
             role: self.metadata.name.clone(),
             field: field.to_string(),
             message,
+            item: None,
         };
         if self.kind != "role" {
             return Err(err("kind", format!("expected `role`, got {:?}", self.kind)));
@@ -520,38 +534,53 @@ impl Role {
         }
         crate::names::validate("role", &self.metadata.name)
             .map_err(|e| err("metadata.name", e.to_string()))?;
-        if let Some(l) = self
+        if let Some((i, l)) = self
             .spec
             .allow
             .logins
             .iter()
-            .find(|l| !l.as_str().contains("{{") && l.as_str().contains(['*', '^']))
+            .enumerate()
+            .find(|(_, l)| !l.as_str().contains("{{") && l.as_str().contains(['*', '^']))
         {
-            return Err(err(
-                "spec.allow.logins",
-                format!("{:?}: allowed logins are names, not patterns", l.as_str()),
-            ));
+            return Err(RoleError {
+                item: Some(i),
+                ..err(
+                    "spec.allow.logins",
+                    format!("{:?}: allowed logins are names, not patterns", l.as_str()),
+                )
+            });
         }
         // The evaluator denies a login by exact name, or every login for `*`; a pattern such as
         // `ro*` (or a shell glob, `ro?t`, `r[o]ot`) would be stored and deny nothing, so it is
         // refused here rather than mislead.
-        if let Some(l) = self.spec.deny.logins.iter().find(|l| {
+        if let Some((i, l)) = self.spec.deny.logins.iter().enumerate().find(|(_, l)| {
             let l = l.as_str();
             !l.contains("{{") && l != "*" && l.contains(['*', '^', '?', '['])
         }) {
-            return Err(err(
-                "spec.deny.logins",
-                format!(
-                    "{:?}: denied logins are names, or `*` for every login, not patterns",
-                    l.as_str()
-                ),
-            ));
+            return Err(RoleError {
+                item: Some(i),
+                ..err(
+                    "spec.deny.logins",
+                    format!(
+                        "{:?}: denied logins are names, or `*` for every login, not patterns",
+                        l.as_str()
+                    ),
+                )
+            });
         }
         Ok(())
     }
 
     pub fn name(&self) -> &str {
         &self.metadata.name
+    }
+
+    /// The role's revision: the SHA-256 of its JSON, hex. An editor that read one revision
+    /// saves over that revision only (`PutRole::revision`), so a role changed meanwhile is not
+    /// silently overwritten.
+    pub fn revision(&self) -> String {
+        let json = serde_json::to_string(self).unwrap_or_default();
+        hex::encode(crate::sha256(json.as_bytes()))
     }
 }
 

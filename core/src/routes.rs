@@ -92,6 +92,8 @@ pub mod auth {
     pub const NODE_HOST_KEY: &str = "/v1/nodes/{name}/host-key";
 
     pub const SESSIONS: &str = "/v1/sessions";
+    /// One session's record and its recording's size, for whom may replay it.
+    pub const SESSION: &str = "/v1/sessions/{id}";
     pub const SESSION_END: &str = "/v1/sessions/{id}/end";
     pub const SESSION_CHECK: &str = "/v1/sessions/{id}/check";
     pub const SESSION_UPDATE: &str = "/v1/sessions/{id}/update";
@@ -149,6 +151,9 @@ pub mod auth {
     pub fn node_host_key(name: &str) -> String {
         fill(NODE_HOST_KEY, name)
     }
+    pub fn session(id: &str) -> String {
+        fill(SESSION, id)
+    }
     pub fn session_end(id: &str) -> String {
         fill(SESSION_END, id)
     }
@@ -196,6 +201,28 @@ pub mod web {
     pub const NODES: &str = "/v1/webapi/nodes";
     /// The browser terminal's WebSocket (`?node=N&login=L&cols=C&rows=R`).
     pub const TERMINAL: &str = "/v1/webapi/terminal";
+    /// The sessions the user may replay (`sally recordings ls`'s scope), one's record with its
+    /// recording's size, and its asciicast, streamed.
+    pub const RECORDINGS: &str = "/v1/webapi/recordings";
+    pub const RECORDING: &str = "/v1/webapi/recordings/{id}";
+    pub const RECORDING_CAST: &str = "/v1/webapi/recordings/{id}/cast";
+    /// The audit log, a page at a time (`?type=&user=&node=&session=&since=&until=&limit=&cursor=`),
+    /// and the whole filtered range as `sallyctl audit search` prints it.
+    pub const AUDIT: &str = "/v1/webapi/audit";
+    pub const AUDIT_DOWNLOAD: &str = "/v1/webapi/audit/download";
+    /// The role editor: the list, one role as YAML with its revision (`GET`), saved over that
+    /// revision (`PUT`) or deleted, and a text checked with each problem's line and column.
+    pub const ROLES: &str = "/v1/webapi/roles";
+    pub const ROLE: &str = "/v1/webapi/roles/{name}";
+    pub const ROLES_VALIDATE: &str = "/v1/webapi/roles/validate";
+    /// Admin: users with their locks (`GET`), a new user (`POST`: the sign-up link, once), a
+    /// reset; a lock (`POST`), lifted (`DELETE` of [`LOCK`]); join tokens, a new one with the
+    /// agent's command, once.
+    pub const USERS: &str = "/v1/webapi/users";
+    pub const USER_RESET: &str = "/v1/webapi/users/{name}/reset";
+    pub const LOCKS: &str = "/v1/webapi/locks";
+    pub const LOCK: &str = "/v1/webapi/locks/{id}";
+    pub const TOKENS: &str = "/v1/webapi/tokens";
     /// Every path of the web API starts here; an unknown one is a JSON 404.
     pub const PREFIX: &str = "/v1/webapi/";
 }
@@ -240,6 +267,7 @@ pub const AUTH: &[Route] = &[
     r(Post, auth::NODE_PROXY_HOST_CERT),
     r(Post, auth::NODE_HOST_KEY),
     r(Get, auth::SESSIONS),
+    r(Get, auth::SESSION),
     r(Post, auth::SESSIONS),
     r(Post, auth::SESSION_END),
     r(Post, auth::SESSION_CHECK),
@@ -273,6 +301,23 @@ pub const WEB: &[Route] = &[
     r(Delete, web::WEB_SESSION),
     r(Get, web::NODES),
     r(Get, web::TERMINAL),
+    r(Get, web::RECORDINGS),
+    r(Get, web::RECORDING),
+    r(Get, web::RECORDING_CAST),
+    r(Get, web::AUDIT),
+    r(Get, web::AUDIT_DOWNLOAD),
+    r(Get, web::ROLES),
+    r(Post, web::ROLES_VALIDATE),
+    r(Get, web::ROLE),
+    r(Put, web::ROLE),
+    r(Delete, web::ROLE),
+    r(Get, web::USERS),
+    r(Post, web::USERS),
+    r(Post, web::USER_RESET),
+    r(Post, web::LOCKS),
+    r(Delete, web::LOCK),
+    r(Get, web::TOKENS),
+    r(Post, web::TOKENS),
 ];
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use crate::ServiceIdentity;
 #[derive(Clone)]
 pub struct AuthClient {
     http: reqwest::Client,
+    /// For answers read as they arrive ([`AuthClient::stream`]): no whole-request timeout.
+    streaming: reqwest::Client,
     base: String,
     /// The host CA auth's certificate must come from, for clients made as someone else
     /// ([`AuthClient::as_identity`]).
@@ -89,7 +91,13 @@ pub enum ClientError {
 impl AuthClient {
     pub fn new(auth_addr: &str, id: &ServiceIdentity) -> Result<Self, ClientError> {
         Ok(AuthClient {
-            http: mtls_client(&id.host_ca_pem, &id.chain_pem, &id.key_pem)?,
+            http: mtls_client(&id.host_ca_pem, &id.chain_pem, &id.key_pem, Timeouts::Whole)?,
+            streaming: mtls_client(
+                &id.host_ca_pem,
+                &id.chain_pem,
+                &id.key_pem,
+                Timeouts::Stream,
+            )?,
             base: format!("https://{auth_addr}"),
             host_ca_pem: Arc::new(id.host_ca_pem.clone()),
             failures: Arc::default(),
@@ -101,7 +109,8 @@ impl AuthClient {
     /// with that user's current roles and locks, from what the TLS handshake proved.
     pub fn as_identity(&self, chain_pem: &str, key_pem: &str) -> Result<Self, ClientError> {
         Ok(AuthClient {
-            http: mtls_client(&self.host_ca_pem, chain_pem, key_pem)?,
+            http: mtls_client(&self.host_ca_pem, chain_pem, key_pem, Timeouts::Whole)?,
+            streaming: mtls_client(&self.host_ca_pem, chain_pem, key_pem, Timeouts::Stream)?,
             base: self.base.clone(),
             host_ca_pem: self.host_ca_pem.clone(),
             failures: Arc::default(),
@@ -192,6 +201,40 @@ impl AuthClient {
         Ok((status, body.to_vec()))
     }
 
+    /// A `GET` whose answer is read as it arrives (a recording may be a GiB, an audit range
+    /// longer than any whole-request timeout): the connection and the headers within
+    /// [`HEADERS_TIMEOUT`], then each read within [`STALL_TIMEOUT`], never the whole body. An
+    /// error status becomes [`ClientError::Refused`] with auth's message.
+    pub async fn stream(&self, path: &str) -> Result<reqwest::Response, ClientError> {
+        let unreachable = |source| ClientError::Unreachable {
+            addr: self.base.clone(),
+            source,
+        };
+        let send = self.streaming.get(format!("{}{path}", self.base)).send();
+        let resp = tokio::time::timeout(HEADERS_TIMEOUT, send)
+            .await
+            .map_err(|_| ClientError::Refused {
+                status: 504,
+                message: format!(
+                    "auth did not answer within {} s; try again shortly",
+                    HEADERS_TIMEOUT.as_secs()
+                ),
+                code: None,
+            })?
+            .map_err(unreachable)?;
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(resp);
+        }
+        // An error answer is small JSON; read at most what a whole call would.
+        let bytes = tokio::time::timeout(HEADERS_TIMEOUT, resp.bytes())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        Err(refusal(status, &bytes))
+    }
+
     /// A typed call; an error status becomes [`ClientError::Refused`] with auth's message.
     pub async fn json<B: Serialize, T: DeserializeOwned>(
         &self,
@@ -205,18 +248,38 @@ impl AuthClient {
             .map_err(|e| ClientError::Setup(e.to_string()))?;
         let (status, bytes) = self.call(method, path, body).await?;
         if !(200..300).contains(&status) {
-            let (message, code) = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|b| (b.error, b.code))
-                .unwrap_or_else(|_| (format!("auth answered {status}"), None));
-            return Err(ClientError::Refused {
-                status,
-                message,
-                code,
-            });
+            return Err(refusal(status, &bytes));
         }
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
     }
+}
+
+/// Auth's error answer as a [`ClientError::Refused`].
+fn refusal(status: u16, body: &[u8]) -> ClientError {
+    let (message, code) = serde_json::from_slice::<ErrorBody>(body)
+        .map(|b| (b.error, b.code))
+        .unwrap_or_else(|_| (format!("auth answered {status}"), None));
+    ClientError::Refused {
+        status,
+        message,
+        code,
+    }
+}
+
+/// A streamed answer's connection and headers must come within this.
+pub const HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
+/// A streamed answer that sends nothing for this long is given up.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a request to auth may take.
+#[derive(Clone, Copy)]
+enum Timeouts {
+    /// 30 s for the whole request and answer.
+    Whole,
+    /// No whole-request bound: each read within [`STALL_TIMEOUT`] (the headers' bound is the
+    /// caller's, [`AuthClient::stream`]).
+    Stream,
 }
 
 /// HTTPS with mutual TLS to auth, trusting only the host CA, redirects off.
@@ -224,19 +287,23 @@ fn mtls_client(
     host_ca_pem: &str,
     chain_pem: &str,
     key_pem: &str,
+    timeouts: Timeouts,
 ) -> Result<reqwest::Client, ClientError> {
     let setup = |e: &dyn std::fmt::Display| ClientError::Setup(e.to_string());
     let roots = pem_to_ders(host_ca_pem).map_err(|e| setup(&e))?;
     let chain = pem_to_ders(chain_pem).map_err(|e| setup(&e))?;
     let key = private_key_from_pem(key_pem).map_err(|e| setup(&e))?;
     let tls = client_config(Trust::Roots(roots), Some((chain, key))).map_err(|e| setup(&e))?;
-    reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .map_err(|e| setup(&e))
+        .connect_timeout(Duration::from_secs(5));
+    match timeouts {
+        Timeouts::Whole => builder.timeout(Duration::from_secs(30)),
+        Timeouts::Stream => builder.read_timeout(STALL_TIMEOUT),
+    }
+    .build()
+    .map_err(|e| setup(&e))
 }
 
 #[cfg(test)]

@@ -32,8 +32,16 @@ pub(super) async fn put(
     caller: Allowed<rule::RoleCreate>,
     Json(req): Json<PutRole>,
 ) -> Result<Json<PutRoleResult>, AuthError> {
-    if req.overwrite {
+    if req.overwrite || req.revision.is_some() {
         auth.authorize(&caller, "role", "update").await?;
+    }
+    if let Some(revision) = &req.revision {
+        auth.replace_role(&req.role, revision, caller.name())
+            .await?;
+        return Ok(Json(PutRoleResult {
+            name: req.role.metadata.name.clone(),
+            created: false,
+        }));
     }
     let created = auth
         .put_role(&req.role, req.overwrite, caller.name())

@@ -5,7 +5,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use sallyport_core::api::{
-    GrantCheck, SessionEnd, SessionEvent, SessionGrant, SessionInfo, SessionKind, SessionRequest,
+    GrantCheck, SessionDetail, SessionEnd, SessionEvent, SessionGrant, SessionInfo, SessionKind,
+    SessionRequest,
 };
 
 use super::{Auth, Caller, Proxy, done};
@@ -79,6 +80,17 @@ pub(super) async fn list(
 ) -> Result<Json<Vec<SessionInfo>>, AuthError> {
     let scope = scope(&auth, &caller).await?;
     Ok(Json(auth.list_sessions(scope.as_deref()).await?))
+}
+
+/// One session's record and its recording's size, for whom may replay it (the scope of
+/// [`list`]; another user's session is a 403, as its recording is).
+pub(super) async fn get(
+    State(auth): Auth,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<SessionDetail>, AuthError> {
+    let scope = scope(&auth, &caller).await?;
+    Ok(Json(auth.session_detail(&id, scope.as_deref()).await?))
 }
 
 pub(super) async fn recording(

@@ -37,6 +37,7 @@ pub(super) async fn create(api: &Api, file: &std::path::Path, force: bool) -> Re
                     .post(
                         routes::auth::ROLES,
                         &PutRole {
+                            revision: None,
                             role,
                             overwrite: force,
                         },
@@ -348,6 +349,7 @@ pub(super) async fn edit(api: &Api, what: &str) -> Result<()> {
         .post(
             routes::auth::ROLES,
             &PutRole {
+                revision: None,
                 role: new,
                 overwrite: true,
             },

@@ -141,7 +141,7 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
 }
 
 /// Auth's refusal as the browser gets it; anything else is auth being unreachable.
-fn from_auth(e: ClientError) -> ApiError {
+pub(crate) fn from_auth(e: ClientError) -> ApiError {
     match e {
         ClientError::Refused {
             status, message, ..

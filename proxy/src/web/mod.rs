@@ -8,7 +8,11 @@
 //! The web UI's pages and files (`ui`: `/`, `/web/*`) are on the same router, with headers of
 //! their own.
 
+pub mod admin;
+pub mod audit;
 pub mod browser;
+pub mod recordings;
+pub mod roles;
 pub mod sessions;
 pub mod sso;
 pub mod terminal;
@@ -19,7 +23,7 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Extension, Json, Router};
 use reqwest::Method;
 use sallyport_core::api::ErrorBody;
@@ -59,6 +63,22 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
         )
         .route(web::NODES, get(browser::nodes))
         .route(web::TERMINAL, get(terminal::upgrade))
+        .route(web::RECORDINGS, get(recordings::list))
+        .route(web::RECORDING, get(recordings::get))
+        .route(web::RECORDING_CAST, get(recordings::cast))
+        .route(web::AUDIT, get(audit::page))
+        .route(web::AUDIT_DOWNLOAD, get(audit::download))
+        .route(web::ROLES, get(roles::list))
+        .route(web::ROLES_VALIDATE, post(roles::validate))
+        .route(
+            web::ROLE,
+            get(roles::get).put(roles::put).delete(roles::delete),
+        )
+        .route(web::USERS, get(admin::users).post(admin::add_user))
+        .route(web::USER_RESET, post(admin::reset_user))
+        .route(web::LOCKS, post(admin::add_lock))
+        .route(web::LOCK, delete(admin::remove_lock))
+        .route(web::TOKENS, get(admin::tokens).post(admin::add_token))
         .fallback(browser::not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(api_headers))
