@@ -10,6 +10,9 @@
 //! session; the terminal page's weight on a cold cache; a refused login explained; sign-out
 //! ending the session and a terminal in another tab; bob's nodes; a lock ending bob's terminal
 //! and session; carol's sign-up from her link (QR code, key, first code) and sign-in.
+//! Past the terminal: a session recorded there (`echo hi`) listed and played in the player
+//! (its own CSP, 4x to the end where `hi` shows, Home and End by keyboard, its weight within
+//! 200 KB plus the cast); axe-core on the list and the player.
 //! Each step saves a screenshot in `<target>/web-screenshots/`.
 //!
 //! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.

@@ -34,7 +34,8 @@ const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
 const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
-const BUDGET = { login: 60 * 1024, terminal: 250 * 1024, domContentLoadedMs: 500 };
+const BUDGET = { login: 60 * 1024, terminal: 250 * 1024, player: 200 * 1024, domContentLoadedMs: 500 };
+const CSP_PLAYER = CSP.replace("script-src 'self'", "script-src 'self' 'wasm-unsafe-eval'");
 
 function need(name) {
   const v = process.env[name];
@@ -182,7 +183,11 @@ async function signIn(page, user, { code } = {}) {
 /** Bytes on the wire (headers and encoded bodies) of every request of `page` from now on. */
 function countBytes(page) {
   const requests = [];
-  page.on('requestfinished', (r) => requests.push(r));
+  const pending = new Set();
+  page.on('request', (r) => pending.add(r));
+  page.on('requestfailed', (r) => pending.delete(r));
+  page.on('requestfinished', (r) => { pending.delete(r); requests.push(r); });
+  page.pendingRequests = () => [...pending].map((r) => r.url().replace(BASE, ''));
   return async () => {
     let total = 0;
     const lines = [];
@@ -194,6 +199,15 @@ function countBytes(page) {
     }
     return { total, lines };
   };
+}
+
+/** Waits for no request for 500 ms; on timeout says which were still going (countBytes'). */
+async function networkIdle(page) {
+  try {
+    await page.waitForLoadState('networkidle');
+  } catch (e) {
+    throw new Error(`${e.message}; still going: ${page.pendingRequests ? page.pendingRequests().join(', ') : '?'}`);
+  }
 }
 
 async function domContentLoaded(page) {
@@ -383,7 +397,7 @@ async function main() {
       const bytes = countBytes(p);
       await p.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
       await p.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
-      await p.waitForLoadState('networkidle');
+      await networkIdle(p);
       await p.click('#term');
       await shellUp(p);
       const { total, lines } = await bytes();
@@ -413,6 +427,68 @@ async function main() {
     check(await page.$eval('#term', (t) => t.dataset.closeCode) === '4403', 'denied: not 4403');
     check(/^Refused: .*nobody/.test(denied), `denied reason: ${denied}`);
     await step(page, 'terminal-denied');
+
+    // 11b. A session recorded here plays back: echo hi, exit; the list (newest first) has it;
+    // its player (a full page load, the one CSP with 'wasm-unsafe-eval') plays it at 4x to the
+    // end, where `hi` is on the screen; Home and End by keyboard; page weight on a cold cache.
+    await page.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
+    await terminalOpen(page);
+    await shellUp(page);
+    await typeLine(page, 'clear; echo hi');
+    await waitScreen(page, /^hi$/m, 'hi');
+    await typeLine(page, 'exit');
+    await page.waitForSelector('#term[data-state="closed"]', { timeout: 20000 });
+    await page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Recordings' }).click();
+    await page.waitForURL(`${BASE}/web/recordings`);
+    await page.waitForSelector('#recordings-status:has-text("sessions")');
+    check(await page.title() === 'Recordings — Sallyport', `title: ${await page.title()}`);
+    const newest = page.locator('#recordings tbody tr').first();
+    const cells = await newest.locator('td').allTextContents();
+    check(cells[0] === 'alice' && cells[1] === 'local1' && cells[2] === 'root', `newest recording: ${cells}`);
+    await page.waitForFunction(() => !document.querySelector('#recordings tbody tr td.num').textContent.includes('…'));
+    await step(page, 'recordings');
+    await accessible(page, 'recordings');
+    const recording = await newest.getAttribute('data-session');
+    const [playerResp] = await Promise.all([
+      page.waitForResponse((r) => r.url() === `${BASE}/web/recordings/${recording}`),
+      newest.getByRole('link').click(),
+    ]);
+    check(playerResp.headers()['content-security-policy'] === CSP_PLAYER, `player CSP: ${playerResp.headers()['content-security-policy']}`);
+    await page.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+    check(/^Recording /.test(await page.title()), `title: ${await page.title()}`);
+    await accessible(page, 'player');
+    const playerText = async () => page.evaluate(() => [...document.querySelectorAll('#player .ap-line')]
+      .map((l) => l.textContent.replace(/\u00a0/g, ' ').trimEnd()).join('\n'));
+    await page.getByLabel('Speed').selectOption('4');
+    await page.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+    await page.getByRole('button', { name: 'Play' }).click();
+    await page.waitForSelector('#player[data-state="ended"]', { timeout: 30000 });
+    check(/^hi$/m.test(await playerText()), `the end of the recording: ${await playerText()}`);
+    await step(page, 'player-ended');
+    // Keyboard: Home to the start (no hi yet), then End on the position slider.
+    await page.locator('h1').focus();
+    await page.keyboard.press('Home');
+    await page.waitForFunction(() => Number(document.querySelector('#player').dataset.time) < 0.5);
+    await page.locator('#seek').focus();
+    await page.keyboard.press('End');
+    await page.waitForFunction(() => [...document.querySelectorAll('#player .ap-line')].some((l) => l.textContent.trim() === 'hi'), null, { timeout: 10000 });
+    await step(page, 'player-seek-end');
+    {
+      const cold = await browser.newContext({ storageState: await ctx.storageState() });
+      const p = await cold.newPage();
+      const bytes = countBytes(p);
+      await p.goto(`${BASE}/web/recordings/${recording}`);
+      await p.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+      await networkIdle(p);
+      const { total, lines } = await bytes();
+      const cast = lines.filter((l) => l.endsWith('/cast')).reduce((n, l) => n + Number(l.split('\t')[0]), 0);
+      const dcl = await domContentLoaded(p);
+      results.player = { bytes: total - cast, cast, domContentLoadedMs: Math.round(dcl) };
+      console.log(`weight: player ${total - cast} bytes plus the cast's ${cast}, DOMContentLoaded ${dcl.toFixed(1)} ms\n  ${lines.join('\n  ')}`);
+      check(total - cast <= BUDGET.player, `the player page weighs ${total - cast} bytes plus the cast, over its ${BUDGET.player}`);
+      check(dcl < BUDGET.domContentLoadedMs, `player DOMContentLoaded ${dcl} ms, over ${BUDGET.domContentLoadedMs}`);
+      await cold.close();
+    }
 
     // 12. Sign-out in one tab ends the session and the terminal open in another.
     await page.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
@@ -490,6 +566,7 @@ async function main() {
       await step(p, 'carol-nodes');
       await b.close();
     }
+
   } finally {
     await browser.close();
   }

@@ -5,11 +5,22 @@
 import { h, show } from './dom.js';
 import { current, loadSession, signOut } from './api.js';
 
+// The player is the one page that runs WASM (asciinema-player's terminal): the proxy adds
+// 'wasm-unsafe-eval' to the CSP of that path only, so it is always a document of its own —
+// reached by a full load, and left by one — never a pushState from or to another page.
+const PLAYER = /^\/web\/recordings\/([^/]+)$/;
+const onPlayer = PLAYER.test(location.pathname);
+
 const routes = [
   { re: /^\/web\/?$/, open: true, page: () => go(current() ? '/web/nodes' : '/web/login', true) },
   { re: /^\/web\/login$/, open: true, page: async () => (await import('./login.js')).render() },
   { re: /^\/web\/signup$/, open: true, page: async () => (await import('./signup.js')).render() },
   { re: /^\/web\/nodes$/, page: async () => (await import('./nodes.js')).render() },
+  { re: /^\/web\/recordings$/, page: async () => (await import('./recordings.js')).renderList() },
+  {
+    re: PLAYER,
+    page: async (m) => (await import('./recordings.js')).renderPlayer(decodeURIComponent(m[1])),
+  },
   {
     re: /^\/web\/nodes\/([^/]+)\/terminal$/,
     page: async (m) => (await import('./terminal.js')).render(decodeURIComponent(m[1]),
@@ -23,6 +34,11 @@ let leaving = null;
 export function onLeave(fn) { leaving = fn; }
 
 export function go(path, replace = false) {
+  if (onPlayer || PLAYER.test(new URL(path, location.href).pathname)) {
+    if (replace) location.replace(path);
+    else location.assign(path);
+    return Promise.resolve();
+  }
   if (replace) history.replaceState(null, '', path);
   else history.pushState(null, '', path);
   return route();
@@ -56,6 +72,12 @@ function bar() {
   const s = current();
   document.getElementById('bar').hidden = !s;
   document.getElementById('who').textContent = s ? `Signed in as ${s.user}` : '';
+  const here = location.pathname;
+  for (const a of document.querySelectorAll('#bar nav a')) {
+    const at = a.getAttribute('href');
+    if (here === at || here.startsWith(`${at}/`)) a.setAttribute('aria-current', 'page');
+    else a.removeAttribute('aria-current');
+  }
 }
 
 // Same-origin links under /web/ stay in the page (but the player, which needs its own CSP,
@@ -65,7 +87,7 @@ document.addEventListener('click', (e) => {
   if (!a || e.defaultPrevented || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
   const url = new URL(a.href, location.href);
   if (url.origin !== location.origin || !url.pathname.startsWith('/web') || a.target) return;
-  if (/^\/web\/recordings\/[^/]+$/.test(url.pathname)) return;
+  if (onPlayer || PLAYER.test(url.pathname)) return;
   e.preventDefault();
   go(url.pathname + url.search + url.hash);
 });
