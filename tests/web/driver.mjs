@@ -567,6 +567,148 @@ async function main() {
       await b.close();
     }
 
+    // 16. erin (access, auditor, editor): the header links her roles can use; the audit log
+    // filtered and paged, its download what sallyctl prints for the same range; the role
+    // editor marking `verbs: [craete]` at its line and column, a save, a stale save (409); the
+    // users page (a sign-up link once, unlock, lock) and a join token's command.
+    {
+      const b = await browser.newContext({ viewport: { width: 1200, height: 800 }, acceptDownloads: true });
+      const p = await b.newPage();
+      const errors = [];
+      p.on('pageerror', (e) => errors.push(String(e)));
+      await signIn(p, 'erin');
+      await p.waitForSelector('#bar[data-nav="ready"]');
+      const nav = p.getByRole('navigation', { name: 'Main' });
+      for (const name of ['Audit log', 'Roles', 'Users', 'Join tokens']) {
+        check(await nav.getByRole('link', { name }).isVisible(), `erin's header has no ${name} link`);
+      }
+
+      // The audit log: newest first, paged by next_cursor (nothing lost or repeated).
+      await nav.getByRole('link', { name: 'Audit log' }).click();
+      await p.waitForURL(`${BASE}/web/audit`);
+      await p.waitForSelector('#audit-status:has-text("events shown")');
+      check(await p.title() === 'Audit log — Sallyport', `title: ${await p.title()}`);
+      await accessible(p, 'audit log');
+      const seqs = async () => p.$$eval('#audit tbody tr', (r) => r.map((x) => Number(x.dataset.seq)));
+      check((await seqs()).length > 10, `the log has ${(await seqs()).length} events`);
+      await p.goto(`${BASE}/web/audit?limit=10`);
+      await p.waitForSelector('#audit-status:has-text("events shown")');
+      const first = await seqs();
+      check(first.length === 10, `the first page has ${first.length} events`);
+      await p.getByRole('button', { name: 'Older events' }).click();
+      await p.waitForFunction(() => document.querySelectorAll('#audit tbody tr').length > 10);
+      const both = await seqs();
+      check(both.every((v, i) => i === 0 || v < both[i - 1]), `not newest first without repeats: ${both}`);
+      await step(p, 'audit-paged');
+      // Filters: type, user and since (a day ago, in the browser's time zone).
+      const d = new Date(Date.now() - 86400 * 1000);
+      const pad = (x) => String(x).padStart(2, '0');
+      const since = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+      await p.goto(`${BASE}/web/audit`);
+      await p.waitForSelector('#audit-status:has-text("events shown")');
+      await p.getByLabel('Event type').fill('user.login');
+      await p.getByLabel('User', { exact: true }).fill('alice');
+      await p.getByLabel('Since').fill(since);
+      await p.getByRole('button', { name: 'Search' }).click();
+      await p.waitForURL(/\/web\/audit\?type=user\.login&user=alice&since=\d+$/);
+      await p.waitForSelector('#audit[data-loaded^="type=user.login&user=alice&since="]');
+      const rows = await p.$$eval('#audit tbody tr', (r) => r.map((x) => [x.cells[1].textContent, x.cells[2].textContent]));
+      check(rows.length >= 1 && rows.every(([t, u]) => t === 'user.login' && u === 'alice'), `filtered: ${JSON.stringify(rows)}`);
+      await step(p, 'audit-filtered');
+      const href = await p.locator('#audit-download').getAttribute('href');
+      check(/^\/v1\/webapi\/audit\/download\?type=user\.login&user=alice&since=\d+$/.test(href), `download link: ${href}`);
+      const [download] = await Promise.all([p.waitForEvent('download'), p.getByRole('link', { name: 'Download JSON' }).click()]);
+      const downloaded = fs.readFileSync(await download.path(), 'utf8');
+      const printed = spawnSync(SALLYCTL[0], [...SALLYCTL.slice(1), 'audit', 'search', '--type', 'user.login', '--user', 'alice', '--since', '2d', '--limit', '10000'], { encoding: 'utf8' });
+      check(printed.status === 0, `sallyctl audit search: ${printed.stderr}`);
+      check(downloaded === printed.stdout, `the download differs from sallyctl audit search:\n${downloaded}\n---\n${printed.stdout}`);
+      check(downloaded.trim().split('\n').length === rows.length, `${rows.length} rows, download ${downloaded}`);
+
+      // The role editor: the server's check marks `craete` where it is.
+      await nav.getByRole('link', { name: 'Roles' }).click();
+      await p.waitForURL(`${BASE}/web/admin/roles`);
+      await p.waitForSelector('#roles-status:has-text("roles")');
+      const names = await p.$$eval('#roles tbody tr', (r) => r.map((x) => x.dataset.role));
+      check(['access', 'auditor', 'dev-only', 'editor'].every((n) => names.includes(n)), `roles: ${names}`);
+      await accessible(p, 'roles');
+      await p.getByLabel('New role name').fill('staging');
+      await p.getByRole('button', { name: 'Create role' }).click();
+      await p.waitForURL(`${BASE}/web/admin/roles/staging?new`);
+      const staging = 'kind: role\nversion: v1\nmetadata: {name: staging}\nspec:\n  allow:\n    logins: [ubuntu]\n    rules:\n      - resources: [session]\n        verbs: [list]\n';
+      const craete = staging.replace('verbs: [list]', 'verbs: [craete]');
+      await p.getByLabel('Role YAML').fill(craete);
+      const at = craete.indexOf('craete');
+      const line = craete.slice(0, at).split('\n').length;
+      const column = at - craete.lastIndexOf('\n', at - 1);
+      const problem = p.locator('#role-errors li').first();
+      await problem.waitFor({ timeout: 10000 });
+      const [pl, pc, msg] = [await problem.getAttribute('data-line'), await problem.getAttribute('data-column'), await problem.textContent()];
+      check(pl === String(line) && pc === String(column), `craete marked at ${pl}:${pc}, is at ${line}:${column}: ${msg}`);
+      check(msg.includes(`Line ${line}, column ${column}`) && msg.includes('craete'), `the problem says: ${msg}`);
+      check(await p.locator(`.gutter [data-line="${line}"]`).getAttribute('class') === 'bad', 'the line is not marked');
+      check(await p.getByLabel('Role YAML').getAttribute('aria-invalid') === 'true', 'the editor is not aria-invalid');
+      await step(p, 'role-craete');
+      await accessible(p, 'role editor with an error');
+      // "Go there" puts the caret on the word.
+      await problem.getByRole('button').click();
+      const caret = await p.$eval('#role-yaml', (t) => [document.activeElement === t, t.selectionStart]);
+      check(caret[0] && caret[1] === at, `the caret: ${caret}`);
+      await p.getByLabel('Role YAML').fill(staging);
+      await p.waitForSelector('#role-errors-title:has-text("valid")');
+      await p.getByRole('button', { name: 'Create' }).click();
+      await p.waitForSelector('#role-result:has-text("created")');
+      // Opened in a second tab, saved in the first: the second's save is refused (409).
+      const p2 = await b.newPage();
+      await p2.goto(`${BASE}/web/admin/roles/staging`);
+      await p2.waitForSelector('#role-errors-title:has-text("valid")');
+      await p.getByLabel('Role YAML').fill(staging.replace('[ubuntu]', '[ubuntu, admin]'));
+      await p.getByRole('button', { name: 'Save' }).click();
+      await p.waitForSelector('#role-result:has-text("saved")');
+      await p2.getByLabel('Role YAML').fill(staging.replace('[ubuntu]', '[ubuntu, ops]'));
+      await p2.getByRole('button', { name: 'Save' }).click();
+      await p2.waitForSelector('#role-result:has-text("changed since you opened it")');
+      await step(p2, 'role-stale');
+      await p2.close();
+
+      // Users: a new user's sign-up link once; bob's lock lifted; frank locked with a message.
+      await nav.getByRole('link', { name: 'Users' }).click();
+      await p.waitForURL(`${BASE}/web/admin/users`);
+      await p.waitForSelector('#users-status:has-text("users")');
+      await accessible(p, 'users');
+      await p.getByLabel('Name', { exact: true }).fill('frank');
+      await p.getByLabel('Roles').fill('access');
+      await p.getByLabel('Logins').fill('root');
+      await p.getByRole('button', { name: 'Add user' }).click();
+      const link = await p.locator('#signup-link code').textContent({ timeout: 10000 });
+      check(link.startsWith(`${BASE}/web/signup#`), `sign-up link: ${link}`);
+      await p.waitForSelector('tr[data-user="frank"]');
+      await step(p, 'users-added');
+      const bobRow = p.locator('tr[data-user="bob"]');
+      check(/locked/.test(await bobRow.locator('td').nth(3).textContent()), 'bob is not shown locked');
+      await bobRow.getByRole('button', { name: /^Unlock bob/ }).click();
+      await p.waitForSelector('#users-result:has-text("lifted")');
+      await p.waitForFunction(() => !/locked/.test(document.querySelector('tr[data-user="bob"] td:nth-of-type(4)').textContent));
+      const frank = p.locator('tr[data-user="frank"]');
+      await frank.getByLabel('Message').fill('leaving');
+      await frank.getByLabel('For', { exact: true }).fill('1h');
+      await frank.getByRole('button', { name: 'Lock frank' }).click();
+      await p.waitForSelector('#users-result:has-text("locked out")');
+      await p.waitForFunction(() => /locked.*leaving/.test(document.querySelector('tr[data-user="frank"] td:nth-of-type(4)').textContent));
+      await step(p, 'users-locked');
+
+      // Join tokens: the agent's command, once.
+      await nav.getByRole('link', { name: 'Join tokens' }).click();
+      await p.waitForURL(`${BASE}/web/admin/tokens`);
+      await p.waitForSelector('#tokens-status:has-text("token")');
+      await accessible(p, 'join tokens');
+      await p.getByRole('button', { name: 'Add token' }).click();
+      const command = await p.locator('#agent-command code').textContent({ timeout: 10000 });
+      check(/sallyport start/.test(command), `agent command: ${command}`);
+      await p.waitForSelector('#tokens tbody tr');
+      await step(p, 'tokens-added');
+      check(errors.length === 0, `errors in the page: ${errors.join('\n')}`);
+      await b.close();
+    }
   } finally {
     await browser.close();
   }

@@ -21,6 +21,14 @@ const routes = [
     re: PLAYER,
     page: async (m) => (await import('./recordings.js')).renderPlayer(decodeURIComponent(m[1])),
   },
+  { re: /^\/web\/audit$/, page: async () => (await import('./audit.js')).render() },
+  { re: /^\/web\/admin\/roles$/, page: async () => (await import('./roles.js')).renderList() },
+  {
+    re: /^\/web\/admin\/roles\/([^/]+)$/,
+    page: async (m) => (await import('./roles.js')).renderEditor(decodeURIComponent(m[1])),
+  },
+  { re: /^\/web\/admin\/users$/, page: async () => (await import('./users.js')).render() },
+  { re: /^\/web\/admin\/tokens$/, page: async () => (await import('./tokens.js')).render() },
   {
     re: /^\/web\/nodes\/([^/]+)\/terminal$/,
     page: async (m) => (await import('./terminal.js')).render(decodeURIComponent(m[1]),
@@ -72,12 +80,39 @@ function bar() {
   const s = current();
   document.getElementById('bar').hidden = !s;
   document.getElementById('who').textContent = s ? `Signed in as ${s.user}` : '';
+  if (s) navigation();
   const here = location.pathname;
   for (const a of document.querySelectorAll('#bar nav a')) {
     const at = a.getAttribute('href');
     if (here === at || here.startsWith(`${at}/`)) a.setAttribute('aria-current', 'page');
     else a.removeAttribute('aria-current');
   }
+}
+
+// The header's links to the pages the user's roles can use. Auth decides with the current
+// roles, and the proxy only knows the roles' names, so the page asks: one small read per
+// page (a 403 hides its link). Asked once per document, for the user signed in then.
+let navigated = null;
+function navigation() {
+  const s = current();
+  if (navigated === s.user) return;
+  navigated = s.user;
+  const probes = {
+    'nav-audit': '/v1/webapi/audit?limit=1',
+    'nav-roles': '/v1/webapi/roles',
+    'nav-users': '/v1/webapi/users',
+    'nav-tokens': '/v1/webapi/tokens',
+  };
+  const bar = document.getElementById('bar');
+  delete bar.dataset.nav;
+  Promise.allSettled(Object.entries(probes).map(([id, path]) =>
+    fetch(path, { headers: { Accept: 'application/json' }, credentials: 'same-origin', cache: 'no-store' })
+      .then(async (r) => {
+        document.getElementById(id).hidden = !r.ok;
+        // Read to the end: an unread answer stays open (the page never goes network-idle).
+        await r.arrayBuffer();
+      })))
+    .then(() => { bar.dataset.nav = 'ready'; });
 }
 
 // Same-origin links under /web/ stay in the page (but the player, which needs its own CSP,
