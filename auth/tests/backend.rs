@@ -282,6 +282,90 @@ async fn legacy_event_names(auth: &AuthServer) {
         matches!(&e, AuthError::BadRequest(m) if m.starts_with("\"lock.removed\" is not an audit event type; the types are: user.create, ")),
         "{e}"
     );
+
+    // The web API's filters and paging: node, session, until; back with `before`, forward with
+    // `after` (oldest first either way).
+    for i in 0..5 {
+        auth.emit(
+            Event::new(EventType::SessionStart, Some("pager"))
+                .with("session_id", format!("s{i}"))
+                .with("node", if i % 2 == 0 { "even" } else { "odd" }),
+        )
+        .await
+        .unwrap();
+    }
+    let q = |f: &dyn Fn(&mut sallyport_core::api::AuditQuery)| {
+        let mut q = sallyport_core::api::AuditQuery {
+            user: Some("pager".into()),
+            ..Default::default()
+        };
+        f(&mut q);
+        q
+    };
+    let sessions = |found: sallyport_auth::audit_log::AuditSearch| -> Vec<String> {
+        found
+            .records
+            .iter()
+            .map(|r| r["session_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let all = auth.audit_search(&q(&|_| {})).await.unwrap();
+    let seqs: Vec<i64> = all
+        .records
+        .iter()
+        .map(|r| r["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs.len(), 5);
+    let (s1, s3) = (seqs[1], seqs[3]);
+    assert_eq!(sessions(all), ["s0", "s1", "s2", "s3", "s4"]);
+    for (f, want) in [
+        (
+            Box::new(|q: &mut sallyport_core::api::AuditQuery| q.node = Some("even".into()))
+                as Box<dyn Fn(&mut sallyport_core::api::AuditQuery)>,
+            vec!["s0", "s2", "s4"],
+        ),
+        (Box::new(|q| q.session = Some("s3".into())), vec!["s3"]),
+        // The newest two below s3's seq, oldest first.
+        (
+            Box::new(move |q| {
+                q.before = Some(s3);
+                q.limit = Some(2);
+            }),
+            vec!["s1", "s2"],
+        ),
+        // The oldest two above s1's seq.
+        (
+            Box::new(move |q| {
+                q.after = Some(s1);
+                q.limit = Some(2);
+            }),
+            vec!["s2", "s3"],
+        ),
+        (Box::new(|q| q.until = Some(1)), vec![]),
+        (
+            Box::new(|q| q.until = Some(sallyport_core::unix_now() + 60)),
+            vec!["s0", "s1", "s2", "s3", "s4"],
+        ),
+    ] {
+        assert_eq!(sessions(auth.audit_search(&q(&*f)).await.unwrap()), want);
+    }
+
+    // A role saved over the revision it was read at; a stale revision is a conflict.
+    let role = auth.get_role("auditor").await.unwrap().unwrap();
+    let read = role.revision();
+    let mut edited = role.clone();
+    edited.metadata.description = Some("edited".into());
+    auth.replace_role(&edited, &read, "test").await.unwrap();
+    let mut again = role.clone();
+    again.metadata.description = Some("stale".into());
+    assert!(matches!(
+        auth.replace_role(&again, &read, "test").await,
+        Err(AuthError::Conflict(m)) if m.contains("changed")
+    ));
+    let now = auth.get_role("auditor").await.unwrap().unwrap();
+    assert_eq!(now.metadata.description.as_deref(), Some("edited"));
+    assert_eq!(now.revision(), edited.revision());
+
     assert!(auth.audit_verify().await.unwrap().ok);
 }
 

@@ -115,7 +115,9 @@ impl Places {
             }
         };
         path.push(segment);
-        self.by_path.entry(path[1..].join(".")).or_insert(here);
+        // Below the root's own (empty) segment.
+        let dotted = path.get(1..).map(|p| p.join(".")).unwrap_or_default();
+        self.by_path.entry(dotted).or_insert(here);
     }
 
     /// A value ended: its path is popped, and its mapping waits for the next key.
@@ -186,6 +188,31 @@ mod tests {
         ] {
             assert_eq!(p.find(path), Some(Place { line, column }), "{path}");
         }
+    }
+
+    #[test]
+    fn odd_documents_have_few_places_and_never_panic() {
+        for text in [
+            "",
+            "plain",
+            "- a\n- [b, {c: d}]\n",
+            "? [complex, key]\n: v\n",
+            "a: &x {b: 1}\nc: *x\n",
+            "a: [\n",
+            "{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{",
+            "a: 1\n---\nb: 2\n",
+        ] {
+            let p = Places::of(text);
+            let _ = p.find("a.b.c");
+        }
+        assert_eq!(
+            Places::of("- a\n- b\n").find("1"),
+            Some(Place { line: 2, column: 3 })
+        );
+        assert_eq!(
+            Places::of("a: 1\n---\nb: 2\n").find("b"),
+            Some(Place { line: 1, column: 1 })
+        );
     }
 
     #[test]

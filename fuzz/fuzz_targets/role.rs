@@ -1,12 +1,14 @@
-//! Role resources as admins send them: YAML files (`sallyctl create`, every document) and the
-//! JSON auth receives and stores. A role that is accepted must be stored and read back as the
-//! same role (auth keeps roles as JSON), and evaluating it must not panic.
+//! Role resources as admins send them: YAML files (`sallyctl create`, every document), the web
+//! editor's text (`parse_role`, its problems placed by `yaml::Places`) and the JSON auth
+//! receives and stores. A role that is accepted must be stored and read back as the same role
+//! with the same revision (auth keeps roles as JSON; a save compares revisions), a problem must
+//! lie inside the text, and evaluating a role must not panic.
 #![no_main]
 
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use sallyport_core::resource::{Resource, parse_all};
+use sallyport_core::resource::{Resource, parse_all, parse_role};
 use sallyport_core::role::{Role, RoleSet};
 
 fn check(role: &Role) {
@@ -14,6 +16,7 @@ fn check(role: &Role) {
     let back: Role = serde_json::from_str(&json)
         .unwrap_or_else(|e| panic!("stored role {json} does not read back: {e}"));
     assert_eq!(&back, role, "{json}");
+    assert_eq!(back.revision(), role.revision(), "{json}");
     let traits = BTreeMap::from([
         (
             "internal.logins".to_string(),
@@ -47,6 +50,17 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    match parse_role(text) {
+        Ok(role) => check(&role),
+        Err(p) => {
+            let lines = text.matches(['\n', '\r']).count() + 2;
+            assert!(
+                (1..=lines).contains(&p.line) && p.column >= 1,
+                "{p:?} outside {lines} lines"
+            );
+        }
+    }
+    let _ = sallyport_core::yaml::Places::of(text).find("spec.allow.logins.0");
     if let Ok(resources) = parse_all(text, "fuzz.yaml") {
         for r in resources {
             if let Resource::Role(role) = r {

@@ -179,6 +179,39 @@ impl AuthClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
+        self.call_with_headers(method, path, body)
+            .await
+            .map(|(status, _, body)| (status, body))
+    }
+
+    /// A typed `GET` and the value of one header of the answer, if it has it (the audit
+    /// search's `sallyport-audit-unanchored-from`).
+    pub async fn get_with_header<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        header: &str,
+    ) -> Result<(T, Option<String>), ClientError> {
+        let (status, headers, bytes) = self
+            .call_with_headers(reqwest::Method::GET, path, None)
+            .await?;
+        if !(200..300).contains(&status) {
+            return Err(refusal(status, &bytes));
+        }
+        let value = headers
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))?;
+        Ok((body, value))
+    }
+
+    async fn call_with_headers(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), ClientError> {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(b) = body {
             req = req.json(&b);
@@ -191,6 +224,7 @@ impl AuthClient {
                 source,
             })?;
         let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
         let body = resp
             .bytes()
             .await
@@ -198,7 +232,7 @@ impl AuthClient {
                 addr: self.base.clone(),
                 source,
             })?;
-        Ok((status, body.to_vec()))
+        Ok((status, headers, body.to_vec()))
     }
 
     /// A `GET` whose answer is read as it arrives (a recording may be a GiB, an audit range

@@ -70,10 +70,21 @@ fn recordings_are_listed_described_and_streamed_only_to_whom_may_replay_them() {
         let mine = recorded_session(&alice, "echo from-al''ice").await;
         let theirs = recorded_session(&bob, "echo from-b''ob").await;
 
-        // Alice sees her own sessions only (`sally recordings ls`'s scope).
+        // Alice sees her own sessions only: what `sally recordings ls` shows her.
         let (status, list) = alice.get("/v1/webapi/recordings").await;
         assert_eq!(status, 200, "{list}");
         assert_eq!(ids(&list), vec![mine.clone()]);
+        let home = c.dir.path().join("home-alice");
+        c.login(&home, "alice", PASSWORD).ok();
+        let listed: Value = serde_json::from_str(
+            &c.sally(&home, &["recordings", "ls", "--format", "json"], "")
+                .ok()
+                .stdout,
+        )
+        .unwrap();
+        assert_eq!(ids(&listed), ids(&list));
+        assert_eq!(listed[0]["node"], list[0]["node"]);
+        assert_eq!(listed[0]["start"], list[0]["start"]);
         // The auditor sees everyone's.
         let (status, list) = carol.get("/v1/webapi/recordings").await;
         assert_eq!(status, 200, "{list}");
@@ -220,6 +231,13 @@ fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
         assert_eq!(seqs(&paged), seqs(&one_go));
         let s = seqs(&paged);
         assert!(s.windows(2).all(|w| w[0] > w[1]), "newest first: {s:?}");
+        // Records no signed checkpoint covers yet are said, as sallyctl warns of them.
+        let (_, page) = carol.get("/v1/webapi/audit?limit=5").await;
+        let newest = page["events"][0]["seq"].as_i64().unwrap();
+        match page["unanchored_from"].as_i64() {
+            Some(from) => assert!(from <= newest, "{page}"),
+            None => assert!(page["unanchored_from"].is_null(), "{page}"),
+        }
 
         // Filters: user, node, session, since/until.
         let mine = all_pages(&carol, "type=user.login&user=alice", 100).await;
@@ -265,11 +283,21 @@ fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
         }
 
         // The download is what `sallyctl audit search` prints for the same range, byte for byte.
+        let by_session = format!("session={session}");
         for (query, args) in [
             ("type=user.login", vec!["--type", "user.login"]),
             (
                 "type=user.login&user=alice",
                 vec!["--type", "user.login", "--user", "alice"],
+            ),
+            (by_session.as_str(), vec!["--session", session.as_str()]),
+            (
+                "type=session.start&node=local1",
+                vec!["--type", "session.start", "--node", "local1"],
+            ),
+            (
+                "type=user.login&until=2999-01-01T00:00:00Z",
+                vec!["--type", "user.login", "--until", "2999-01-01T00:00:00Z"],
             ),
         ] {
             let (status, ctype, download) = carol
@@ -281,7 +309,7 @@ fn the_audit_log_is_paged_filtered_and_downloaded_as_sallyctl_prints_it() {
             search.extend(args);
             let printed = c.sallyctl(&search).ok().stdout;
             assert_eq!(String::from_utf8_lossy(&download), printed, "{query}");
-            assert!(printed.lines().count() >= 4);
+            assert!(printed.lines().count() >= 1, "{query}");
         }
     });
 }
@@ -469,6 +497,33 @@ fn roles_are_edited_as_yaml_checked_where_wrong_and_saved_only_over_what_was_ope
             .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(ed.get("/v1/webapi/roles/staging").await.0, 404);
+        // Every route the table lists is served (whatever it then says to a stranger).
+        let stranger = Browser::new(&c);
+        for route in sallyport_core::routes::WEB {
+            let path = route
+                .pattern
+                .replace("{id}", "x")
+                .replace("{name}", "x");
+            let method = reqwest::Method::from_bytes(route.method.as_str().as_bytes()).unwrap();
+            let resp = stranger
+                .request(method, &path, None)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body = resp.text().await.unwrap_or_default();
+            // The router's own 404 and 405 name themselves; anything else is the route's answer.
+            assert!(
+                !body.contains("no such API route") && !body.contains("does not answer"),
+                "{route:?}: {status} {body}"
+            );
+        }
+        // A route asked with a method it does not answer: a JSON 405.
+        let (status, body) = ed.get("/v1/webapi/roles/validate").await;
+        assert_eq!(status, 405, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("GET"), "{body}");
         let updates = c.events("role.update");
         assert_eq!(updates.len(), 1, "{updates:?}");
     });
@@ -693,5 +748,68 @@ fn admins_add_reset_lock_and_unlock_users_and_make_join_tokens_and_no_one_else_d
                 .0,
             200
         );
+    });
+}
+
+/// The daemon's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// A cast is passed on as it is read, never held whole, with no whole-answer timeout: while a
+/// browser that took 1 MiB of a 48 MiB recording stops for 35 s (longer than the proxy's 30 s
+/// for a whole call to auth), the daemon holds far less than the file; the rest then arrives
+/// whole and byte for byte.
+#[test]
+fn a_large_cast_read_slowly_arrives_whole() {
+    let c = cluster_with(&[("alice", "access", "root")]);
+    rt().block_on(async {
+        let alice = signed_in(&c, "alice").await;
+        let id = recorded_session(&alice, "echo big").await;
+        let file = c.data_dir().join("recordings").join(format!("{id}.cast"));
+        let mut cast = std::fs::read(&file).unwrap();
+        let line =
+            b"[1.0, \"o\", \"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"]\n";
+        while cast.len() < 48 * 1024 * 1024 {
+            cast.extend_from_slice(line);
+        }
+        std::fs::write(&file, &cast).unwrap();
+
+        let (_, detail) = alice.get(&format!("/v1/webapi/recordings/{id}")).await;
+        assert_eq!(detail["recording_size"], cast.len() as u64);
+        let pid = c.pid().unwrap();
+        let before = rss(pid);
+        let mut resp = alice
+            .request(
+                reqwest::Method::GET,
+                &format!("/v1/webapi/recordings/{id}/cast"),
+                None,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut got = Vec::with_capacity(cast.len());
+        while got.len() < 1024 * 1024 {
+            got.extend_from_slice(&resp.chunk().await.unwrap().unwrap());
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let held = rss(pid).saturating_sub(before);
+        assert!(
+            held < 16 * 1024 * 1024,
+            "the daemon grew by {held} bytes while the browser paused"
+        );
+        tokio::time::sleep(Duration::from_secs(32)).await;
+        while let Some(chunk) = resp.chunk().await.unwrap() {
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got.len(), cast.len());
+        assert!(got == cast, "the cast arrived changed");
     });
 }

@@ -24,9 +24,18 @@ pub(super) enum AuditCommand {
         event_type: Option<String>,
         #[arg(long)]
         user: Option<String>,
+        /// Only events naming this node.
+        #[arg(long)]
+        node: Option<String>,
+        /// Only events of this session (its id).
+        #[arg(long)]
+        session: Option<String>,
         /// How far back, e.g. 1h or 7d.
         #[arg(long)]
         since: Option<String>,
+        /// Up to when (inclusive): how long ago, e.g. 1h, or a time, e.g. 2026-01-31T09:00:00Z.
+        #[arg(long)]
+        until: Option<String>,
         #[arg(long, default_value_t = 1000)]
         limit: u32,
         #[arg(long, value_enum, default_value = "json")]
@@ -49,7 +58,10 @@ pub(super) async fn audit(api: &Api, cmd: &AuditCommand) -> Result<ExitCode> {
         AuditCommand::Search {
             event_type,
             user,
+            node,
+            session,
             since,
+            until,
             limit,
             format,
         } => {
@@ -70,6 +82,15 @@ pub(super) async fn audit(api: &Api, cmd: &AuditCommand) -> Result<ExitCode> {
             }
             if let Some(s) = since {
                 query.push(format!("since={s}"));
+            }
+            if let Some(n) = node {
+                query.push(format!("node={}", urlencode(n)));
+            }
+            if let Some(s) = session {
+                query.push(format!("session={}", urlencode(s)));
+            }
+            if let Some(u) = until {
+                query.push(format!("until={}", until_secs(u)?));
             }
             let (events, unanchored_from): (Vec<serde_json::Value>, _) = api
                 .get_with_header(
@@ -141,6 +162,18 @@ pub(super) async fn audit(api: &Api, cmd: &AuditCommand) -> Result<ExitCode> {
             }
         }
     }
+}
+
+/// `--until`: how long ago (`1h`), or an RFC 3339 time; Unix seconds.
+fn until_secs(text: &str) -> Result<i64> {
+    if let Ok(d) = sallyport_core::duration::parse(text) {
+        return Ok(sallyport_core::unix_now() - d.as_secs() as i64);
+    }
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map(|t| t.unix_timestamp())
+        .map_err(|_| {
+            anyhow!("--until: {text:?} is neither a duration such as 1h nor a time such as 2026-01-31T09:00:00Z")
+        })
 }
 
 pub(super) fn urlencode(s: &str) -> String {

@@ -174,8 +174,11 @@ fn seq(record: &serde_json::Value) -> Option<i64> {
     record.get("seq").and_then(serde_json::Value::as_i64)
 }
 
-/// `GET /v1/webapi/audit`: one page, newest first: `{"events": [...], "next_cursor": N|null}`
-/// (`null` when this page reached the oldest record that matches).
+/// `GET /v1/webapi/audit`: one page, newest first: `{"events": [...], "next_cursor": N|null,
+/// "unanchored_from": N|null}` (`next_cursor` null when this page reached the oldest record
+/// that matches; `unanchored_from` the first seq of this page no signed checkpoint covers yet,
+/// as `sallyctl audit search` warns: linked to the chain head, not yet beyond a database
+/// writer's reach).
 pub(crate) async fn page(
     State(web): Web,
     headers: HeaderMap,
@@ -187,14 +190,24 @@ pub(crate) async fn page(
     let mut q = f.query()?;
     q.limit = Some(limit);
     q.before = f.cursor()?;
-    let mut events = search(&s, &q).await?;
+    let (mut events, unanchored): (Vec<serde_json::Value>, _) = s
+        .auth
+        .get_with_header(&audit_path(&q), sallyport_core::audit::UNANCHORED_HEADER)
+        .await
+        .map_err(from_auth)?;
+    let unanchored_from = unanchored.and_then(|v| v.parse::<i64>().ok());
     events.reverse();
     let next_cursor = if events.len() as u64 >= u64::from(limit) {
         events.last().and_then(seq)
     } else {
         None
     };
-    Ok(Json(serde_json::json!({"events": events, "next_cursor": next_cursor})).into_response())
+    Ok(Json(serde_json::json!({
+        "events": events,
+        "next_cursor": next_cursor,
+        "unanchored_from": unanchored_from,
+    }))
+    .into_response())
 }
 
 /// `GET /v1/webapi/audit/download`: every record that matches, oldest first, one compact JSON
@@ -220,40 +233,15 @@ pub(crate) async fn download(
     )
     .await?;
     let end = newest.first().and_then(seq);
-    let pages = futures::stream::unfold((s, base, end, 0i64), |(s, base, end, after)| async move {
-        let end = end?;
-        if after >= end {
-            return None;
-        }
+    let pages = range(end, MAX_PAGE, move |after, before| {
+        let s = s.clone();
         let q = AuditQuery {
             limit: Some(MAX_PAGE),
             after: Some(after),
-            before: Some(end + 1),
+            before: Some(before),
             ..base.clone()
         };
-        match search(&s, &q).await {
-            Ok(records) => {
-                let last = records.last().and_then(seq);
-                let mut text = String::new();
-                for r in &records {
-                    text.push_str(&r.to_string());
-                    text.push('\n');
-                }
-                // A short or empty page is the last.
-                let next = match last {
-                    Some(l) if records.len() as u64 >= u64::from(MAX_PAGE) => l,
-                    _ => end,
-                };
-                Some((Ok(bytes::Bytes::from(text)), (s, base, Some(end), next)))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e.message, "an audit download was cut");
-                Some((
-                    Err(std::io::Error::other(e.message)),
-                    (s, base, None, after),
-                ))
-            }
-        }
+        async move { search(&s, &q).await }
     });
     let mut resp = Body::from_stream(pages).into_response();
     let h = resp.headers_mut();
@@ -268,10 +256,92 @@ pub(crate) async fn download(
     Ok(resp)
 }
 
+/// The records up to seq `end` (none: nothing matches), oldest first as JSON lines, a page at
+/// a time: `fetch(after, before)` gives the oldest `page` records with `after < seq < before`.
+/// Each page goes out before the next is asked for; a failure ends the stream with an error.
+fn range<F, Fut>(
+    end: Option<i64>,
+    page: u32,
+    fetch: F,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send
+where
+    F: Fn(i64, i64) -> Fut + Send + Sync,
+    Fut: std::future::Future<Output = Result<Vec<serde_json::Value>, ApiError>> + Send,
+{
+    futures::stream::unfold((fetch, end, 0i64), move |(fetch, end, after)| async move {
+        let end = end?;
+        if after >= end {
+            return None;
+        }
+        match fetch(after, end.saturating_add(1)).await {
+            Ok(records) => {
+                let mut text = String::new();
+                for r in &records {
+                    text.push_str(&r.to_string());
+                    text.push('\n');
+                }
+                // A short page is the last; a full one goes on after its newest record.
+                let next = match records.last().and_then(seq) {
+                    Some(l) if records.len() as u64 >= u64::from(page) && l > after => l,
+                    _ => end,
+                };
+                Some((Ok(bytes::Bytes::from(text)), (fetch, Some(end), next)))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e.message, "an audit download was cut");
+                Some((Err(std::io::Error::other(e.message)), (fetch, None, after)))
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use sallyport_core::audit::EventType;
+
+    /// A download of 2,500 matching records (every third of 7,500), 1,000 a page, up to the
+    /// range's end: each once, in order, and nothing past the end.
+    #[tokio::test]
+    async fn a_range_is_read_page_by_page_whole_and_in_order() {
+        let all: Vec<serde_json::Value> = (1..=7_600)
+            .filter(|s| s % 3 == 0)
+            .map(|s| serde_json::json!({"seq": s, "event": "x"}))
+            .collect();
+        let end = 7_500;
+        let asked = std::sync::Mutex::new(Vec::new());
+        let fetch = |after: i64, before: i64| {
+            if let Ok(mut a) = asked.lock() {
+                a.push((after, before));
+            }
+            let page: Vec<_> = all
+                .iter()
+                .filter(|r| seq(r).is_some_and(|s| s > after && s < before))
+                .take(1000)
+                .cloned()
+                .collect();
+            async move { Ok(page) }
+        };
+        let chunks: Vec<_> = futures::StreamExt::collect(range(Some(end), 1000, fetch)).await;
+        let mut text = String::new();
+        for c in chunks {
+            let Ok(c) = c else { panic!("a page failed") };
+            text.push_str(&String::from_utf8_lossy(&c));
+        }
+        let want: String = all
+            .iter()
+            .filter(|r| seq(r).is_some_and(|s| s <= end))
+            .map(|r| format!("{r}\n"))
+            .collect();
+        assert_eq!(text.lines().count(), 2500);
+        assert_eq!(text, want);
+        let asked = asked.lock().map(|a| a.clone()).unwrap_or_default();
+        assert_eq!(asked, vec![(0, 7501), (3000, 7501), (6000, 7501)]);
+        // Nothing matches: nothing asked, an empty body.
+        let none: Vec<_> =
+            futures::StreamExt::collect(range(None, 1000, |_, _| async { Ok(vec![]) })).await;
+        assert!(none.is_empty());
+    }
 
     #[test]
     fn filters_become_one_encoded_auth_query() {

@@ -339,3 +339,11 @@ pub async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
         format!("no such API route: {method} {}", uri.path()),
     )
 }
+
+/// A known API route asked with a method it does not answer: a JSON 405.
+pub async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not answer {method}", uri.path()),
+    )
+}

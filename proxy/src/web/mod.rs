@@ -80,6 +80,7 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
         .route(web::LOCK, delete(admin::remove_lock))
         .route(web::TOKENS, get(admin::tokens).post(admin::add_token))
         .fallback(browser::not_found)
+        .method_not_allowed_fallback(browser::method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(api_headers))
         .with_state(Arc::new(Web {
