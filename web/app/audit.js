@@ -86,13 +86,14 @@ export async function render() {
   const status = h('p', { id: 'audit-status', class: 'status', role: 'status', 'aria-live': 'polite', text: 'Loading…' });
   const download = h('a', { class: 'button', id: 'audit-download', download: 'audit.ndjson', text: 'Download JSON' });
   const tbody = h('tbody');
+  const anchored = h('p', { id: 'audit-unanchored', class: 'muted', hidden: true });
   const more = h('button', { type: 'button', id: 'audit-more', text: 'Older events', hidden: true });
   show('Audit log',
     h('h1', { text: 'Audit log' }),
     form, types,
     h('div', { class: 'actions' }, download,
       h('small', { class: 'muted', text: 'Every matching event, oldest first, one JSON object a line (as sallyctl audit search prints).' })),
-    status,
+    status, anchored,
     h('table', { class: 'grid', id: 'audit' },
       h('caption', { class: 'visually-hidden', text: 'Audit events, newest first' }),
       h('thead', {}, h('tr', {},
@@ -140,6 +141,10 @@ export async function render() {
     more.hidden = !cursor;
     more.disabled = false;
     status.textContent = shown === 0 ? 'No events match.' : `${shown} events shown${cursor ? ', older ones below' : ''}.`;
+    if (page.unanchored_from) {
+      anchored.hidden = false;
+      anchored.textContent = `Events from number ${page.unanchored_from} on are not yet covered by a signed checkpoint: they link to the chain, but could still be rewritten by whoever writes to the database until auth signs one (within a minute or so).`;
+    }
   };
   more.addEventListener('click', load);
   await load();
