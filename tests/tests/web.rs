@@ -12,7 +12,8 @@
 //! and session; carol's sign-up from her link (QR code, key, first code) and sign-in.
 //! Past the terminal: a session recorded there (`echo hi`) listed and played in the player
 //! (its own CSP, 4x to the end where `hi` shows, Home and End by keyboard, its weight within
-//! 200 KB plus the cast); then erin (access, auditor, editor) sees the admin links in the
+//! 200 KB plus the cast), idle skip turned off by its key keeping the speed, and a record past
+//! 64 MiB offering the file and `sally play` without loading the cast; then erin (access, auditor, editor) sees the admin links in the
 //! header, pages and filters the audit log and downloads what `sallyctl audit search` prints
 //! for the same range, is shown `verbs: [craete]` at its line and column in the role editor,
 //! saves, is refused a stale save (409), adds a user (the sign-up link once), lifts bob's lock,

@@ -473,6 +473,29 @@ async function main() {
     await page.keyboard.press('End');
     await page.waitForFunction(() => [...document.querySelectorAll('#player .ap-line')].some((l) => l.textContent.trim() === 'hi'), null, { timeout: 10000 });
     await step(page, 'player-seek-end');
+    // Idle skip off by its key (a new player at the same place), then back on by its checkbox.
+    await page.locator('h1').focus();
+    await page.keyboard.press('i');
+    await page.waitForSelector('#player-status:has-text("Idle time played")');
+    await page.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+    check(!(await page.getByLabel(/Skip idle time/).isChecked()), 'i did not turn idle skip off');
+    check(await page.getByLabel('Speed').inputValue() === '4', 'the speed was not kept');
+    // A recording past 64 MiB is not loaded: the file and `sally play` instead (the record's
+    // size as the API would give it for a large one; the page asks nothing else).
+    const record = await page.evaluate(async (u) => (await fetch(u)).json(), `/v1/webapi/recordings/${recording}`);
+    check(record.session_id === recording && record.recording_size > 0, `the record: ${JSON.stringify(record)}`);
+    await page.route(`${BASE}/v1/webapi/recordings/${recording}`,
+      (route) => route.fulfill({ json: { ...record, recording_size: 64 * 1024 * 1024 + 1 } }));
+    const casts = [];
+    page.on('request', (r) => { if (r.url().endsWith('/cast')) casts.push(r.url()); });
+    await page.reload();
+    await page.waitForSelector('#too-large');
+    check(await page.locator('#play-command').textContent() === `sally play ${recording}`, 'no sally play command');
+    check(await page.locator('#too-large a').getAttribute('href') === `/v1/webapi/recordings/${recording}/cast`, 'no download link');
+    check(casts.length === 0, `the cast was loaded: ${casts}`);
+    await step(page, 'player-too-large');
+    await accessible(page, 'player, too large');
+    await page.unroute(`${BASE}/v1/webapi/recordings/${recording}`);
     {
       const cold = await browser.newContext({ storageState: await ctx.storageState() });
       const p = await cold.newPage();
