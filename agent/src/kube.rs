@@ -187,7 +187,6 @@ impl KubeUpstream {
         &self.server
     }
 
-    /// The URI a forwarded request's path and query go to.
     /// `host:port` as a request's `Host` names it.
     fn authority(&self) -> &str {
         self.origin.strip_prefix("https://").unwrap_or(&self.origin)
@@ -199,6 +198,7 @@ impl KubeUpstream {
         Ok(Uri::try_from(format!("{}{}", self.prefix, path_and_query))?)
     }
 
+    /// The URI a forwarded request's path and query go to.
     fn uri(&self, path_and_query: &str) -> Result<Uri, hyper::http::Error> {
         Ok(Uri::try_from(format!(
             "{}{}{}",

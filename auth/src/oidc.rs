@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
-use sallyport_core::routes;
 use sallyport_core::api::{Certs, ConnectorKind, LoginRequest};
 use sallyport_core::audit::{Event, EventType};
 use sallyport_core::oidc::{OidcConnector, map_roles, merge_userinfo};
+use sallyport_core::routes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;

@@ -250,7 +250,9 @@ pub struct ProxyService {
     pub tunnel_listen_addr: SocketAddr,
     #[serde(default = "default_kube")]
     pub kube_listen_addr: SocketAddr,
-    /// Extra names (DNS or IP) clients use to reach the proxy; they go into its certificate.
+    /// Extra names (DNS or IP) clients use to reach the proxy, each with the port browsers
+    /// use when it is not `web_listen_addr`'s (`proxy.example.com:443` behind a load
+    /// balancer): the names go into its certificate, name and port into the web UI's origins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub public_addr: Vec<String>,
     /// How long an SSH connection on `ssh_listen_addr` may take to authenticate.
@@ -449,6 +451,35 @@ impl Default for ProxyService {
             max_jumps_per_connection: default_max_jumps_per_connection(),
             https_keypairs: vec![],
         }
+    }
+}
+
+impl ProxyService {
+    /// `public_addr` read as (name, port if given): `name`, `name:port`, `[v6]:port` or `v6`;
+    /// names lowercase.
+    pub fn public_hosts(&self) -> Vec<(String, Option<u16>)> {
+        self.public_addr
+            .iter()
+            .map(|a| split_host_port(a))
+            .collect()
+    }
+}
+
+fn split_host_port(a: &str) -> (String, Option<u16>) {
+    let a = a.trim();
+    if let Some(rest) = a.strip_prefix('[')
+        && let Some((host, tail)) = rest.split_once(']')
+    {
+        let port = tail.strip_prefix(':').and_then(|p| p.parse().ok());
+        return (host.to_ascii_lowercase(), port);
+    }
+    match a.rsplit_once(':') {
+        // One colon: name:port. More: a bare IPv6 address.
+        Some((host, port)) if !host.contains(':') => match port.parse() {
+            Ok(p) => (host.to_ascii_lowercase(), Some(p)),
+            Err(_) => (a.to_ascii_lowercase(), None),
+        },
+        _ => (a.to_ascii_lowercase(), None),
     }
 }
 
@@ -718,6 +749,7 @@ proxy_service:
   tunnel_listen_addr: 127.0.0.1:3024  # reverse tunnels from agents
   kube_listen_addr: 127.0.0.1:3026    # Kubernetes API for kubectl
   # public_addr: [proxy.example.com]  # extra names clients use; added to the proxy's certificate
+                                      # (name:443 when browsers reach it on another port)
   # Before a peer has authenticated (sized for a 2-core proxy; beyond them: 429, or an SSH
   # disconnect with the reason):
   ssh_login_grace: 30s                  # an SSH connection not authenticated by then is closed
@@ -773,6 +805,30 @@ ssh_service:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_addr_takes_a_port_for_the_origin_and_not_for_the_certificate() {
+        let p = ProxyService {
+            public_addr: vec![
+                "Proxy.Example.com".into(),
+                "lb.example.com:443".into(),
+                "[2001:db8::1]:8443".into(),
+                "2001:db8::2".into(),
+                "odd:port".into(),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            p.public_hosts(),
+            vec![
+                ("proxy.example.com".to_string(), None),
+                ("lb.example.com".to_string(), Some(443)),
+                ("2001:db8::1".to_string(), Some(8443)),
+                ("2001:db8::2".to_string(), None),
+                ("odd:port".to_string(), None),
+            ]
+        );
+    }
 
     #[test]
     fn default_config_parses() {

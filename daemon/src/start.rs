@@ -114,9 +114,12 @@ pub async fn run(
     let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
     auth_cfg.recordings_dir = Some(dir.join("recordings"));
     // No node may join under a name clients use for the proxy.
-    auth_cfg
-        .public_names
-        .extend(cfg.proxy_service.public_addr.iter().cloned());
+    auth_cfg.public_names.extend(
+        cfg.proxy_service
+            .public_hosts()
+            .into_iter()
+            .map(|(host, _)| host),
+    );
     auth_cfg.second_factor = a.authentication.second_factor == SecondFactor::Otp;
     auth_cfg.max_login_attempts = a.authentication.max_login_attempts;
     auth_cfg.lockout_window = a.authentication.lockout_window.0;
@@ -143,7 +146,12 @@ pub async fn run(
     }
 
     let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    names.extend(cfg.proxy_service.public_addr.iter().cloned());
+    names.extend(
+        cfg.proxy_service
+            .public_hosts()
+            .into_iter()
+            .map(|(host, _)| host),
+    );
     for addr in [a.listen_addr, cfg.proxy_service.web_listen_addr] {
         if !addr.ip().is_unspecified() {
             names.push(addr.ip().to_string());
@@ -307,7 +315,7 @@ pub async fn run(
             state.proxy.clone(),
             p.web_idle_timeout.0,
         ),
-        origins: web_origins(&web_names, web_addr.port()),
+        origins: web_origins(&web_names, web_addr.port(), &p.public_hosts()),
     };
     tokio::spawn(sallyport_core::https::serve(
         web_listener,
@@ -469,26 +477,38 @@ fn bound(listener: &TcpListener, what: &str) -> Result<SocketAddr> {
         .with_context(|| format!("cannot read the address {what} listens on"))
 }
 
-/// Where to dial a listener that may be bound to 0.0.0.0.
 /// The proxy's own origins, which a browser's requests and WebSocket upgrades must come
-/// from exactly: `https://NAME:PORT` for each name of the proxy's certificate (and without the
-/// port when it is 443).
-fn web_origins(names: &[String], port: u16) -> Vec<String> {
+/// from exactly (browsers send them lowercase): `https://NAME:PORT` for each name of the
+/// proxy's certificates on the port it listens on, and for each `public_addr` with its own port
+/// (the one a load balancer takes); without the port when it is 443.
+fn web_origins(names: &[String], port: u16, public: &[(String, Option<u16>)]) -> Vec<String> {
     let mut out = Vec::new();
-    for n in names {
-        let host = if n.contains(':') {
-            format!("[{n}]")
+    let mut add = |name: &str, port: u16| {
+        let name = name.to_ascii_lowercase();
+        let host = if name.contains(':') {
+            format!("[{name}]")
         } else {
-            n.clone()
+            name
         };
         out.push(format!("https://{host}:{port}"));
         if port == 443 {
             out.push(format!("https://{host}"));
         }
+    };
+    for n in names {
+        add(n, port);
     }
+    for (n, p) in public {
+        if let Some(p) = p {
+            add(n, *p);
+        }
+    }
+    out.sort();
+    out.dedup();
     out
 }
 
+/// Where to dial a listener that may be bound to 0.0.0.0.
 fn connect_addr(addr: SocketAddr) -> String {
     if addr.ip().is_unspecified() {
         format!("127.0.0.1:{}", addr.port())
@@ -685,5 +705,32 @@ async fn agent_main(
     tokio::select! {
         _ = sallyport_agent::tunnel::run(identity, labels, server) => Ok(()),
         _ = shutdown_signal() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_are_lowercase_with_the_listening_port_and_each_public_port() {
+        let o = web_origins(
+            &["Localhost".into(), "::1".into(), "proxy.example.com".into()],
+            3080,
+            &[
+                ("proxy.example.com".into(), None),
+                ("lb.example.com".into(), Some(443)),
+            ],
+        );
+        assert_eq!(
+            o,
+            vec![
+                "https://[::1]:3080",
+                "https://lb.example.com",
+                "https://lb.example.com:443",
+                "https://localhost:3080",
+                "https://proxy.example.com:3080",
+            ]
+        );
     }
 }

@@ -647,6 +647,8 @@ fn port_forward_is_audited_and_ended_by_a_lock() {
                 .contains("incident 9"),
             "{stop}"
         );
+        // kubectl names the pod port inside its streams, both ways: the stop says which.
+        assert_eq!(stop["ports"], serde_json::json!([80]), "{stop}");
     }
     for (local, _) in &forwards {
         assert!(

@@ -671,9 +671,15 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
 
     // The whole way, as a browser goes: provider, callback, the proxy's finishing page.
     let (out, err) = browse(&start, "alice", &[("COOKIES", "1")]);
-    assert!(out.starts_with("200") && out.contains("Signed in"), "{out}\n{err}");
+    assert!(
+        out.starts_with("200") && out.contains("Signed in"),
+        "{out}\n{err}"
+    );
     assert!(out.contains("url=/web/nodes"), "the page moves on: {out}");
-    assert!(err.contains("/v1/webapi/oidc/web/finish?response="), "{err}");
+    assert!(
+        err.contains("/v1/webapi/oidc/web/finish?response="),
+        "{err}"
+    );
     let cookies = cookies_of(&err);
     assert!(cookies.contains("__Host-sallyport_session="), "{cookies}");
     let (code, body) = get_with_cookie(&c, "/v1/webapi/web/session", &cookies);
@@ -681,17 +687,11 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
     let s: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(s["user"], "alice@example.com");
     assert!(s["roles"].to_string().contains("sso-ops"), "{s}");
-    let logins: Vec<serde_json::Value> = c
-        .sallyctl(&["audit", "search", "--type", "user.login"])
-        .ok()
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let logins = c.events("user.login");
     assert!(
-        logins
-            .iter()
-            .any(|e| e["method"] == "oidc" && e["success"] == true && e["user"] == "alice@example.com"),
+        logins.iter().any(|e| e["method"] == "oidc"
+            && e["success"] == true
+            && e["user"] == "alice@example.com"),
         "{logins:?}"
     );
 
@@ -712,9 +712,21 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
     assert!(page.contains("not started in this browser"), "{page}");
     let (code, _) = get_with_cookie(&c, &finish, "__Host-sallyport_sso=forged");
     assert_eq!(code, 403);
-    // ...the browser that started finishes it, once.
+    // A link any site can send the browser (its Lax binding cookie goes along): a made-up
+    // response or error uses nothing up, and shows no text of the link's without a sign-in.
     let cookies = cookies_of(&err);
     assert!(cookies.contains("__Host-sallyport_sso="), "{cookies}");
+    let made_up = format!(
+        "https://{}/v1/webapi/oidc/web/finish?response=made-up",
+        c.proxy
+    );
+    let (code, page) = get_with_cookie(&c, &made_up, &cookies);
+    assert_eq!(code, 401, "{page}");
+    let spoof = "/v1/webapi/oidc/web/finish?error=Call+IT+at+555";
+    let (code, page) = get_with_cookie(&c, spoof, "");
+    assert_eq!(code, 403);
+    assert!(!page.contains("Call IT"), "{page}");
+    // ...and the browser that started finishes it, once.
     let (code, page) = get_with_cookie(&c, &finish, &cookies);
     assert_eq!(code, 200, "{page}");
     let (code, page) = get_with_cookie(&c, &finish, &cookies);
@@ -722,14 +734,31 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
 
     // A person the roles do not admit is told why on the page, and gets no session.
     let (out, err) = browse(&start, "bob", &[("COOKIES", "1")]);
-    assert!(out.starts_with("401") && out.contains("map to no Sallyport role"), "{out}");
-    assert!(!cookies_of(&err).contains("__Host-sallyport_session="), "{err}");
-    // An unknown connector: a page that says so, no provider visited.
-    let (code, page) = get_with_cookie(
-        &c,
-        "/v1/webapi/oidc/web/start?connector=nope",
+    assert!(
+        out.starts_with("401") && out.contains("map to no Sallyport role"),
+        "{out}"
+    );
+    assert!(
+        !cookies_of(&err).contains("__Host-sallyport_session="),
+        "{err}"
+    );
+    // A sign-in started from another site's link is refused.
+    let cross = run(
+        Command::new("curl").args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Sec-Fetch-Site: cross-site",
+            &start,
+        ]),
         "",
     );
+    assert_eq!(cross.stdout, "403");
+    // An unknown connector: a page that says so, no provider visited.
+    let (code, page) = get_with_cookie(&c, "/v1/webapi/oidc/web/start?connector=nope", "");
     assert!(code == 404 || code == 400, "{code} {page}");
     assert!(page.contains("nope"), "{page}");
     drop(p);

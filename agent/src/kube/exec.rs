@@ -222,13 +222,13 @@ impl Refused {
     /// The API server's answer to an upgrade it did not accept.
     async fn of(resp: hyper::Response<hyper::body::Incoming>) -> Self {
         let code = resp.status();
-        let body = resp
-            .into_body()
+        // At most 64 KiB of it is read: a refusal is a Status, not a download.
+        let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
             .collect()
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        let body = &body[..body.len().min(64 * 1024)];
+        let body = &body[..];
         if is_status(body) {
             Refused::Exec(Bytes::copy_from_slice(body))
         } else {
@@ -301,7 +301,8 @@ impl Conn {
     }
 
     /// Asks for the upgrade on a connection of its own: the one dialed ahead (`Warm`), else a
-    /// new one. A warm connection the API server closed before the request is replaced once.
+    /// new one. A warm connection that failed before the request went out (never after: an
+    /// exec must not run twice) is replaced once.
     async fn send(
         &mut self,
         req: Request<Empty<Bytes>>,
@@ -311,10 +312,10 @@ impl Conn {
             None => None,
         };
         let resp = match warm {
-            Some(io) => match round_trip(io, copy(&req)).await {
-                Ok(resp) => Ok(resp),
-                Err(err) => {
-                    tracing::debug!(error = %err, "the connection dialed ahead failed; dialing again");
+            Some(io) => match round_trip(io, req).await {
+                Trip::Answered(resp) => resp,
+                Trip::NotSent(req, why) => {
+                    tracing::debug!(error = %why, "the connection dialed ahead failed before the request; dialing again");
                     self.dial_and_send(req).await
                 }
             },
@@ -337,9 +338,10 @@ impl Conn {
         let io = super::dial(self.kube.upstream.clone())
             .await
             .map_err(|e| crate::join::root_cause(&e))?;
-        round_trip(io, req)
-            .await
-            .map_err(|e| crate::join::root_cause(&e))
+        match round_trip(io, req).await {
+            Trip::Answered(resp) => resp,
+            Trip::NotSent(_, why) => Err(why),
+        }
     }
 
     /// The exec stream over WebSocket v5.
@@ -408,30 +410,50 @@ impl Conn {
     }
 }
 
+/// How long the API server has to answer an exec upgrade (it starts the command first).
+const UPGRADE_ANSWER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What became of a request on a connection.
+enum Trip {
+    /// It went out; the answer, or why there is none (never asked again: an exec must not run
+    /// twice).
+    Answered(Result<hyper::Response<hyper::body::Incoming>, String>),
+    /// It never left: the request back, and why.
+    NotSent(Request<Empty<Bytes>>, String),
+}
+
 /// One request on `io`, HTTP/1.1, its connection kept for the upgrade.
-async fn round_trip(
-    io: ApiConn,
-    req: Request<Empty<Bytes>>,
-) -> Result<hyper::Response<hyper::body::Incoming>, hyper::Error> {
-    let (mut tx, conn) = hyper::client::conn::http1::Builder::new()
+async fn round_trip(io: ApiConn, req: Request<Empty<Bytes>>) -> Trip {
+    let (mut tx, conn) = match hyper::client::conn::http1::Builder::new()
         .title_case_headers(true)
         .handshake(io)
-        .await?;
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => return Trip::NotSent(req, crate::join::root_cause(&e)),
+    };
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "kube agent: an exec stream's connection ended");
         }
     });
-    tx.send_request(req).await
-}
-
-/// The same request again (the body is empty).
-fn copy(req: &Request<Empty<Bytes>>) -> Request<Empty<Bytes>> {
-    let mut again = Request::new(Empty::new());
-    *again.method_mut() = req.method().clone();
-    *again.uri_mut() = req.uri().clone();
-    *again.headers_mut() = req.headers().clone();
-    again
+    if let Err(e) = tx.ready().await {
+        return Trip::NotSent(req, crate::join::root_cause(&e));
+    }
+    match tokio::time::timeout(UPGRADE_ANSWER, tx.try_send_request(req)).await {
+        Ok(Ok(resp)) => Trip::Answered(Ok(resp)),
+        Ok(Err(mut e)) => {
+            let why = crate::join::root_cause(e.error());
+            match e.take_message() {
+                Some(req) => Trip::NotSent(req, why),
+                None => Trip::Answered(Err(why)),
+            }
+        }
+        Err(_) => Trip::Answered(Err(format!(
+            "no answer to the exec request in {} s",
+            UPGRADE_ANSWER.as_secs()
+        ))),
+    }
 }
 
 fn framed(stream: u8, data: &[u8]) -> Message {

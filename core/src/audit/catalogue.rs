@@ -433,7 +433,7 @@ catalogue! {
         "kube_cluster": "the cluster",
         "namespace": "the pod's namespace",
         "pod": "the pod",
-        "ports": "the pod's ports, when the request names them",
+        "ports": "the pod's ports: start, those the request's URL names; stop, those too and every port kubectl's streams reached (it names them inside SPDY, plain or in WebSocket)",
         "kube_users": "the user impersonated",
         "kube_groups": "the groups impersonated",
         "remote_addr": "the person's address",

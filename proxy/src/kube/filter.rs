@@ -228,6 +228,10 @@ impl Filter {
             return Ok(Response::from_parts(parts, body));
         }
         let raw = read_bounded(body, MAX_LIST).await?;
+        // No body (the answer to HEAD): no items to hide.
+        if raw.is_empty() {
+            return Ok(Response::from_parts(parts, Body::empty()));
+        }
         let json = if gzip { gunzip(&raw, MAX_LIST)? } else { raw };
         let out = self.list(&json)?;
         Ok(Response::from_parts(parts, Body::from(out)))
@@ -261,16 +265,34 @@ impl Filter {
             Some(v) => {
                 let elements: Vec<&RawValue> = serde_json::from_str(v.get())
                     .map_err(|_| unreadable(&format!("has no array of {key}")))?;
-                fields.write_with(&[(key, &self.keep(key, &elements))])
+                let (kept, dropped) = self.keep(key, &elements);
+                // `remainingItemCount` counts what the next pages hold unfiltered: with items
+                // hidden it would tell how many there are, so it goes (the API server leaves
+                // it out too when it cannot say). `continue` stays: the next page is fetched
+                // and filtered the same way.
+                let metadata = match fields.get("metadata") {
+                    Some(m) if dropped => serde_json::from_str::<Fields<'_>>(m.get())
+                        .ok()
+                        .filter(|m| m.get("remainingItemCount").is_some())
+                        .map(|m| m.write_without("remainingItemCount")),
+                    _ => None,
+                };
+                let metadata = metadata.and_then(|m| String::from_utf8(m).ok());
+                match &metadata {
+                    Some(m) => fields.write_with(&[(key, &kept), ("metadata", m)]),
+                    None => fields.write_with(&[(key, &kept)]),
+                }
             }
         };
         out.push(b'\n');
         Ok(out)
     }
 
-    /// The elements (`items` or `rows`) the roles allow, as a JSON array.
-    fn keep(&self, key: &str, elements: &[&RawValue]) -> String {
+    /// The elements (`items` or `rows`) the roles allow, as a JSON array, and whether any
+    /// were left out.
+    fn keep(&self, key: &str, elements: &[&RawValue]) -> (String, bool) {
         let mut out = String::from("[");
+        let mut dropped = false;
         for e in elements {
             let allowed = if key == "rows" {
                 self.row_allowed(e)
@@ -282,10 +304,12 @@ impl Filter {
                     out.push(',');
                 }
                 out.push_str(e.get());
+            } else {
+                dropped = true;
             }
         }
         out.push(']');
-        out
+        (out, dropped)
     }
 
     /// An object (or a PartialObjectMetadata) by its metadata; one without is not shown.
@@ -360,7 +384,7 @@ impl Filter {
             .get("columnDefinitions")
             .filter(|c| c.get() != "null")
             .map(|c| c.get().to_string());
-        let kept = self.keep("rows", &rows);
+        let (kept, _) = self.keep("rows", &rows);
         if kept == "[]" {
             // kubectl prints later rows with the columns of the first Table it saw: keep them
             // for the next event shown.
@@ -725,6 +749,11 @@ impl<'a> Fields<'a> {
     fn string(&self, key: &str) -> Option<String> {
         self.get(key)
             .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+    }
+
+    /// The object again without member `key`.
+    fn write_without(&self, key: &str) -> Vec<u8> {
+        Fields(self.0.iter().filter(|(k, _)| k != key).cloned().collect()).write_with(&[])
     }
 
     /// The object again, with the values of `replace` in place of its own (added at the end

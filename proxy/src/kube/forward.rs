@@ -68,6 +68,8 @@ pub enum ForwardError {
 pub struct PipeControl {
     pub stop: tokio::sync::oneshot::Receiver<String>,
     pub ended: tokio::sync::oneshot::Sender<Option<String>>,
+    /// Where the pod ports the person's streams name are kept (`super::ports`).
+    pub ports: super::ports::Seen,
 }
 
 pub async fn forward(
@@ -99,10 +101,31 @@ pub async fn forward(
             ));
         };
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        // kubectl names the ports inside SPDY, plain or in WebSocket messages.
+        let carrier = if resp
+            .headers()
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .is_some_and(|p| p.as_bytes() == super::ports::SPDY_IN_WEBSOCKET.as_bytes())
+        {
+            Some(super::ports::Carrier::WebSocket)
+        } else if resp
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|u| u.to_str().ok())
+            .is_some_and(|u| u.eq_ignore_ascii_case("SPDY/3.1"))
+        {
+            Some(super::ports::Carrier::Spdy)
+        } else {
+            None
+        };
         tokio::spawn(async move {
-            let (stop, ended) = match control {
-                Some(c) => (Some(c.stop), Some(c.ended)),
-                None => (None, None),
+            let (stop, ended, watcher) = match control {
+                Some(c) => (
+                    Some(c.stop),
+                    Some(c.ended),
+                    carrier.map(|k| super::ports::Watcher::new(k, c.ports)),
+                ),
+                None => (None, None, None),
             };
             // A dropped sender is no order to stop.
             let stop = async move {
@@ -116,15 +139,25 @@ pub async fn forward(
             };
             let why = match tokio::join!(client_upgrade, upstream_upgrade) {
                 (Ok(client), Ok(upstream)) => {
-                    let mut client = TokioIo::new(client);
+                    let client = TokioIo::new(client);
                     let mut upstream = TokioIo::new(upstream);
-                    tokio::select! {
-                        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-                            if let Err(e) = r {
-                                tracing::debug!(error = %e, "upgraded kube stream ended");
+                    let copy = async {
+                        let r = match watcher {
+                            Some(w) => {
+                                let mut client = super::ports::Watched::new(client, w);
+                                tokio::io::copy_bidirectional(&mut client, &mut upstream).await
                             }
-                            None
+                            None => {
+                                let mut client = client;
+                                tokio::io::copy_bidirectional(&mut client, &mut upstream).await
+                            }
+                        };
+                        if let Err(e) = r {
+                            tracing::debug!(error = %e, "upgraded kube stream ended");
                         }
+                    };
+                    tokio::select! {
+                        () = copy => None,
                         why = stop => Some(why),
                     }
                 }

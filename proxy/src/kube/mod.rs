@@ -18,6 +18,7 @@ pub mod audit;
 pub mod exec;
 pub mod filter;
 pub mod forward;
+pub mod ports;
 pub mod spdy;
 mod streams;
 
@@ -632,6 +633,8 @@ struct PortForward {
     ended: tokio::sync::oneshot::Receiver<Option<String>>,
     stop: Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<String>>>>,
     expires: Option<u64>,
+    /// The pod ports the streams named (`ports`).
+    seen: ports::Seen,
 }
 
 struct StopPipe(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<String>>>>);
@@ -664,6 +667,7 @@ fn port_forward(
         })
         .collect();
     let stop = Arc::new(std::sync::Mutex::new(Some(stop_tx)));
+    let seen = ports::Seen::default();
     let id = crate::state::next_id();
     door.state
         .track(id, &snap.user, Arc::new(StopPipe(stop.clone())));
@@ -685,11 +689,13 @@ fn port_forward(
         ended: ended_rx,
         stop,
         expires: snap.roles.disconnect_expired_cert().then_some(cert_expires),
+        seen: seen.clone(),
     };
     (
         forward::PipeControl {
             stop: stop_rx,
             ended: ended_tx,
+            ports: seen,
         },
         pf,
     )
@@ -717,6 +723,13 @@ impl PortForward {
             let why = self.ended.await.ok().flatten();
             door.state.untrack(self.id);
             let mut record = self.record;
+            // The stop names every port the streams reached (kubectl names them there, not in
+            // the URL the start had).
+            if let Ok(seen) = self.seen.lock() {
+                record.ports.extend(seen.iter().copied());
+            }
+            record.ports.sort_unstable();
+            record.ports.dedup();
             record.action = "stop".into();
             record.duration_secs = Some(began.elapsed().as_secs());
             record.reason = why;

@@ -273,8 +273,20 @@ pub(crate) async fn session(State(web): Web, headers: HeaderMap) -> Result<Respo
 }
 
 /// `DELETE /v1/webapi/web/session`: signs out; the session is forgotten and its terminals end.
+/// A session this proxy does not know (gone already, or kept by another proxy: web sessions
+/// live in one proxy's memory) is 401 with the cookie removed, and the page says so.
 pub(crate) async fn logout(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = match web.browser.changing(&headers) {
+        Ok(s) => s,
+        Err(e) if e.status == StatusCode::UNAUTHORIZED => {
+            let mut resp = e.into_response();
+            if let Ok(v) = header::HeaderValue::from_str(&sessions::clear_cookie()) {
+                resp.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            return Ok(resp);
+        }
+        Err(e) => return Err(e),
+    };
     web.browser.sessions.sign_out(&s);
     let mut resp = Json(serde_json::json!({})).into_response();
     if let Ok(v) = header::HeaderValue::from_str(&sessions::clear_cookie()) {

@@ -142,18 +142,21 @@ fn relay(answer: Result<(u16, Vec<u8>), crate::auth_client::ClientError>) -> Res
             }
             resp
         }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            (
-                StatusCode::BAD_GATEWAY,
-                Json(ErrorBody {
-                    error: "the auth service is unreachable; try again shortly".into(),
-                    code: None,
-                }),
-            )
-                .into_response()
-        }
+        Err(e) => auth_unreachable(&e),
     }
+}
+
+/// The answer when auth cannot be reached (the cause goes to the log only).
+fn auth_unreachable(e: &dyn std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "auth unreachable");
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(ErrorBody {
+            error: "the auth service is unreachable; try again shortly".into(),
+            code: None,
+        }),
+    )
+        .into_response()
 }
 
 /// Replaces whatever `remote_addr` the client sent with the address the connection came from,
@@ -180,17 +183,7 @@ async fn ping(State(web): Auth) -> Response {
             }
             Json(v).into_response()
         }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            (
-                StatusCode::BAD_GATEWAY,
-                Json(ErrorBody {
-                    error: "the auth service is unreachable; try again shortly".into(),
-                    code: None,
-                }),
-            )
-                .into_response()
-        }
+        Err(e) => auth_unreachable(&e),
     }
 }
 

@@ -6,8 +6,7 @@
 //! Every call to auth on the session's behalf is made as the session's own certificate
 //! ([`WebSession::auth`]), so auth decides with the user's current roles and locks and the
 //! caller is what the TLS handshake proved. A session ends at logout, after `web_idle_timeout`
-//! without input (terminal input and requests that change something count; reading, polling
-//! included, does not), at its certificate's expiry, and when its user is locked (through
+//! without terminal input (reading, polling included, does not count), at its certificate's expiry, and when its user is locked (through
 //! [`ProxyState`]'s lock poll, within its 2 s); its terminals end with it.
 //!
 //! What this must never do: keep the id itself, compare an id or token in variable time, or
@@ -365,13 +364,18 @@ async fn sweep(sessions: Weak<WebSessions>) {
 
 /// The session id in a `Cookie` header, if one names [`COOKIE`].
 pub fn cookie_value(headers: &axum::http::HeaderMap) -> Option<String> {
+    cookie_named(headers, COOKIE)
+}
+
+/// The value of the cookie named exactly `name` in the request's `Cookie` headers.
+pub fn cookie_named(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim().to_string())
 }
 

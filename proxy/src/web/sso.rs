@@ -9,7 +9,8 @@
 //! 3. `GET /v1/webapi/oidc/web/finish?response=R`: redeemed only with the binding cookie of the
 //!    browser that started (so an attacker cannot finish their own login in someone else's
 //!    browser), the web session opened, its `SameSite=Strict` cookie set on a same-site page
-//!    that moves on to the servers page.
+//!    that moves on to the servers page. Without a sign-in started in this browser the page
+//!    says only that (no text from the link is shown); a made-up response uses nothing up.
 //!
 //! The binding cookie must be `Lax`: the browser arrives at 3 on a redirect chain that began at
 //! the provider, another site, and a `Strict` cookie would not be sent. For the same reason the
@@ -20,10 +21,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use sallyport_core::api::Certs;
 use sallyport_core::https::RemoteAddr;
 use sallyport_core::routes::auth;
@@ -69,23 +70,42 @@ impl Pending {
         m.insert(hash(binding), s);
     }
 
-    /// The sign-in this browser started, taken (one use).
-    fn take(&self, binding: &str) -> Option<Started> {
-        let mut m = self.by_binding.lock().ok()?;
-        m.remove(&hash(binding))
+    /// The secret and key of the sign-in this browser started, left in place: a link to the
+    /// finishing page with a made-up response, which any site can send the browser (the
+    /// binding cookie is Lax), must not use up a sign-in in progress.
+    fn peek(&self, binding: &str) -> Option<(String, russh::keys::PrivateKey)> {
+        let m = self.by_binding.lock().ok()?;
+        m.get(&hash(binding))
             .filter(|s| s.at.elapsed() < PENDING_TTL)
+            .map(|s| (s.client_key.clone(), s.key.clone()))
+    }
+
+    /// Forgets the sign-in: it opened its session.
+    fn done(&self, binding: &str) {
+        if let Ok(mut m) = self.by_binding.lock() {
+            m.remove(&hash(binding));
+        }
     }
 }
 
 fn binding_cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == BINDING_COOKIE)
-        .map(|(_, v)| v.trim().to_string())
+    sessions::cookie_named(headers, BINDING_COOKIE)
+}
+
+/// The page for auth's refusal (its words) or for auth out of reach.
+fn auth_refused(e: crate::auth_client::ClientError, default: StatusCode) -> Response {
+    match e {
+        crate::auth_client::ClientError::Refused {
+            status, message, ..
+        } => failed(StatusCode::from_u16(status).unwrap_or(default), &message),
+        e => {
+            tracing::error!(error = %e, "auth unreachable");
+            failed(
+                StatusCode::BAD_GATEWAY,
+                "the auth service is unreachable; try again shortly",
+            )
+        }
+    }
 }
 
 fn set_binding(value: &str) -> String {
@@ -135,12 +155,24 @@ pub(crate) struct StartQuery {
     connector: String,
 }
 
-/// Step 1: to the provider, the binding cookie set.
+/// Step 1: to the provider, the binding cookie set. Only from the proxy's own pages: a browser
+/// that says the link came from another site (`Sec-Fetch-Site: cross-site`) is refused, so no
+/// site can start sign-ins in someone's browser or replace the binding of one in progress.
 pub(crate) async fn start(
     State(web): Auth,
     Extension(remote): Extension<RemoteAddr>,
+    headers: HeaderMap,
     Query(q): Query<StartQuery>,
 ) -> Response {
+    if headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"cross-site")
+    {
+        return failed(
+            StatusCode::FORBIDDEN,
+            "a sign-in starts from this proxy's own sign-in page, not from a link on another site",
+        );
+    }
     let key = match sallyport_core::sshcert::generate_ed25519() {
         Ok(k) => k,
         Err(e) => {
@@ -180,21 +212,7 @@ pub(crate) async fn start(
             Some(u) => u.to_string(),
             None => return failed(StatusCode::BAD_GATEWAY, "auth gave no provider address"),
         },
-        Err(crate::auth_client::ClientError::Refused {
-            status, message, ..
-        }) => {
-            return failed(
-                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
-                &message,
-            );
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            return failed(
-                StatusCode::BAD_GATEWAY,
-                "the auth service is unreachable; try again shortly",
-            );
-        }
+        Err(e) => return auth_refused(e, StatusCode::BAD_REQUEST),
     };
     web.sso.put(
         &binding,
@@ -225,48 +243,37 @@ pub(crate) async fn finish(
     headers: HeaderMap,
     Query(q): Query<FinishQuery>,
 ) -> Response {
-    let started = binding_cookie(&headers).and_then(|b| web.sso.take(&b));
-    if let Some(why) = q.error {
-        return failed(StatusCode::UNAUTHORIZED, &why);
-    }
-    let Some(started) = started else {
+    let binding = binding_cookie(&headers).unwrap_or_default();
+    let Some((client_key, key)) = web.sso.peek(&binding) else {
         return failed(
             StatusCode::FORBIDDEN,
             "this sign-in was not started in this browser, or it expired (10 minutes); sign in again",
         );
     };
+    if let Some(why) = q.error {
+        return failed(
+            StatusCode::UNAUTHORIZED,
+            &format!("Sallyport could not sign you in. The reason given: {why}"),
+        );
+    }
     let Some(response) = q.response else {
-        return failed(StatusCode::BAD_REQUEST, "the sign-in came back without a response");
+        return failed(
+            StatusCode::BAD_REQUEST,
+            "the sign-in came back without a response",
+        );
     };
-    let body = serde_json::json!({ "response": response, "client_key": started.client_key });
+    let body = serde_json::json!({ "response": response, "client_key": client_key });
     let certs: Certs = match web
         .auth
         .json(reqwest::Method::POST, auth::OIDC_FINISH, Some(&body))
         .await
     {
         Ok(c) => c,
-        Err(crate::auth_client::ClientError::Refused {
-            status, message, ..
-        }) => {
-            return failed(
-                StatusCode::from_u16(status).unwrap_or(StatusCode::UNAUTHORIZED),
-                &message,
-            );
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "auth unreachable");
-            return failed(
-                StatusCode::BAD_GATEWAY,
-                "the auth service is unreachable; try again shortly",
-            );
-        }
+        Err(e) => return auth_refused(e, StatusCode::UNAUTHORIZED),
     };
-    let (_, id) = match super::browser::open_session(
-        &web.auth,
-        &web.browser.sessions,
-        certs,
-        &started.key,
-    ) {
+    web.sso.done(&binding);
+    let (_, id) = match super::browser::open_session(&web.auth, &web.browser.sessions, certs, &key)
+    {
         Ok(s) => s,
         Err(e) => return failed(e.status, &e.message),
     };
@@ -306,9 +313,11 @@ mod tests {
                 at: Instant::now(),
             },
         );
-        assert!(p.take("b2").is_none());
-        assert!(p.take("b1").is_some());
-        assert!(p.take("b1").is_none(), "one use");
+        assert!(p.peek("b2").is_none());
+        assert!(p.peek("b1").is_some());
+        assert!(p.peek("b1").is_some(), "a look uses nothing up");
+        p.done("b1");
+        assert!(p.peek("b1").is_none(), "one session");
     }
 
     #[test]
@@ -318,7 +327,9 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(
             header::COOKIE,
-            "x__Host-sallyport_sso=no; __Host-sallyport_sso=yes".parse().unwrap(),
+            "x__Host-sallyport_sso=no; __Host-sallyport_sso=yes"
+                .parse()
+                .unwrap(),
         );
         assert_eq!(binding_cookie(&h).as_deref(), Some("yes"));
     }

@@ -519,8 +519,12 @@ async fn run(
             Some(Ok(Message::Close(_))) | None => break,
             Some(Err(e)) => {
                 // The WebSocket layer refuses a frame past its limit before reading it.
-                let text = e.to_string();
-                if text.contains("too long") || text.contains("too big") {
+                let inner = e.into_inner();
+                let too_big = matches!(
+                    inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>(),
+                    Some(tokio_tungstenite::tungstenite::Error::Capacity(_))
+                );
+                if too_big {
                     out.fail(
                         CLOSE_TOO_BIG,
                         format!("a frame over {} KiB", MAX_FRAME / 1024),

@@ -780,3 +780,34 @@ fn the_roles_decide_which_lists_are_filtered() {
     // Not a collection's list: decided as before.
     assert!(decide("GET", "/api/v1/namespaces/dev/pods/web-1/log", "").is_ok());
 }
+
+#[test]
+fn a_page_with_items_hidden_does_not_count_what_follows_and_keeps_its_continue() {
+    let items: Vec<String> = pods().iter().map(gojson).collect();
+    let page = format!(
+        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"1012","continue":"tok","remainingItemCount":7}},"items":[{}]}}"#,
+        items.join(",")
+    );
+    let v: Value = serde_json::from_slice(&web_1().list(page.as_bytes()).unwrap()).unwrap();
+    assert_eq!(names(&v["items"]), vec!["dev/web-1"]);
+    assert_eq!(v["metadata"]["continue"], "tok");
+    assert_eq!(v["metadata"]["resourceVersion"], "1012");
+    assert!(v["metadata"].get("remainingItemCount").is_none(), "{v}");
+
+    // Nothing hidden: the count is the API server's and stays.
+    let all = Filter::new(|_, _| true, false);
+    let v: Value = serde_json::from_slice(&all.list(page.as_bytes()).unwrap()).unwrap();
+    assert_eq!(v["metadata"]["remainingItemCount"], 7);
+}
+
+#[tokio::test]
+async fn a_head_answer_has_no_body_to_filter() {
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::empty())
+        .unwrap();
+    let (resp, allowed, _) = web_1().narrow(resp).await;
+    assert!(allowed);
+    assert_eq!(resp.status(), StatusCode::OK);
+}
