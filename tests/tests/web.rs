@@ -10,6 +10,14 @@
 //! session; the terminal page's weight on a cold cache; a refused login explained; sign-out
 //! ending the session and a terminal in another tab; bob's nodes; a lock ending bob's terminal
 //! and session; carol's sign-up from her link (QR code, key, first code) and sign-in.
+//! Past the terminal: a session recorded there (`echo hi`) listed and played in the player
+//! (its own CSP, 4x to the end where `hi` shows, Home and End by keyboard, its weight within
+//! 200 KB plus the cast), idle skip turned off by its key keeping the speed, and a record past
+//! 64 MiB offering the file and `sally play` without loading the cast; then erin (access, auditor, editor) sees the admin links in the
+//! header, pages and filters the audit log and downloads what `sallyctl audit search` prints
+//! for the same range, is shown `verbs: [craete]` at its line and column in the role editor,
+//! saves, is refused a stale save (409), adds a user (the sign-up link once), lifts bob's lock,
+//! locks frank, and adds a join token (the agent's command once); axe-core on each page.
 //! Each step saves a screenshot in `<target>/web-screenshots/`.
 //!
 //! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.
@@ -77,9 +85,12 @@ spec:
     let alice = c.signup(&alice, PASSWORD).unwrap();
     let bob = c.add_user("bob", "dev-only", "");
     let bob = c.signup(&bob, PASSWORD).unwrap();
+    let erin = c.add_user("erin", "access,auditor,editor", "root");
+    let erin = c.signup(&erin, PASSWORD).unwrap();
     let users = serde_json::json!({
         "alice": {"password": PASSWORD, "totp_secret": alice},
         "bob": {"password": PASSWORD, "totp_secret": bob},
+        "erin": {"password": PASSWORD, "totp_secret": erin},
     });
     let carol = c.add_user("carol", "access", "root");
     let shots = screenshots();
@@ -141,7 +152,7 @@ spec:
         status.success(),
         "the browser driver failed:\n{stderr}\nafter:\n{stdout}"
     );
-    assert!(stdout.contains("step: carol-nodes"), "{stdout}");
+    assert!(stdout.contains("step: tokens-added"), "{stdout}");
     // The refused login reached auth as one, and the terminal sessions were the browser's.
     let rejected = c.events("session.reject");
     assert!(

@@ -34,7 +34,8 @@ const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
 const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
-const BUDGET = { login: 60 * 1024, terminal: 250 * 1024, domContentLoadedMs: 500 };
+const BUDGET = { login: 60 * 1024, terminal: 250 * 1024, player: 200 * 1024, domContentLoadedMs: 500 };
+const CSP_PLAYER = CSP.replace("script-src 'self'", "script-src 'self' 'wasm-unsafe-eval'");
 
 function need(name) {
   const v = process.env[name];
@@ -182,7 +183,11 @@ async function signIn(page, user, { code } = {}) {
 /** Bytes on the wire (headers and encoded bodies) of every request of `page` from now on. */
 function countBytes(page) {
   const requests = [];
-  page.on('requestfinished', (r) => requests.push(r));
+  const pending = new Set();
+  page.on('request', (r) => pending.add(r));
+  page.on('requestfailed', (r) => pending.delete(r));
+  page.on('requestfinished', (r) => { pending.delete(r); requests.push(r); });
+  page.pendingRequests = () => [...pending].map((r) => r.url().replace(BASE, ''));
   return async () => {
     let total = 0;
     const lines = [];
@@ -194,6 +199,15 @@ function countBytes(page) {
     }
     return { total, lines };
   };
+}
+
+/** Waits for no request for 500 ms; on timeout says which were still going (countBytes'). */
+async function networkIdle(page) {
+  try {
+    await page.waitForLoadState('networkidle');
+  } catch (e) {
+    throw new Error(`${e.message}; still going: ${page.pendingRequests ? page.pendingRequests().join(', ') : '?'}`);
+  }
 }
 
 async function domContentLoaded(page) {
@@ -383,7 +397,7 @@ async function main() {
       const bytes = countBytes(p);
       await p.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
       await p.waitForSelector('#term[data-state="open"]', { timeout: 20000 });
-      await p.waitForLoadState('networkidle');
+      await networkIdle(p);
       await p.click('#term');
       await shellUp(p);
       const { total, lines } = await bytes();
@@ -413,6 +427,91 @@ async function main() {
     check(await page.$eval('#term', (t) => t.dataset.closeCode) === '4403', 'denied: not 4403');
     check(/^Refused: .*nobody/.test(denied), `denied reason: ${denied}`);
     await step(page, 'terminal-denied');
+
+    // 11b. A session recorded here plays back: echo hi, exit; the list (newest first) has it;
+    // its player (a full page load, the one CSP with 'wasm-unsafe-eval') plays it at 4x to the
+    // end, where `hi` is on the screen; Home and End by keyboard; page weight on a cold cache.
+    await page.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
+    await terminalOpen(page);
+    await shellUp(page);
+    await typeLine(page, 'clear; echo hi');
+    await waitScreen(page, /^hi$/m, 'hi');
+    await typeLine(page, 'exit');
+    await page.waitForSelector('#term[data-state="closed"]', { timeout: 20000 });
+    await page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Recordings' }).click();
+    await page.waitForURL(`${BASE}/web/recordings`);
+    await page.waitForSelector('#recordings-status:has-text("sessions")');
+    check(await page.title() === 'Recordings — Sallyport', `title: ${await page.title()}`);
+    const newest = page.locator('#recordings tbody tr').first();
+    const cells = await newest.locator('td').allTextContents();
+    check(cells[0] === 'alice' && cells[1] === 'local1' && cells[2] === 'root', `newest recording: ${cells}`);
+    await page.waitForFunction(() => !document.querySelector('#recordings tbody tr td.num').textContent.includes('…'));
+    await step(page, 'recordings');
+    await accessible(page, 'recordings');
+    const recording = await newest.getAttribute('data-session');
+    const [playerResp] = await Promise.all([
+      page.waitForResponse((r) => r.url() === `${BASE}/web/recordings/${recording}`),
+      newest.getByRole('link').click(),
+    ]);
+    check(playerResp.headers()['content-security-policy'] === CSP_PLAYER, `player CSP: ${playerResp.headers()['content-security-policy']}`);
+    await page.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+    check(/^Recording /.test(await page.title()), `title: ${await page.title()}`);
+    await accessible(page, 'player');
+    const playerText = async () => page.evaluate(() => [...document.querySelectorAll('#player .ap-line')]
+      .map((l) => l.textContent.replace(/\u00a0/g, ' ').trimEnd()).join('\n'));
+    await page.getByLabel('Speed').selectOption('4');
+    await page.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+    await page.getByRole('button', { name: 'Play' }).click();
+    await page.waitForSelector('#player[data-state="ended"]', { timeout: 30000 });
+    check(/^hi$/m.test(await playerText()), `the end of the recording: ${await playerText()}`);
+    await step(page, 'player-ended');
+    // Keyboard: Home to the start (no hi yet), then End on the position slider.
+    await page.locator('h1').focus();
+    await page.keyboard.press('Home');
+    await page.waitForFunction(() => Number(document.querySelector('#player').dataset.time) < 0.5);
+    await page.locator('#seek').focus();
+    await page.keyboard.press('End');
+    await page.waitForFunction(() => [...document.querySelectorAll('#player .ap-line')].some((l) => l.textContent.trim() === 'hi'), null, { timeout: 10000 });
+    await step(page, 'player-seek-end');
+    // Idle skip off by its key (a new player at the same place), then back on by its checkbox.
+    await page.locator('h1').focus();
+    await page.keyboard.press('i');
+    await page.waitForSelector('#player-status:has-text("Idle time played")');
+    await page.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+    check(!(await page.getByLabel(/Skip idle time/).isChecked()), 'i did not turn idle skip off');
+    check(await page.getByLabel('Speed').inputValue() === '4', 'the speed was not kept');
+    // A recording past 64 MiB is not loaded: the file and `sally play` instead (the record's
+    // size as the API would give it for a large one; the page asks nothing else).
+    const record = await page.evaluate(async (u) => (await fetch(u)).json(), `/v1/webapi/recordings/${recording}`);
+    check(record.session_id === recording && record.recording_size > 0, `the record: ${JSON.stringify(record)}`);
+    await page.route(`${BASE}/v1/webapi/recordings/${recording}`,
+      (route) => route.fulfill({ json: { ...record, recording_size: 64 * 1024 * 1024 + 1 } }));
+    const casts = [];
+    page.on('request', (r) => { if (r.url().endsWith('/cast')) casts.push(r.url()); });
+    await page.reload();
+    await page.waitForSelector('#too-large');
+    check(await page.locator('#play-command').textContent() === `sally play ${recording}`, 'no sally play command');
+    check(await page.locator('#too-large a').getAttribute('href') === `/v1/webapi/recordings/${recording}/cast`, 'no download link');
+    check(casts.length === 0, `the cast was loaded: ${casts}`);
+    await step(page, 'player-too-large');
+    await accessible(page, 'player, too large');
+    await page.unroute(`${BASE}/v1/webapi/recordings/${recording}`);
+    {
+      const cold = await browser.newContext({ storageState: await ctx.storageState() });
+      const p = await cold.newPage();
+      const bytes = countBytes(p);
+      await p.goto(`${BASE}/web/recordings/${recording}`);
+      await p.waitForSelector('#player[data-state="ready"]', { timeout: 20000 });
+      await networkIdle(p);
+      const { total, lines } = await bytes();
+      const cast = lines.filter((l) => l.endsWith('/cast')).reduce((n, l) => n + Number(l.split('\t')[0]), 0);
+      const dcl = await domContentLoaded(p);
+      results.player = { bytes: total - cast, cast, domContentLoadedMs: Math.round(dcl) };
+      console.log(`weight: player ${total - cast} bytes plus the cast's ${cast}, DOMContentLoaded ${dcl.toFixed(1)} ms\n  ${lines.join('\n  ')}`);
+      check(total - cast <= BUDGET.player, `the player page weighs ${total - cast} bytes plus the cast, over its ${BUDGET.player}`);
+      check(dcl < BUDGET.domContentLoadedMs, `player DOMContentLoaded ${dcl} ms, over ${BUDGET.domContentLoadedMs}`);
+      await cold.close();
+    }
 
     // 12. Sign-out in one tab ends the session and the terminal open in another.
     await page.goto(`${BASE}/web/nodes/local1/terminal?login=root`);
@@ -488,6 +587,149 @@ async function main() {
       USERS.carol = { password: USERS.alice.password, totp_secret: secret };
       await signIn(p, 'carol');
       await step(p, 'carol-nodes');
+      await b.close();
+    }
+
+    // 16. erin (access, auditor, editor): the header links her roles can use; the audit log
+    // filtered and paged, its download what sallyctl prints for the same range; the role
+    // editor marking `verbs: [craete]` at its line and column, a save, a stale save (409); the
+    // users page (a sign-up link once, unlock, lock) and a join token's command.
+    {
+      const b = await browser.newContext({ viewport: { width: 1200, height: 800 }, acceptDownloads: true });
+      const p = await b.newPage();
+      const errors = [];
+      p.on('pageerror', (e) => errors.push(String(e)));
+      await signIn(p, 'erin');
+      await p.waitForSelector('#bar[data-nav="ready"]');
+      const nav = p.getByRole('navigation', { name: 'Main' });
+      for (const name of ['Audit log', 'Roles', 'Users', 'Join tokens']) {
+        check(await nav.getByRole('link', { name }).isVisible(), `erin's header has no ${name} link`);
+      }
+
+      // The audit log: newest first, paged by next_cursor (nothing lost or repeated).
+      await nav.getByRole('link', { name: 'Audit log' }).click();
+      await p.waitForURL(`${BASE}/web/audit`);
+      await p.waitForSelector('#audit-status:has-text("events shown")');
+      check(await p.title() === 'Audit log — Sallyport', `title: ${await p.title()}`);
+      await accessible(p, 'audit log');
+      const seqs = async () => p.$$eval('#audit tbody tr', (r) => r.map((x) => Number(x.dataset.seq)));
+      check((await seqs()).length > 10, `the log has ${(await seqs()).length} events`);
+      await p.goto(`${BASE}/web/audit?limit=10`);
+      await p.waitForSelector('#audit-status:has-text("events shown")');
+      const first = await seqs();
+      check(first.length === 10, `the first page has ${first.length} events`);
+      await p.getByRole('button', { name: 'Older events' }).click();
+      await p.waitForFunction(() => document.querySelectorAll('#audit tbody tr').length > 10);
+      const both = await seqs();
+      check(both.every((v, i) => i === 0 || v < both[i - 1]), `not newest first without repeats: ${both}`);
+      await step(p, 'audit-paged');
+      // Filters: type, user and since (a day ago, in the browser's time zone).
+      const d = new Date(Date.now() - 86400 * 1000);
+      const pad = (x) => String(x).padStart(2, '0');
+      const since = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+      await p.goto(`${BASE}/web/audit`);
+      await p.waitForSelector('#audit-status:has-text("events shown")');
+      await p.getByLabel('Event type').fill('user.login');
+      await p.getByLabel('User', { exact: true }).fill('alice');
+      await p.getByLabel('Since').fill(since);
+      await p.getByRole('button', { name: 'Search' }).click();
+      await p.waitForURL(/\/web\/audit\?type=user\.login&user=alice&since=\d+$/);
+      await p.waitForSelector('#audit[data-loaded^="type=user.login&user=alice&since="]');
+      const rows = await p.$$eval('#audit tbody tr', (r) => r.map((x) => [x.cells[1].textContent, x.cells[2].textContent]));
+      check(rows.length >= 1 && rows.every(([t, u]) => t === 'user.login' && u === 'alice'), `filtered: ${JSON.stringify(rows)}`);
+      await step(p, 'audit-filtered');
+      const href = await p.locator('#audit-download').getAttribute('href');
+      check(/^\/v1\/webapi\/audit\/download\?type=user\.login&user=alice&since=\d+$/.test(href), `download link: ${href}`);
+      const [download] = await Promise.all([p.waitForEvent('download'), p.getByRole('link', { name: 'Download JSON' }).click()]);
+      const downloaded = fs.readFileSync(await download.path(), 'utf8');
+      const printed = spawnSync(SALLYCTL[0], [...SALLYCTL.slice(1), 'audit', 'search', '--type', 'user.login', '--user', 'alice', '--since', '2d', '--limit', '10000'], { encoding: 'utf8' });
+      check(printed.status === 0, `sallyctl audit search: ${printed.stderr}`);
+      check(downloaded === printed.stdout, `the download differs from sallyctl audit search:\n${downloaded}\n---\n${printed.stdout}`);
+      check(downloaded.trim().split('\n').length === rows.length, `${rows.length} rows, download ${downloaded}`);
+
+      // The role editor: the server's check marks `craete` where it is.
+      await nav.getByRole('link', { name: 'Roles' }).click();
+      await p.waitForURL(`${BASE}/web/admin/roles`);
+      await p.waitForSelector('#roles-status:has-text("roles")');
+      const names = await p.$$eval('#roles tbody tr', (r) => r.map((x) => x.dataset.role));
+      check(['access', 'auditor', 'dev-only', 'editor'].every((n) => names.includes(n)), `roles: ${names}`);
+      await accessible(p, 'roles');
+      await p.getByLabel('New role name').fill('staging');
+      await p.getByRole('button', { name: 'Create role' }).click();
+      await p.waitForURL(`${BASE}/web/admin/roles/staging?new`);
+      const staging = 'kind: role\nversion: v1\nmetadata: {name: staging}\nspec:\n  allow:\n    logins: [ubuntu]\n    rules:\n      - resources: [session]\n        verbs: [list]\n';
+      const craete = staging.replace('verbs: [list]', 'verbs: [craete]');
+      await p.getByLabel('Role YAML').fill(craete);
+      const at = craete.indexOf('craete');
+      const line = craete.slice(0, at).split('\n').length;
+      const column = at - craete.lastIndexOf('\n', at - 1);
+      const problem = p.locator('#role-errors li').first();
+      await problem.waitFor({ timeout: 10000 });
+      const [pl, pc, msg] = [await problem.getAttribute('data-line'), await problem.getAttribute('data-column'), await problem.textContent()];
+      check(pl === String(line) && pc === String(column), `craete marked at ${pl}:${pc}, is at ${line}:${column}: ${msg}`);
+      check(msg.includes(`Line ${line}, column ${column}`) && msg.includes('craete'), `the problem says: ${msg}`);
+      check(await p.locator(`.gutter [data-line="${line}"]`).getAttribute('class') === 'bad', 'the line is not marked');
+      check(await p.getByLabel('Role YAML').getAttribute('aria-invalid') === 'true', 'the editor is not aria-invalid');
+      await step(p, 'role-craete');
+      await accessible(p, 'role editor with an error');
+      // "Go there" puts the caret on the word.
+      await problem.getByRole('button').click();
+      const caret = await p.$eval('#role-yaml', (t) => [document.activeElement === t, t.selectionStart]);
+      check(caret[0] && caret[1] === at, `the caret: ${caret}`);
+      await p.getByLabel('Role YAML').fill(staging);
+      await p.waitForSelector('#role-errors-title:has-text("valid")');
+      await p.getByRole('button', { name: 'Create' }).click();
+      await p.waitForSelector('#role-result:has-text("created")');
+      // Opened in a second tab, saved in the first: the second's save is refused (409).
+      const p2 = await b.newPage();
+      await p2.goto(`${BASE}/web/admin/roles/staging`);
+      await p2.waitForSelector('#role-errors-title:has-text("valid")');
+      await p.getByLabel('Role YAML').fill(staging.replace('[ubuntu]', '[ubuntu, admin]'));
+      await p.getByRole('button', { name: 'Save' }).click();
+      await p.waitForSelector('#role-result:has-text("saved")');
+      await p2.getByLabel('Role YAML').fill(staging.replace('[ubuntu]', '[ubuntu, ops]'));
+      await p2.getByRole('button', { name: 'Save' }).click();
+      await p2.waitForSelector('#role-result:has-text("changed since you opened it")');
+      await step(p2, 'role-stale');
+      await p2.close();
+
+      // Users: a new user's sign-up link once; bob's lock lifted; frank locked with a message.
+      await nav.getByRole('link', { name: 'Users' }).click();
+      await p.waitForURL(`${BASE}/web/admin/users`);
+      await p.waitForSelector('#users-status:has-text("users")');
+      await accessible(p, 'users');
+      await p.getByLabel('Name', { exact: true }).fill('frank');
+      await p.getByLabel('Roles').fill('access');
+      await p.getByLabel('Logins').fill('root');
+      await p.getByRole('button', { name: 'Add user' }).click();
+      const link = await p.locator('#signup-link code').textContent({ timeout: 10000 });
+      check(link.startsWith(`${BASE}/web/signup#`), `sign-up link: ${link}`);
+      await p.waitForSelector('tr[data-user="frank"]');
+      await step(p, 'users-added');
+      const bobRow = p.locator('tr[data-user="bob"]');
+      check(/locked/.test(await bobRow.locator('td').nth(3).textContent()), 'bob is not shown locked');
+      await bobRow.getByRole('button', { name: /^Unlock bob/ }).click();
+      await p.waitForSelector('#users-result:has-text("lifted")');
+      await p.waitForFunction(() => !/locked/.test(document.querySelector('tr[data-user="bob"] td:nth-of-type(4)').textContent));
+      const frank = p.locator('tr[data-user="frank"]');
+      await frank.getByLabel('Message').fill('leaving');
+      await frank.getByLabel('For', { exact: true }).fill('1h');
+      await frank.getByRole('button', { name: 'Lock frank' }).click();
+      await p.waitForSelector('#users-result:has-text("locked out")');
+      await p.waitForFunction(() => /locked.*leaving/.test(document.querySelector('tr[data-user="frank"] td:nth-of-type(4)').textContent));
+      await step(p, 'users-locked');
+
+      // Join tokens: the agent's command, once.
+      await nav.getByRole('link', { name: 'Join tokens' }).click();
+      await p.waitForURL(`${BASE}/web/admin/tokens`);
+      await p.waitForSelector('#tokens-status:has-text("token")');
+      await accessible(p, 'join tokens');
+      await p.getByRole('button', { name: 'Add token' }).click();
+      const command = await p.locator('#agent-command code').textContent({ timeout: 10000 });
+      check(/sallyport start/.test(command), `agent command: ${command}`);
+      await p.waitForSelector('#tokens tbody tr');
+      await step(p, 'tokens-added');
+      check(errors.length === 0, `errors in the page: ${errors.join('\n')}`);
       await b.close();
     }
   } finally {

@@ -7,9 +7,11 @@ export function current() { return session; }
 export function forget() { session = null; }
 
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, body = null) {
     super(message);
     this.status = status;
+    /** The answer's JSON, when it had one (the role editor's 400 lists `errors`). */
+    this.body = body;
   }
 }
 
@@ -34,7 +36,7 @@ export async function api(method, path, body) {
   try { json = await resp.json(); } catch (e) { json = null; }
   if (!resp.ok) {
     const message = (json && typeof json.error === 'string') ? json.error : `the proxy answered ${resp.status}`;
-    throw new ApiError(resp.status, message);
+    throw new ApiError(resp.status, message, json);
   }
   return json;
 }

@@ -283,6 +283,9 @@ mod tests {
             "/web/login",
             "/web/recordings",
             "/web/recordings/",
+            "/web/recordings/abc/cast",
+            "/web/audit",
+            "/web/admin/roles/staging",
             "/web/assets/app/main.js",
             "/web/assets/nope",
         ] {
