@@ -1,11 +1,19 @@
 // Drives Sallyport's web UI in Debian's Chromium (playwright-core: it never downloads a
-// browser), for tests/tests/web.rs, which starts the cluster and passes it in the environment:
+// browser), for tests/tests/web.rs, which starts the cluster and passes it in the environment.
+// `node driver.mjs [local|sso]` picks the steps: local accounts (the default) or single sign-on.
 //   SALLYPORT_URL      https://127.0.0.1:PORT, the proxy's web port
 //   SALLYPORT_CA_PIN   sha256:HEX of the cluster CA's SubjectPublicKeyInfo
-//   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
 //   SCREENSHOTS        where each step saves a PNG
+// local:
+//   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
 //   SALLYCTL           JSON argv of the admin's sallyctl (to lock a user)
 //   SIGNUP_TOKEN       carol's sign-up token (role access, login root)
+// sso:
+//   SSO_CONNECTOR      the connector's name (its button says "Sign in with NAME")
+//   SSO_ISSUER         the provider's issuer URL, another site than the proxy's
+//   SSO_USER           the provider login whose claims map to roles reaching local1 as root
+//   SSO_USER_NAME      the Sallyport user that login becomes (alice@example.com)
+//   SSO_NOBODY         a provider login whose claims map to no role
 //
 // Certificates: the proxy serves the cluster's own CA, which no browser trusts. The driver
 // connects once with Node's TLS, checks that the proxy's certificate is signed by the CA whose
@@ -25,12 +33,11 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { chromium } from 'playwright-core';
 
+const MODE = process.argv[2] || 'local';
 const BASE = need('SALLYPORT_URL');
 const PIN = need('SALLYPORT_CA_PIN');
-const USERS = JSON.parse(need('SALLYPORT_USERS'));
 const SHOTS = need('SCREENSHOTS');
-const SALLYCTL = JSON.parse(need('SALLYCTL'));
-const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
+const USERS = MODE === 'local' ? JSON.parse(need('SALLYPORT_USERS')) : {};
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
 const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
@@ -203,15 +210,11 @@ async function domContentLoaded(page) {
   });
 }
 
-async function main() {
-  fs.mkdirSync(SHOTS, { recursive: true });
-  const leafKey = await proxyKeyHash();
-  const browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${leafKey}`],
-  });
-  const results = {};
-  try {
+/** Local accounts: password and TOTP, the pages, the terminal, sign-out, a lock, sign-up. */
+async function local(browser, results) {
+  const SALLYCTL = JSON.parse(need('SALLYCTL'));
+  const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
+  {
     // 1. Page weights and load time, cold cache: the sign-in page in a fresh context.
     {
       const ctx = await browser.newContext();
@@ -490,6 +493,128 @@ async function main() {
       await step(p, 'carol-nodes');
       await b.close();
     }
+  }
+}
+
+/** The provider's pages as a person uses them: any password, then consent. */
+async function atProvider(page, issuer, login, prefix) {
+  await page.waitForURL((u) => u.href.startsWith(`${issuer}/interaction/`), { timeout: 20000 });
+  await page.locator('input[name=login]').fill(login);
+  await page.locator('input[name=password]').fill('any password');
+  await step(page, `${prefix}-provider-login`);
+  await page.getByRole('button', { name: 'Sign-in' }).click();
+  await page.getByRole('button', { name: 'Continue' }).waitFor({ timeout: 20000 });
+  check(page.url().startsWith(`${issuer}/interaction/`), `consent not at the provider: ${page.url()}`);
+  await step(page, `${prefix}-provider-consent`);
+  await page.getByRole('button', { name: 'Continue' }).click();
+}
+
+/** Single sign-on: the sign-in page's button, the provider's own login and consent, and back
+ * to /web/nodes signed in. The provider is another site (localhost, the proxy 127.0.0.1), so
+ * the way back is a cross-site redirect chain: the SameSite=Strict session cookie set on it
+ * must still be sent when the browser lands (the finishing page moves on same-site). */
+async function sso(browser, results) {
+  const connector = need('SSO_CONNECTOR');
+  const issuer = need('SSO_ISSUER');
+  const user = need('SSO_USER');
+  const userName = need('SSO_USER_NAME');
+  const nobody = need('SSO_NOBODY');
+  check(new URL(issuer).hostname !== new URL(BASE).hostname,
+    `the provider ${issuer} is the proxy's own site: the SameSite pitfall would not show`);
+  {
+    const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+    const page = await ctx.newPage();
+    const consoleErrors = [];
+    page.on('pageerror', (e) => consoleErrors.push(String(e)));
+    // Every document the tab loads, redirects included, in order.
+    const visited = [];
+    page.on('request', (r) => { if (r.isNavigationRequest() && r.frame() === page.mainFrame()) visited.push(r.url()); });
+
+    await page.goto(`${BASE}/web/login`);
+    const button = page.getByRole('link', { name: `Sign in with ${connector}` });
+    await button.waitFor();
+    await step(page, 'sso-login-page');
+    await button.click();
+    // The binding cookie the proxy set before sending the browser away: Lax, or it would not
+    // come back along the provider's redirects.
+    await page.waitForURL((u) => u.href.startsWith(issuer), { timeout: 20000 });
+    const binding = (await ctx.cookies(BASE)).find((k) => k.name === '__Host-sallyport_sso');
+    check(binding && binding.sameSite === 'Lax' && binding.httpOnly && binding.secure,
+      `binding cookie: ${JSON.stringify(binding)}`);
+    await atProvider(page, issuer, user, 'sso');
+
+    // Landed signed in: the servers page (not sent back to sign in), the user named.
+    await page.waitForURL(`${BASE}/web/nodes`, { timeout: 20000 });
+    await page.waitForSelector('#nodes-status:has-text("servers shown")', { timeout: 20000 });
+    const who = await page.locator('#who').textContent();
+    check(who === `Signed in as ${userName}`, `who: ${who}`);
+    await step(page, 'sso-nodes');
+    const path = visited.map((u) => new URL(u)).map((u) => `${u.origin === BASE ? '' : u.origin}${u.pathname}`);
+    console.log(`sso: navigations ${path.join(' -> ')}`);
+    const at = (p) => path.findIndex((x) => x.startsWith(p));
+    const order = [`${issuer}/interaction/`, '/v1/webapi/oidc/callback', '/v1/webapi/oidc/web/finish', '/web/nodes'].map(at);
+    check(order.every((i, n) => i >= 0 && (n === 0 || i > order[n - 1])),
+      `the way back was not provider → callback → finish → /web/nodes: ${path.join(' -> ')}`);
+    check(!path.slice(order[3]).some((x) => x.startsWith('/web/login')), `sent to sign in: ${path.join(' -> ')}`);
+    const cookies = await ctx.cookies(BASE);
+    const session = cookies.find((k) => k.name === '__Host-sallyport_session');
+    check(session && session.sameSite === 'Strict' && session.httpOnly && session.secure,
+      `session cookie: ${JSON.stringify(cookies)}`);
+    check(!cookies.some((k) => k.name === '__Host-sallyport_sso'), 'the binding cookie outlived its use');
+    const me = await page.evaluate(async () => {
+      const r = await fetch('/v1/webapi/web/session');
+      return { status: r.status, body: await r.json() };
+    });
+    check(me.status === 200 && me.body.user === userName, `session: ${JSON.stringify(me)}`);
+    results.sso = { navigations: path, roles: me.body.roles };
+
+    // A terminal on local1 as root (role sso-ops).
+    await page.locator('tr[data-node="local1"] select').selectOption('root');
+    await page.getByRole('button', { name: 'Connect to local1' }).click();
+    await page.waitForURL(`${BASE}/web/nodes/local1/terminal?login=root`);
+    await terminalOpen(page);
+    await typeLine(page, 'echo sso-$((20+22)) $(whoami)');
+    await waitScreen(page, /^sso-42 root$/m, 'sso-42 root');
+    await step(page, 'sso-terminal');
+    await typeLine(page, 'exit');
+    await page.waitForSelector('#term[data-state="closed"]');
+    check(consoleErrors.length === 0, `errors in the page: ${consoleErrors.join('\n')}`);
+    await ctx.close();
+  }
+
+  // Claims that map to no role: the reason on the page, and no session.
+  {
+    const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+    const page = await ctx.newPage();
+    await page.goto(`${BASE}/web/login`);
+    await page.getByRole('link', { name: `Sign in with ${connector}` }).click();
+    await atProvider(page, issuer, nobody, 'sso-nobody');
+    await page.waitForURL((u) => u.href.startsWith(BASE), { timeout: 20000 });
+    await page.getByText('map to no Sallyport role').waitFor({ timeout: 20000 });
+    await step(page, 'sso-nobody-refused');
+    check(!page.url().includes('/web/nodes'), `refused, yet at ${page.url()}`);
+    const cookies = await ctx.cookies(BASE);
+    check(!cookies.some((k) => k.name === '__Host-sallyport_session'), `a session cookie: ${JSON.stringify(cookies)}`);
+    await page.goto(`${BASE}/web/nodes`);
+    await page.waitForURL(/\/web\/login\?next=/);
+    const status = await page.evaluate(async () => (await fetch('/v1/webapi/web/session')).status);
+    check(status === 401, `the refused person's session answers ${status}`);
+    await ctx.close();
+  }
+}
+
+async function main() {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const leafKey = await proxyKeyHash();
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${leafKey}`],
+  });
+  const results = {};
+  try {
+    if (MODE === 'local') await local(browser, results);
+    else if (MODE === 'sso') await sso(browser, results);
+    else throw new Error(`unknown mode ${MODE}: local or sso`);
   } finally {
     await browser.close();
   }
