@@ -1,6 +1,7 @@
 // Drives Sallyport's web UI in Debian's Chromium (playwright-core: it never downloads a
 // browser), for tests/tests/web.rs, which starts the cluster and passes it in the environment.
-// `node driver.mjs [local|sso]` picks the steps: local accounts (the default) or single sign-on.
+// `node driver.mjs [local|sso|bench]` picks the steps: local accounts (the default), single
+// sign-on, or bench/web.sh's measurements.
 //   SALLYPORT_URL      https://127.0.0.1:PORT, the proxy's web port
 //   SALLYPORT_CA_PIN   sha256:HEX of the cluster CA's SubjectPublicKeyInfo
 //   SCREENSHOTS        where each step saves a PNG
@@ -14,6 +15,10 @@
 //   SSO_USER           the provider login whose claims map to roles reaching local1 as root
 //   SSO_USER_NAME      the Sallyport user that login becomes (alice@example.com)
 //   SSO_NOBODY         a provider login whose claims map to no role
+// bench (bench/web.sh; measures, checks nothing about time): prints one line `bench: JSON`
+//   BENCH_USER, BENCH_PASSWORD   a local user without a second factor
+//   BENCH_NODE, BENCH_LOGIN      where the terminal opens
+//   BENCH_KEYS                   keystrokes timed (after 20 not counted)
 //
 // Certificates: the proxy serves the cluster's own CA, which no browser trusts. The driver
 // connects once with Node's TLS, checks that the proxy's certificate is signed by the CA whose
@@ -31,6 +36,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
+import { createRequire } from 'node:module';
 import { chromium } from 'playwright-core';
 
 const MODE = process.argv[2] || 'local';
@@ -603,6 +609,152 @@ async function sso(browser, results) {
   }
 }
 
+/** Cold-cache weight on the wire and DOMContentLoaded of `url` in a fresh context (with
+ * `storage`'s cookies), once `ready` is on the page. */
+async function coldLoad(browser, url, ready, storage) {
+  const ctx = await browser.newContext(storage ? { storageState: storage } : {});
+  const page = await ctx.newPage();
+  const bytes = countBytes(page);
+  await page.goto(url);
+  await page.waitForSelector(ready, { timeout: 20000 });
+  await page.waitForLoadState('networkidle');
+  const { total } = await bytes();
+  const dcl = await domContentLoaded(page);
+  await ctx.close();
+  return { bytes: total, domContentLoadedMs: Math.round(dcl * 10) / 10 };
+}
+
+/** Keystroke echo in the page: each key's time from its keydown (a capture listener on the
+ * window, before xterm.js sees it) to the moment xterm.js has parsed the write holding its
+ * echo (the callback of Terminal.write, patched on the prototype of the module the page
+ * imported). The node's shell runs `cat > /dev/null`, so the echo is the pty's own, as for
+ * `sally ssh` in bench/web.py. Keys are pressed one at a time, each after the last echo. */
+async function bench(browser, results) {
+  const user = need('BENCH_USER');
+  const password = need('BENCH_PASSWORD');
+  const node = need('BENCH_NODE');
+  const login = need('BENCH_LOGIN');
+  const keys = Number(process.env.BENCH_KEYS || 500);
+  const warmup = 20;
+  const terminalUrl = `${BASE}/web/nodes/${node}/terminal?login=${login}`;
+  results.login = await coldLoad(browser, `${BASE}/web/login`, 'form button[type=submit]');
+
+  const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+  const page = await ctx.newPage();
+  await page.goto(`${BASE}/web/login`);
+  await page.getByLabel('User').fill(user);
+  await page.getByLabel('Password').fill(password);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.waitForURL(`${BASE}/web/nodes`);
+  const storage = await ctx.storageState();
+  results.terminal = await coldLoad(browser, terminalUrl, '#term[data-state="open"]', storage);
+
+  await page.goto(terminalUrl);
+  await terminalOpen(page);
+  await shellUp(page);
+  await page.evaluate(async () => {
+    const { Terminal } = await import('/web/assets/vendor/xterm/xterm.mjs');
+    // Where the time goes, per key: keydown → the WebSocket send (the browser's input path
+    // and xterm.js's onData), send → the echo's message event (Chromium's network side, the
+    // proxy, the node and back), event → Terminal.write (terminal.js), write → parsed.
+    const b = { pending: null, ms: [], parts: [] };
+    globalThis.__bench = b;
+    window.addEventListener('keydown', (e) => {
+      if (e.key.length === 1) b.pending = { code: e.key.charCodeAt(0), t0: performance.now() };
+    }, true);
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) {
+      if (b.pending && !b.pending.sent) b.pending.sent = performance.now();
+      return send.call(this, data);
+    };
+    const write = Terminal.prototype.write;
+    Terminal.prototype.write = function (data, cb) {
+      const p = b.pending;
+      const has = p && (typeof data === 'string' ? data.includes(String.fromCharCode(p.code)) : data.includes(p.code));
+      const w = performance.now();
+      // The message event being handled (terminal.js writes from its onmessage): its timeStamp
+      // is when the renderer dispatched the echo, before the page's handler ran.
+      const ev = window.event;
+      if (p && has && ev && ev.type === 'message') p.arrived = ev.timeStamp;
+      return write.call(this, data, () => {
+        if (has && b.pending === p) {
+          const t1 = performance.now();
+          b.ms.push(t1 - p.t0);
+          const sent = p.sent ?? w;
+          const arrived = p.arrived ?? w;
+          b.parts.push([sent - p.t0, arrived - sent, w - arrived, t1 - w]);
+          b.pending = null;
+        }
+        if (cb) cb();
+      });
+    };
+  });
+  await typeLine(page, 'stty -icanon; cat > /dev/null');
+  await page.waitForTimeout(500);
+  await page.evaluate(() => { Object.assign(globalThis.__bench, { ms: [], parts: [], pending: null }); });
+  const letters = 'abcdefghijklmnopqrstuvwxyz';
+  for (let i = 0; i < warmup + keys; i += 1) {
+    await page.keyboard.press(letters[i % letters.length]);
+    await page.waitForFunction((n) => globalThis.__bench.ms.length === n, i + 1, { polling: 1, timeout: 10000 })
+      .catch(async (e) => {
+        const state = await page.evaluate(() => JSON.stringify(globalThis.__bench));
+        throw new Error(`no echo of key ${i}: ${e.message}; ${state}; screen:\n${await screen(page)}`);
+      });
+  }
+  const { ms, parts } = await page.evaluate(() => globalThis.__bench);
+  results.echoMs = ms.slice(warmup);
+  results.echoPartsMs = parts.slice(warmup);
+  await step(page, 'bench-terminal');
+  const cookie = (await ctx.cookies(BASE)).find((k) => k.name === '__Host-sallyport_session');
+  check(cookie, 'no session cookie to open the WebSocket with');
+  results.wsEchoMs = await wsEcho(cookie, await proxyKeyHash(), node, login, keys, warmup);
+  await ctx.close();
+  console.log(`bench: ${JSON.stringify(results)}`);
+}
+
+/** The same keystrokes without a browser: the terminal WebSocket from Node (the `ws` client
+ * playwright-core bundles), with the browser's cookie and Origin; each key's time from the send
+ * to its echo's arrival. Tells the proxy's share from Chromium's. */
+async function wsEcho(cookie, leafKey, node, login, keys, warmup) {
+  const WebSocket = createRequire(import.meta.url)('playwright-core/lib/utilsBundle').ws;
+  const url = `${BASE.replace(/^https/, 'wss')}/v1/webapi/terminal?node=${node}&login=${login}&cols=80&rows=24`;
+  const sock = new WebSocket(url, 'sallyport.term.v1', {
+    headers: { Origin: BASE, Cookie: `${cookie.name}=${cookie.value}` },
+    // Checked below against the key the CA pin vouched for, as Chromium is told to.
+    rejectUnauthorized: false,
+  });
+  let got = '';
+  let waiter = null;
+  sock.on('message', (data, binary) => {
+    if (!binary) return;
+    got += data.toString('latin1');
+    if (waiter && got.includes(waiter.needle)) { const w = waiter; waiter = null; w.resolve(performance.now()); }
+  });
+  await new Promise((resolve, reject) => { sock.once('open', resolve); sock.once('error', reject); });
+  const peer = sock._socket.getPeerX509Certificate();
+  check(peer && spkiSha256(peer).toString('base64') === leafKey, 'the WebSocket reached another certificate');
+  const until = (needle) => new Promise((resolve, reject) => {
+    if (got.includes(needle)) { resolve(performance.now()); return; }
+    const timer = setTimeout(() => reject(new Error(`ws: never saw ${needle}; got ${got.slice(-300)}`)), 10000);
+    waiter = { needle, resolve: (t) => { clearTimeout(timer); resolve(t); } };
+  });
+  sock.send(Buffer.from('echo up$((3+4))\r'));
+  await until('up7');
+  sock.send(Buffer.from('stty -icanon; cat > /dev/null\r'));
+  await new Promise((r) => setTimeout(r, 500));
+  const letters = 'abcdefghijklmnopqrstuvwxyz';
+  const ms = [];
+  for (let i = 0; i < warmup + keys; i += 1) {
+    got = '';
+    const ch = letters[i % letters.length];
+    const t0 = performance.now();
+    sock.send(Buffer.from(ch));
+    ms.push((await until(ch)) - t0);
+  }
+  sock.close();
+  return ms.slice(warmup);
+}
+
 async function main() {
   fs.mkdirSync(SHOTS, { recursive: true });
   const leafKey = await proxyKeyHash();
@@ -614,7 +766,8 @@ async function main() {
   try {
     if (MODE === 'local') await local(browser, results);
     else if (MODE === 'sso') await sso(browser, results);
-    else throw new Error(`unknown mode ${MODE}: local or sso`);
+    else if (MODE === 'bench') await bench(browser, results);
+    else throw new Error(`unknown mode ${MODE}: local, sso or bench`);
   } finally {
     await browser.close();
   }
