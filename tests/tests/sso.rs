@@ -559,9 +559,15 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
 
     // The whole way, as a browser goes: provider, callback, the proxy's finishing page.
     let (out, err) = browse(&start, "alice", &[("COOKIES", "1")]);
-    assert!(out.starts_with("200") && out.contains("Signed in"), "{out}\n{err}");
+    assert!(
+        out.starts_with("200") && out.contains("Signed in"),
+        "{out}\n{err}"
+    );
     assert!(out.contains("url=/web/nodes"), "the page moves on: {out}");
-    assert!(err.contains("/v1/webapi/oidc/web/finish?response="), "{err}");
+    assert!(
+        err.contains("/v1/webapi/oidc/web/finish?response="),
+        "{err}"
+    );
     let cookies = cookies_of(&err);
     assert!(cookies.contains("__Host-sallyport_session="), "{cookies}");
     let (code, body) = get_with_cookie(&c, "/v1/webapi/web/session", &cookies);
@@ -577,9 +583,9 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        logins
-            .iter()
-            .any(|e| e["method"] == "oidc" && e["success"] == true && e["user"] == "alice@example.com"),
+        logins.iter().any(|e| e["method"] == "oidc"
+            && e["success"] == true
+            && e["user"] == "alice@example.com"),
         "{logins:?}"
     );
 
@@ -610,14 +616,16 @@ fn a_browser_signs_in_with_sso_to_a_web_session_only_in_the_browser_that_started
 
     // A person the roles do not admit is told why on the page, and gets no session.
     let (out, err) = browse(&start, "bob", &[("COOKIES", "1")]);
-    assert!(out.starts_with("401") && out.contains("map to no Sallyport role"), "{out}");
-    assert!(!cookies_of(&err).contains("__Host-sallyport_session="), "{err}");
-    // An unknown connector: a page that says so, no provider visited.
-    let (code, page) = get_with_cookie(
-        &c,
-        "/v1/webapi/oidc/web/start?connector=nope",
-        "",
+    assert!(
+        out.starts_with("401") && out.contains("map to no Sallyport role"),
+        "{out}"
     );
+    assert!(
+        !cookies_of(&err).contains("__Host-sallyport_session="),
+        "{err}"
+    );
+    // An unknown connector: a page that says so, no provider visited.
+    let (code, page) = get_with_cookie(&c, "/v1/webapi/oidc/web/start?connector=nope", "");
     assert!(code == 404 || code == 400, "{code} {page}");
     assert!(page.contains("nope"), "{page}");
     drop(p);

@@ -22,8 +22,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sallyport_tests::*;
 use sallyport_tests::oidc;
+use sallyport_tests::*;
 
 const PASSWORD: &str = "correct horse battery";
 const CHROMIUM: &str = "/usr/lib/chromium/chromium";
