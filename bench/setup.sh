@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --bins -q
-B=$PWD/target/release
+# CARGO_TARGET_DIR as cargo reads it (a relative one is from the workspace root).
+B=$(realpath "${CARGO_TARGET_DIR:-target}")/release
 dir=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 auth=$(port); web=$(port); sshp=$(port); tun=$(port); sshd_port=$(port)
@@ -41,7 +42,9 @@ token=$($B/sallyctl --data-dir "$dir/data" users add bench --roles access --logi
 printf 'benchmark-password\n' | $B/sally signup --proxy 127.0.0.1:$web --token "$token" --ca-pin "$pin" 2>/dev/null
 printf 'benchmark-password\n' | $B/sally login --proxy 127.0.0.1:$web --user bench --ca-pin "$pin" > /dev/null
 keys=$SALLY_HOME/keys/127.0.0.1_$web
-# Plain sshd trusting the same user CA.
+# Plain sshd trusting the same user CA (DIRECT_SSHD=0: none, for a script that compares no
+# direct path, such as bench/web.sh).
+if [ "${DIRECT_SSHD:-1}" = 1 ]; then
 mkdir -p /run/sshd
 ssh-keygen -q -t ed25519 -N '' -f "$dir/hostkey"
 $B/sallyctl --data-dir "$dir/data" auth export --type=user > "$dir/user_ca.pub"
@@ -60,6 +63,7 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 CFG
 /usr/sbin/sshd -f "$dir/sshd_config"
 for _ in $(seq 1 50); do [ -f "$dir/sshd.pid" ] && break; sleep 0.1; done
+fi
 cat > "$dir/direct_cfg" <<CFG
 Host direct
   HostName 127.0.0.1

@@ -22,14 +22,17 @@
 //
 // Environment: PORT, CLIENT_ID, CLIENT_SECRET, REDIRECT_URI, USERS (JSON
 // {"alice": {"email": ..., "email_verified": true, "groups": [...]}}; `email_verified`
-// defaults to true), CLAIMS_IN_ID_TOKEN (optional), HOSTILE_PORT (optional).
+// defaults to true), CLAIMS_IN_ID_TOKEN (optional), HOSTILE_PORT (optional), ISSUER_HOST
+// (optional, default 127.0.0.1).
 import http from 'node:http';
 import crypto from 'node:crypto';
 import Provider from 'oidc-provider';
 import * as jose from 'jose';
 
 const port = Number(process.env.PORT);
-const issuer = `http://127.0.0.1:${port}`;
+// ISSUER_HOST=localhost makes the provider another site than a proxy on 127.0.0.1 (for a
+// browser's SameSite rules), as a real provider is; it still listens on 127.0.0.1.
+const issuer = `http://${process.env.ISSUER_HOST || '127.0.0.1'}:${port}`;
 const users = JSON.parse(process.env.USERS || '{}');
 const claimsInIdToken = process.env.CLAIMS_IN_ID_TOKEN === '1';
 const client = {

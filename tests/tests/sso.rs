@@ -9,114 +9,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use sallyport_tests::oidc::*;
 use sallyport_tests::*;
-
-struct Provider {
-    child: Child,
-    issuer: String,
-    hostile: String,
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn oidc_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc")
-}
-
-impl Provider {
-    /// Replaces an account's claims at the provider (`login` stays its `sub`).
-    fn set_user(&self, login: &str, claims: &str) {
-        run(
-            Command::new("curl").args([
-                "-sf",
-                "-X",
-                "POST",
-                "--data-binary",
-                claims,
-                &format!("{}/test/users/{login}", self.issuer),
-            ]),
-            "",
-        )
-        .ok();
-    }
-}
-
-/// The provider with the library's defaults.
-fn provider(c: &Cluster) -> Provider {
-    provider_with(c, &[])
-}
-
-fn provider_with(c: &Cluster, env: &[(&str, &str)]) -> Provider {
-    let (port, hport) = (free_port(), free_port());
-    assert!(
-        oidc_dir().join("node_modules/oidc-provider").exists(),
-        "run scripts/test, which installs tests/oidc (npm ci)"
-    );
-    let mut child = Command::new("node")
-        .arg(oidc_dir().join("provider.mjs"))
-        .env("PORT", port.to_string())
-        .env("HOSTILE_PORT", hport.to_string())
-        .env("CLIENT_ID", "sallyport")
-        .env("CLIENT_SECRET", "test-client-secret-0123456789")
-        .env(
-            "REDIRECT_URI",
-            format!("https://{}/v1/webapi/oidc/callback", c.proxy),
-        )
-        // carol's provider has not verified her address; mallory's account claims alice's.
-        .env(
-            "USERS",
-            r#"{"alice": {"email": "alice@example.com", "groups": ["admins", "team-db"]},
-                "bob": {"email": "bob@example.com", "groups": ["nobody"]},
-                "carol": {"email": "carol@example.com", "email_verified": false, "groups": ["admins"]},
-                "mallory": {"email": "alice@example.com", "groups": ["admins"]}}"#,
-        )
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("node");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut issuer = String::new();
-    let mut hostile = String::new();
-    while issuer.is_empty() || hostile.is_empty() {
-        let line = lines.next().expect("provider output").unwrap();
-        if let Some(i) = line.strip_prefix("ready ") {
-            issuer = i.to_string();
-        }
-        if let Some(i) = line.strip_prefix("hostile ") {
-            hostile = i.to_string();
-        }
-    }
-    // Keep reading: the provider logs notices to stdout, and a closed pipe would kill it.
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    Provider {
-        child,
-        issuer,
-        hostile,
-    }
-}
-
-fn connector(c: &Cluster, name: &str, issuer: &str) {
-    let f = c.dir.path().join(format!("{name}.yaml"));
-    std::fs::write(
-        &f,
-        format!(
-            "kind: oidc\nversion: v1\nmetadata: {{name: {name}}}\nspec:\n  issuer_url: {issuer}\n  client_id: sallyport\n  client_secret: test-client-secret-0123456789\n  redirect_url: https://{proxy}/v1/webapi/oidc/callback\n  scopes: [openid, email, profile, groups]\n  claims_to_roles:\n    - {{claim: groups, value: admins, roles: [sso-ops]}}\n    - {{claim: groups, value: '^team-(.*)$', roles: ['$1-readers']}}\n",
-            proxy = c.proxy
-        ),
-    )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
-}
 
 /// `sally login --auth=NAME --browser=none`, with browser.py signing in as `who`.
 /// Returns sally's result and what the browser visited.
@@ -164,16 +62,6 @@ fn sso_login(c: &Cluster, home: &Path, connector: &str, who: &str) -> (Run, Stri
         },
         visited,
     )
-}
-
-fn roles_file(c: &Cluster) {
-    let f = c.dir.path().join("sso-roles.yaml");
-    std::fs::write(
-        &f,
-        "kind: role\nversion: v1\nmetadata: {name: sso-ops}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n---\nkind: role\nversion: v1\nmetadata: {name: db-readers}\nspec:\n  allow:\n    logins: ['{{email.local(external.email)}}']\n",
-    )
-    .unwrap();
-    c.sallyctl(&["create", &f.display().to_string()]).ok();
 }
 
 #[test]

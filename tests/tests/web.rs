@@ -18,7 +18,8 @@
 //! for the same range, is shown `verbs: [craete]` at its line and column in the role editor,
 //! saves, is refused a stale save (409), adds a user (the sign-up link once), lifts bob's lock,
 //! locks frank, and adds a join token (the agent's command once); axe-core on each page.
-//! Each step saves a screenshot in `<target>/web-screenshots/`.
+//! Each step saves a screenshot in `<target>/web-screenshots/local/`. `sso_sign_in_in_chromium`
+//! is single sign-on at a real OpenID provider (`driver.mjs sso`, `<target>/web-screenshots/sso/`).
 //!
 //! Cross-origin requests and upgrades (403) are `web_terminal`'s, not repeated here.
 
@@ -29,6 +30,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sallyport_tests::oidc;
 use sallyport_tests::*;
 
 const PASSWORD: &str = "correct horse battery";
@@ -53,8 +55,10 @@ fn screenshots() -> PathBuf {
     target.join("web-screenshots")
 }
 
-#[test]
-fn web_ui_in_chromium() {
+/// Runs `driver.mjs MODE` against `c` with `env` added (each step's screenshot in
+/// `<target>/web-screenshots/MODE/`); fails the test with the driver's output unless it
+/// succeeds. Returns its stdout.
+fn drive(mode: &str, c: &Cluster, env: &[(&str, String)]) -> String {
     let driver_dir = workspace().join("tests/web");
     assert!(
         std::path::Path::new(CHROMIUM).exists(),
@@ -64,56 +68,17 @@ fn web_ui_in_chromium() {
         driver_dir.join("node_modules/playwright-core").exists(),
         "playwright-core is missing: (cd tests/web && npm ci) (scripts/test does)"
     );
-    let c = Cluster::start_with(Options {
-        second_factor: true,
-        ..Options::default()
-    });
-    c.wait_online("local1");
-    let _web2 = c.agent("web2", "env=prod");
-    c.create(
-        "kind: role
-version: v1
-metadata: {name: dev-only}
-spec:
-  allow:
-    logins: [root]
-    node_labels: {env: dev}
-",
-    )
-    .ok();
-    let alice = c.add_user("alice", "access", "root");
-    let alice = c.signup(&alice, PASSWORD).unwrap();
-    let bob = c.add_user("bob", "dev-only", "");
-    let bob = c.signup(&bob, PASSWORD).unwrap();
-    let erin = c.add_user("erin", "access,auditor,editor", "root");
-    let erin = c.signup(&erin, PASSWORD).unwrap();
-    let users = serde_json::json!({
-        "alice": {"password": PASSWORD, "totp_secret": alice},
-        "bob": {"password": PASSWORD, "totp_secret": bob},
-        "erin": {"password": PASSWORD, "totp_secret": erin},
-    });
-    let carol = c.add_user("carol", "access", "root");
-    let shots = screenshots();
+    let shots = screenshots().join(mode);
     let _ = std::fs::remove_dir_all(&shots);
-
     let mut child = Command::new("node")
         .arg("driver.mjs")
+        .arg(mode)
         .current_dir(&driver_dir)
         .env("SALLYPORT_URL", format!("https://{}", c.proxy))
         .env("SALLYPORT_CA_PIN", &c.pin)
-        .env("SALLYPORT_USERS", users.to_string())
         .env("SCREENSHOTS", &shots)
         .env("CHROMIUM", CHROMIUM)
-        .env("SIGNUP_TOKEN", &carol)
-        .env(
-            "SALLYCTL",
-            serde_json::json!([
-                bin("sallyctl").display().to_string(),
-                "--data-dir",
-                c.data_dir().display().to_string(),
-            ])
-            .to_string(),
-        )
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -152,6 +117,57 @@ spec:
         status.success(),
         "the browser driver failed:\n{stderr}\nafter:\n{stdout}"
     );
+    stdout
+}
+
+#[test]
+fn web_ui_in_chromium() {
+    let c = Cluster::start_with(Options {
+        second_factor: true,
+        ..Options::default()
+    });
+    c.wait_online("local1");
+    let _web2 = c.agent("web2", "env=prod");
+    c.create(
+        "kind: role
+version: v1
+metadata: {name: dev-only}
+spec:
+  allow:
+    logins: [root]
+    node_labels: {env: dev}
+",
+    )
+    .ok();
+    let alice = c.add_user("alice", "access", "root");
+    let alice = c.signup(&alice, PASSWORD).unwrap();
+    let bob = c.add_user("bob", "dev-only", "");
+    let bob = c.signup(&bob, PASSWORD).unwrap();
+    let erin = c.add_user("erin", "access,auditor,editor", "root");
+    let erin = c.signup(&erin, PASSWORD).unwrap();
+    let users = serde_json::json!({
+        "alice": {"password": PASSWORD, "totp_secret": alice},
+        "bob": {"password": PASSWORD, "totp_secret": bob},
+        "erin": {"password": PASSWORD, "totp_secret": erin},
+    });
+    let carol = c.add_user("carol", "access", "root");
+    let stdout = drive(
+        "local",
+        &c,
+        &[
+            ("SALLYPORT_USERS", users.to_string()),
+            ("SIGNUP_TOKEN", carol),
+            (
+                "SALLYCTL",
+                serde_json::json!([
+                    bin("sallyctl").display().to_string(),
+                    "--data-dir",
+                    c.data_dir().display().to_string(),
+                ])
+                .to_string(),
+            ),
+        ],
+    );
     assert!(stdout.contains("step: tokens-added"), "{stdout}");
     // The refused login reached auth as one, and the terminal sessions were the browser's.
     let rejected = c.events("session.reject");
@@ -161,4 +177,53 @@ spec:
             .any(|e| e.to_string().contains("nobody") && e["user"] == "alice"),
         "{rejected:?}"
     );
+}
+
+/// Single sign-on in Chromium, at the real provider (`sallyport_tests::oidc`), which runs as
+/// another site (`localhost`; the proxy is 127.0.0.1), as real providers are. The driver
+/// (`driver.mjs sso`) clicks "Sign in with corp", signs in on the provider's own login page and
+/// consents, and must land on /web/nodes signed in as alice@example.com: the `Strict` session
+/// cookie, set at the end of a redirect chain that began at the provider, is sent when the
+/// browser lands (the OIDC pitfall, proved in the browser that has it). A terminal on local1
+/// runs as root. bob's claims map to no role: the page says so, and he has no session.
+#[test]
+fn sso_sign_in_in_chromium() {
+    let c = Cluster::start();
+    oidc::roles_file(&c);
+    let p = oidc::provider_with(&c, &[("ISSUER_HOST", "localhost")]);
+    oidc::connector(&c, "corp", &p.issuer);
+    c.wait_online("local1");
+    let stdout = drive(
+        "sso",
+        &c,
+        &[
+            ("SSO_CONNECTOR", "corp".into()),
+            ("SSO_ISSUER", p.issuer.clone()),
+            ("SSO_USER", "alice".into()),
+            ("SSO_USER_NAME", "alice@example.com".into()),
+            ("SSO_NOBODY", "bob".into()),
+        ],
+    );
+    assert!(stdout.contains("step: sso-nobody-refused"), "{stdout}");
+    // Auth saw both: alice's web sign-in and bob's refusal, each by OIDC.
+    let logins = c.events("user.login");
+    assert!(
+        logins.iter().any(|e| e["method"] == "oidc"
+            && e["success"] == true
+            && e["user"] == "alice@example.com"),
+        "{logins:?}"
+    );
+    assert!(
+        logins.iter().any(|e| e["method"] == "oidc"
+            && e["success"] == false
+            && e.to_string().contains("map to no Sallyport role")),
+        "{logins:?}"
+    );
+    // The terminal was a recorded session of alice's.
+    let started = c.events("session.start");
+    assert!(
+        started.iter().any(|e| e["user"] == "alice@example.com"),
+        "{started:?}"
+    );
+    drop(p);
 }

@@ -1,11 +1,24 @@
 // Drives Sallyport's web UI in Debian's Chromium (playwright-core: it never downloads a
-// browser), for tests/tests/web.rs, which starts the cluster and passes it in the environment:
+// browser), for tests/tests/web.rs, which starts the cluster and passes it in the environment.
+// `node driver.mjs [local|sso|bench]` picks the steps: local accounts (the default), single
+// sign-on, or bench/web.sh's measurements.
 //   SALLYPORT_URL      https://127.0.0.1:PORT, the proxy's web port
 //   SALLYPORT_CA_PIN   sha256:HEX of the cluster CA's SubjectPublicKeyInfo
-//   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
 //   SCREENSHOTS        where each step saves a PNG
+// local:
+//   SALLYPORT_USERS    JSON {"alice": {"password", "totp_secret"}, "bob": {...}}
 //   SALLYCTL           JSON argv of the admin's sallyctl (to lock a user)
 //   SIGNUP_TOKEN       carol's sign-up token (role access, login root)
+// sso:
+//   SSO_CONNECTOR      the connector's name (its button says "Sign in with NAME")
+//   SSO_ISSUER         the provider's issuer URL, another site than the proxy's
+//   SSO_USER           the provider login whose claims map to roles reaching local1 as root
+//   SSO_USER_NAME      the Sallyport user that login becomes (alice@example.com)
+//   SSO_NOBODY         a provider login whose claims map to no role
+// bench (bench/web.sh; measures, checks nothing about time): prints one line `bench: JSON`
+//   BENCH_USER, BENCH_PASSWORD   a local user without a second factor
+//   BENCH_NODE, BENCH_LOGIN      where the terminal opens
+//   BENCH_KEYS                   keystrokes timed (after 20 not counted)
 //
 // Certificates: the proxy serves the cluster's own CA, which no browser trusts. The driver
 // connects once with Node's TLS, checks that the proxy's certificate is signed by the CA whose
@@ -23,14 +36,14 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
+import { createRequire } from 'node:module';
 import { chromium } from 'playwright-core';
 
+const MODE = process.argv[2] || 'local';
 const BASE = need('SALLYPORT_URL');
 const PIN = need('SALLYPORT_CA_PIN');
-const USERS = JSON.parse(need('SALLYPORT_USERS'));
 const SHOTS = need('SCREENSHOTS');
-const SALLYCTL = JSON.parse(need('SALLYCTL'));
-const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
+const USERS = MODE === 'local' ? JSON.parse(need('SALLYPORT_USERS')) : {};
 const CHROMIUM = process.env.CHROMIUM || '/usr/lib/chromium/chromium';
 // Budgets from the web UI issue: bytes on the wire with a cold cache, and DOMContentLoaded.
 const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'";
@@ -217,15 +230,11 @@ async function domContentLoaded(page) {
   });
 }
 
-async function main() {
-  fs.mkdirSync(SHOTS, { recursive: true });
-  const leafKey = await proxyKeyHash();
-  const browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${leafKey}`],
-  });
-  const results = {};
-  try {
+/** Local accounts: password and TOTP, the pages, the terminal, sign-out, a lock, sign-up. */
+async function local(browser, results) {
+  const SALLYCTL = JSON.parse(need('SALLYCTL'));
+  const SIGNUP_TOKEN = need('SIGNUP_TOKEN');
+  {
     // 1. Page weights and load time, cold cache: the sign-in page in a fresh context.
     {
       const ctx = await browser.newContext();
@@ -732,6 +741,275 @@ async function main() {
       check(errors.length === 0, `errors in the page: ${errors.join('\n')}`);
       await b.close();
     }
+  }
+}
+
+/** The provider's pages as a person uses them: any password, then consent. */
+async function atProvider(page, issuer, login, prefix) {
+  await page.waitForURL((u) => u.href.startsWith(`${issuer}/interaction/`), { timeout: 20000 });
+  await page.locator('input[name=login]').fill(login);
+  await page.locator('input[name=password]').fill('any password');
+  await step(page, `${prefix}-provider-login`);
+  await page.getByRole('button', { name: 'Sign-in' }).click();
+  await page.getByRole('button', { name: 'Continue' }).waitFor({ timeout: 20000 });
+  check(page.url().startsWith(`${issuer}/interaction/`), `consent not at the provider: ${page.url()}`);
+  await step(page, `${prefix}-provider-consent`);
+  await page.getByRole('button', { name: 'Continue' }).click();
+}
+
+/** Single sign-on: the sign-in page's button, the provider's own login and consent, and back
+ * to /web/nodes signed in. The provider is another site (localhost, the proxy 127.0.0.1), so
+ * the way back is a cross-site redirect chain: the SameSite=Strict session cookie set on it
+ * must still be sent when the browser lands (the finishing page moves on same-site). */
+async function sso(browser, results) {
+  const connector = need('SSO_CONNECTOR');
+  const issuer = need('SSO_ISSUER');
+  const user = need('SSO_USER');
+  const userName = need('SSO_USER_NAME');
+  const nobody = need('SSO_NOBODY');
+  check(new URL(issuer).hostname !== new URL(BASE).hostname,
+    `the provider ${issuer} is the proxy's own site: the SameSite pitfall would not show`);
+  {
+    const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+    const page = await ctx.newPage();
+    const consoleErrors = [];
+    page.on('pageerror', (e) => consoleErrors.push(String(e)));
+    // Every document the tab loads, redirects included, in order.
+    const visited = [];
+    page.on('request', (r) => { if (r.isNavigationRequest() && r.frame() === page.mainFrame()) visited.push(r.url()); });
+
+    await page.goto(`${BASE}/web/login`);
+    const button = page.getByRole('link', { name: `Sign in with ${connector}` });
+    await button.waitFor();
+    await step(page, 'sso-login-page');
+    await button.click();
+    // The binding cookie the proxy set before sending the browser away: Lax, or it would not
+    // come back along the provider's redirects.
+    await page.waitForURL((u) => u.href.startsWith(issuer), { timeout: 20000 });
+    const binding = (await ctx.cookies(BASE)).find((k) => k.name === '__Host-sallyport_sso');
+    check(binding && binding.sameSite === 'Lax' && binding.httpOnly && binding.secure,
+      `binding cookie: ${JSON.stringify(binding)}`);
+    await atProvider(page, issuer, user, 'sso');
+
+    // Landed signed in: the servers page (not sent back to sign in), the user named.
+    await page.waitForURL(`${BASE}/web/nodes`, { timeout: 20000 });
+    await page.waitForSelector('#nodes-status:has-text("servers shown")', { timeout: 20000 });
+    const who = await page.locator('#who').textContent();
+    check(who === `Signed in as ${userName}`, `who: ${who}`);
+    await step(page, 'sso-nodes');
+    const path = visited.map((u) => new URL(u)).map((u) => `${u.origin === BASE ? '' : u.origin}${u.pathname}`);
+    console.log(`sso: navigations ${path.join(' -> ')}`);
+    const at = (p) => path.findIndex((x) => x.startsWith(p));
+    const order = [`${issuer}/interaction/`, '/v1/webapi/oidc/callback', '/v1/webapi/oidc/web/finish', '/web/nodes'].map(at);
+    check(order.every((i, n) => i >= 0 && (n === 0 || i > order[n - 1])),
+      `the way back was not provider → callback → finish → /web/nodes: ${path.join(' -> ')}`);
+    check(!path.slice(order[3]).some((x) => x.startsWith('/web/login')), `sent to sign in: ${path.join(' -> ')}`);
+    const cookies = await ctx.cookies(BASE);
+    const session = cookies.find((k) => k.name === '__Host-sallyport_session');
+    check(session && session.sameSite === 'Strict' && session.httpOnly && session.secure,
+      `session cookie: ${JSON.stringify(cookies)}`);
+    check(!cookies.some((k) => k.name === '__Host-sallyport_sso'), 'the binding cookie outlived its use');
+    const me = await page.evaluate(async () => {
+      const r = await fetch('/v1/webapi/web/session');
+      return { status: r.status, body: await r.json() };
+    });
+    check(me.status === 200 && me.body.user === userName, `session: ${JSON.stringify(me)}`);
+    results.sso = { navigations: path, roles: me.body.roles };
+
+    // A terminal on local1 as root (role sso-ops).
+    await page.locator('tr[data-node="local1"] select').selectOption('root');
+    await page.getByRole('button', { name: 'Connect to local1' }).click();
+    await page.waitForURL(`${BASE}/web/nodes/local1/terminal?login=root`);
+    await terminalOpen(page);
+    await typeLine(page, 'echo sso-$((20+22)) $(whoami)');
+    await waitScreen(page, /^sso-42 root$/m, 'sso-42 root');
+    await step(page, 'sso-terminal');
+    await typeLine(page, 'exit');
+    await page.waitForSelector('#term[data-state="closed"]');
+    check(consoleErrors.length === 0, `errors in the page: ${consoleErrors.join('\n')}`);
+    await ctx.close();
+  }
+
+  // Claims that map to no role: the reason on the page, and no session.
+  {
+    const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+    const page = await ctx.newPage();
+    await page.goto(`${BASE}/web/login`);
+    await page.getByRole('link', { name: `Sign in with ${connector}` }).click();
+    await atProvider(page, issuer, nobody, 'sso-nobody');
+    await page.waitForURL((u) => u.href.startsWith(BASE), { timeout: 20000 });
+    await page.getByText('map to no Sallyport role').waitFor({ timeout: 20000 });
+    await step(page, 'sso-nobody-refused');
+    check(!page.url().includes('/web/nodes'), `refused, yet at ${page.url()}`);
+    const cookies = await ctx.cookies(BASE);
+    check(!cookies.some((k) => k.name === '__Host-sallyport_session'), `a session cookie: ${JSON.stringify(cookies)}`);
+    await page.goto(`${BASE}/web/nodes`);
+    await page.waitForURL(/\/web\/login\?next=/);
+    const status = await page.evaluate(async () => (await fetch('/v1/webapi/web/session')).status);
+    check(status === 401, `the refused person's session answers ${status}`);
+    await ctx.close();
+  }
+}
+
+/** Cold-cache weight on the wire and DOMContentLoaded of `url` in a fresh context (with
+ * `storage`'s cookies), once `ready` is on the page. */
+async function coldLoad(browser, url, ready, storage) {
+  const ctx = await browser.newContext(storage ? { storageState: storage } : {});
+  const page = await ctx.newPage();
+  const bytes = countBytes(page);
+  await page.goto(url);
+  await page.waitForSelector(ready, { timeout: 20000 });
+  await page.waitForLoadState('networkidle');
+  const { total } = await bytes();
+  const dcl = await domContentLoaded(page);
+  await ctx.close();
+  return { bytes: total, domContentLoadedMs: Math.round(dcl * 10) / 10 };
+}
+
+/** Keystroke echo in the page: each key's time from its keydown (a capture listener on the
+ * window, before xterm.js sees it) to the moment xterm.js has parsed the write holding its
+ * echo (the callback of Terminal.write, patched on the prototype of the module the page
+ * imported). The node's shell runs `cat > /dev/null`, so the echo is the pty's own, as for
+ * `sally ssh` in bench/web.py. Keys are pressed one at a time, each after the last echo. */
+async function bench(browser, results) {
+  const user = need('BENCH_USER');
+  const password = need('BENCH_PASSWORD');
+  const node = need('BENCH_NODE');
+  const login = need('BENCH_LOGIN');
+  const keys = Number(process.env.BENCH_KEYS || 500);
+  const warmup = 20;
+  const terminalUrl = `${BASE}/web/nodes/${node}/terminal?login=${login}`;
+  results.login = await coldLoad(browser, `${BASE}/web/login`, 'form button[type=submit]');
+
+  const ctx = await browser.newContext({ viewport: { width: 1100, height: 700 } });
+  const page = await ctx.newPage();
+  await page.goto(`${BASE}/web/login`);
+  await page.getByLabel('User').fill(user);
+  await page.getByLabel('Password').fill(password);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.waitForURL(`${BASE}/web/nodes`);
+  const storage = await ctx.storageState();
+  results.terminal = await coldLoad(browser, terminalUrl, '#term[data-state="open"]', storage);
+
+  await page.goto(terminalUrl);
+  await terminalOpen(page);
+  await shellUp(page);
+  await page.evaluate(async () => {
+    const { Terminal } = await import('/web/assets/vendor/xterm/xterm.mjs');
+    // Where the time goes, per key: keydown → the WebSocket send (the browser's input path
+    // and xterm.js's onData), send → the echo's message event (Chromium's network side, the
+    // proxy, the node and back), event → Terminal.write (terminal.js), write → parsed.
+    const b = { pending: null, ms: [], parts: [] };
+    globalThis.__bench = b;
+    window.addEventListener('keydown', (e) => {
+      if (e.key.length === 1) b.pending = { code: e.key.charCodeAt(0), t0: performance.now() };
+    }, true);
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) {
+      if (b.pending && !b.pending.sent) b.pending.sent = performance.now();
+      return send.call(this, data);
+    };
+    const write = Terminal.prototype.write;
+    Terminal.prototype.write = function (data, cb) {
+      const p = b.pending;
+      const has = p && (typeof data === 'string' ? data.includes(String.fromCharCode(p.code)) : data.includes(p.code));
+      const w = performance.now();
+      // The message event being handled (terminal.js writes from its onmessage): its timeStamp
+      // is when the renderer dispatched the echo, before the page's handler ran.
+      const ev = window.event;
+      if (p && has && ev && ev.type === 'message') p.arrived = ev.timeStamp;
+      return write.call(this, data, () => {
+        if (has && b.pending === p) {
+          const t1 = performance.now();
+          b.ms.push(t1 - p.t0);
+          const sent = p.sent ?? w;
+          const arrived = p.arrived ?? w;
+          b.parts.push([sent - p.t0, arrived - sent, w - arrived, t1 - w]);
+          b.pending = null;
+        }
+        if (cb) cb();
+      });
+    };
+  });
+  await typeLine(page, 'stty -icanon; cat > /dev/null');
+  await page.waitForTimeout(500);
+  await page.evaluate(() => { Object.assign(globalThis.__bench, { ms: [], parts: [], pending: null }); });
+  const letters = 'abcdefghijklmnopqrstuvwxyz';
+  for (let i = 0; i < warmup + keys; i += 1) {
+    await page.keyboard.press(letters[i % letters.length]);
+    await page.waitForFunction((n) => globalThis.__bench.ms.length === n, i + 1, { polling: 1, timeout: 10000 })
+      .catch(async (e) => {
+        const state = await page.evaluate(() => JSON.stringify(globalThis.__bench));
+        throw new Error(`no echo of key ${i}: ${e.message}; ${state}; screen:\n${await screen(page)}`);
+      });
+  }
+  const { ms, parts } = await page.evaluate(() => globalThis.__bench);
+  results.echoMs = ms.slice(warmup);
+  results.echoPartsMs = parts.slice(warmup);
+  await step(page, 'bench-terminal');
+  const cookie = (await ctx.cookies(BASE)).find((k) => k.name === '__Host-sallyport_session');
+  check(cookie, 'no session cookie to open the WebSocket with');
+  results.wsEchoMs = await wsEcho(cookie, await proxyKeyHash(), node, login, keys, warmup);
+  await ctx.close();
+  console.log(`bench: ${JSON.stringify(results)}`);
+}
+
+/** The same keystrokes without a browser: the terminal WebSocket from Node (the `ws` client
+ * playwright-core bundles), with the browser's cookie and Origin; each key's time from the send
+ * to its echo's arrival. Tells the proxy's share from Chromium's. */
+async function wsEcho(cookie, leafKey, node, login, keys, warmup) {
+  const WebSocket = createRequire(import.meta.url)('playwright-core/lib/utilsBundle').ws;
+  const url = `${BASE.replace(/^https/, 'wss')}/v1/webapi/terminal?node=${node}&login=${login}&cols=80&rows=24`;
+  const sock = new WebSocket(url, 'sallyport.term.v1', {
+    headers: { Origin: BASE, Cookie: `${cookie.name}=${cookie.value}` },
+    // Checked below against the key the CA pin vouched for, as Chromium is told to.
+    rejectUnauthorized: false,
+  });
+  let got = '';
+  let waiter = null;
+  sock.on('message', (data, binary) => {
+    if (!binary) return;
+    got += data.toString('latin1');
+    if (waiter && got.includes(waiter.needle)) { const w = waiter; waiter = null; w.resolve(performance.now()); }
+  });
+  await new Promise((resolve, reject) => { sock.once('open', resolve); sock.once('error', reject); });
+  const peer = sock._socket.getPeerX509Certificate();
+  check(peer && spkiSha256(peer).toString('base64') === leafKey, 'the WebSocket reached another certificate');
+  const until = (needle) => new Promise((resolve, reject) => {
+    if (got.includes(needle)) { resolve(performance.now()); return; }
+    const timer = setTimeout(() => reject(new Error(`ws: never saw ${needle}; got ${got.slice(-300)}`)), 10000);
+    waiter = { needle, resolve: (t) => { clearTimeout(timer); resolve(t); } };
+  });
+  sock.send(Buffer.from('echo up$((3+4))\r'));
+  await until('up7');
+  sock.send(Buffer.from('stty -icanon; cat > /dev/null\r'));
+  await new Promise((r) => setTimeout(r, 500));
+  const letters = 'abcdefghijklmnopqrstuvwxyz';
+  const ms = [];
+  for (let i = 0; i < warmup + keys; i += 1) {
+    got = '';
+    const ch = letters[i % letters.length];
+    const t0 = performance.now();
+    sock.send(Buffer.from(ch));
+    ms.push((await until(ch)) - t0);
+  }
+  sock.close();
+  return ms.slice(warmup);
+}
+
+async function main() {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const leafKey = await proxyKeyHash();
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${leafKey}`],
+  });
+  const results = {};
+  try {
+    if (MODE === 'local') await local(browser, results);
+    else if (MODE === 'sso') await sso(browser, results);
+    else if (MODE === 'bench') await bench(browser, results);
+    else throw new Error(`unknown mode ${MODE}: local, sso or bench`);
   } finally {
     await browser.close();
   }
