@@ -516,8 +516,9 @@ impl AuthServer {
     /// out: its own hash, then (with a checkpoint key) the signed span it lies in.
     pub async fn audit_search(&self, q: &AuditQuery) -> Result<AuditSearch, AuthError> {
         let limit = i64::from(q.limit.unwrap_or(1000).min(10_000));
-        // Paging forward takes the oldest after the cursor; everything else the newest.
-        let forward = q.after.is_some_and(|a| a > 0);
+        // Paging forward (any `after`, 0 too: from the first record) takes the oldest after the
+        // cursor; everything else the newest.
+        let forward = q.after.is_some_and(|a| a >= 0);
         let sql = match (self.backend.kind, forward) {
             (Kind::Sqlite, false) => search_sqlite!("DESC"),
             (Kind::Sqlite, true) => search_sqlite!("ASC"),
@@ -560,7 +561,7 @@ impl AuthServer {
             .bind(q.session.clone().unwrap_or_default())
             .bind(until)
             .bind(q.before.filter(|b| *b > 0).unwrap_or(0))
-            .bind(q.after.filter(|a| *a > 0).unwrap_or(0))
+            .bind(q.after.filter(|a| *a >= 0).unwrap_or(0))
             .fetch_all(&self.backend.pool)
             .await?;
         let mut records = Vec::with_capacity(rows.len());

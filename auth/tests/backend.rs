@@ -341,6 +341,15 @@ async fn legacy_event_names(auth: &AuthServer) {
             }),
             vec!["s2", "s3"],
         ),
+        // From the very start (`after` 0, how a download begins): the oldest two, not the
+        // newest.
+        (
+            Box::new(|q| {
+                q.after = Some(0);
+                q.limit = Some(2);
+            }),
+            vec!["s0", "s1"],
+        ),
         (Box::new(|q| q.until = Some(1)), vec![]),
         (
             Box::new(|q| q.until = Some(sallyport_core::unix_now() + 60)),
