@@ -30,6 +30,8 @@ pub struct Problem {
 #[derive(Debug, Default)]
 pub struct Places {
     by_path: HashMap<String, Place>,
+    /// The bytes of the paths recorded, bounded by [`MAX_PATH_BYTES`].
+    bytes: usize,
 }
 
 /// A container being walked: a mapping (waiting for a key, or for the value of `key`) or a
@@ -41,6 +43,12 @@ enum Open {
 
 /// Nesting beyond this is not walked (the places of deeper values fall back to a parent).
 const MAX_DEPTH: usize = 64;
+/// What the recorded paths may hold together, and how many there may be: each item's path
+/// repeats its parents' keys, so a long key over many items would otherwise cost their
+/// product (a 32 KiB key over 16,000 items: half a gigabyte from a 64 KiB document). Past
+/// either, the walk stops and later values fall back to the document's start.
+const MAX_PATH_BYTES: usize = 1 << 20;
+const MAX_PATHS: usize = 16_384;
 
 impl Places {
     /// The places of `text`'s first document.
@@ -52,6 +60,9 @@ impl Places {
             let Ok((event, span)) = item else {
                 break;
             };
+            if places.bytes >= MAX_PATH_BYTES || places.by_path.len() >= MAX_PATHS {
+                break;
+            }
             let here = Place {
                 line: span.start.line(),
                 column: span.start.col() + 1,
@@ -117,6 +128,11 @@ impl Places {
         path.push(segment);
         // Below the root's own (empty) segment.
         let dotted = path.get(1..).map(|p| p.join(".")).unwrap_or_default();
+        if self.bytes.saturating_add(dotted.len()) > MAX_PATH_BYTES {
+            self.bytes = MAX_PATH_BYTES;
+            return;
+        }
+        self.bytes += dotted.len();
         self.by_path.entry(dotted).or_insert(here);
     }
 
@@ -213,6 +229,19 @@ mod tests {
             Places::of("a: 1\n---\nb: 2\n").find("b"),
             Some(Place { line: 1, column: 1 })
         );
+    }
+
+    #[test]
+    fn a_long_key_over_many_items_costs_a_bounded_amount() {
+        // 64 KiB of document: a 32 KiB key over 16,000 items would be half a gigabyte of paths.
+        let key = "k".repeat(32 * 1024);
+        let items = vec!["a"; 16_000].join(",");
+        let text = format!("spec:\n  {key}: [{items}]\n");
+        let p = Places::of(&text);
+        assert!(p.bytes <= MAX_PATH_BYTES, "{}", p.bytes);
+        assert!(p.by_path.len() <= MAX_PATHS);
+        // What came before the bound is still found.
+        assert_eq!(p.find("spec"), Some(Place { line: 2, column: 3 }));
     }
 
     #[test]

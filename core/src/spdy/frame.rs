@@ -54,6 +54,9 @@ pub const MAX_LENGTH: usize = 0xFF_FFFF;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(Vec<(String, String)>);
 
+/// The most headers one block may carry (a value with NULs counts once per piece).
+pub const MAX_HEADER_ENTRIES: usize = 512;
+
 impl Headers {
     pub fn new() -> Self {
         Headers(Vec::new())
@@ -133,11 +136,23 @@ impl Headers {
         if count > raw.remaining() / 8 {
             return Err(short());
         }
+        // A value holding many NULs is many headers, each with its own copy of the name: what
+        // they hold together is bounded by twice the block, and their number by
+        // `MAX_HEADER_ENTRIES` (a long name over many empty values would otherwise be a
+        // gigabyte from 64 KiB).
+        let mut budget = raw.remaining().saturating_mul(2);
         let mut h = Headers(Vec::with_capacity(count));
         for _ in 0..count {
             let name = String::from_utf8_lossy(&take(&mut raw)?).to_ascii_lowercase();
             let value = take(&mut raw)?;
             for v in value.split(|&b| b == 0) {
+                let size = name.len().saturating_add(v.len());
+                if h.0.len() >= MAX_HEADER_ENTRIES || size > budget {
+                    return Err(FrameError::Malformed(
+                        "a header block that names too many headers",
+                    ));
+                }
+                budget -= size;
                 h.0.push((name.clone(), String::from_utf8_lossy(v).into_owned()));
             }
         }

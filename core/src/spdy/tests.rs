@@ -138,6 +138,29 @@ fn header_blocks_are_bounded_and_checked() {
     let mut raw = Headers::new().with("a", "b").encode();
     raw.push(0);
     assert!(Headers::decode(&raw).is_err());
+    // A long name over a value of NULs would be that name once per piece: refused, where 64
+    // KiB would have become a gigabyte.
+    let mut raw = Vec::new();
+    raw.extend(1u32.to_be_bytes());
+    raw.extend((32 * 1024u32).to_be_bytes());
+    raw.extend(std::iter::repeat_n(b'n', 32 * 1024));
+    raw.extend((32 * 1024u32).to_be_bytes());
+    raw.extend(std::iter::repeat_n(0u8, 32 * 1024));
+    assert!(Headers::decode(&raw).is_err());
+    // Many empty pieces of a short name: past the entry cap.
+    let mut raw = Vec::new();
+    raw.extend(1u32.to_be_bytes());
+    raw.extend(1u32.to_be_bytes());
+    raw.push(b'n');
+    raw.extend(4096u32.to_be_bytes());
+    raw.extend(std::iter::repeat_n(0u8, 4096));
+    assert!(Headers::decode(&raw).is_err());
+    // What kubectl sends reads as ever.
+    let kubectl = Headers::new()
+        .with("streamtype", "data")
+        .with("port", "8080")
+        .with("requestid", "0");
+    assert_eq!(Headers::decode(&kubectl.encode()).must(), kubectl);
 }
 
 fn every_frame() -> Vec<Frame> {
