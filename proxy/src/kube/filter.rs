@@ -265,17 +265,19 @@ impl Filter {
             Some(v) => {
                 let elements: Vec<&RawValue> = serde_json::from_str(v.get())
                     .map_err(|_| unreadable(&format!("has no array of {key}")))?;
-                let (kept, dropped) = self.keep(key, &elements);
-                // `remainingItemCount` counts what the next pages hold unfiltered: with items
-                // hidden it would tell how many there are, so it goes (the API server leaves
-                // it out too when it cannot say). `continue` stays: the next page is fetched
-                // and filtered the same way.
+                let (kept, _) = self.keep(key, &elements);
+                // A filtered list is asked for whole (`whole_list_query`): a `continue` token
+                // names the last item the API server saw, hidden or not, and
+                // `remainingItemCount` counts hidden items too. Neither goes on, whatever
+                // came.
                 let metadata = match fields.get("metadata") {
-                    Some(m) if dropped => serde_json::from_str::<Fields<'_>>(m.get())
+                    Some(m) => serde_json::from_str::<Fields<'_>>(m.get())
                         .ok()
-                        .filter(|m| m.get("remainingItemCount").is_some())
-                        .map(|m| m.write_without("remainingItemCount")),
-                    _ => None,
+                        .filter(|m| {
+                            m.get("remainingItemCount").is_some() || m.get("continue").is_some()
+                        })
+                        .map(|m| m.write_without(&["remainingItemCount", "continue"])),
+                    None => None,
                 };
                 let metadata = metadata.and_then(|m| String::from_utf8(m).ok());
                 match &metadata {
@@ -414,6 +416,24 @@ impl Filter {
 struct Carry {
     /// The columns of a Table event the roles hid all of.
     columns: Option<String>,
+}
+
+/// The query of a list the door filters, without `limit` and `continue`: the API server
+/// answers with the whole list (bounded by [`MAX_LIST`]), never a page whose token would name
+/// a hidden item. Everything else stays exactly as written.
+pub fn whole_list_query(query: &str) -> String {
+    query
+        .split('&')
+        .filter(|pair| {
+            let key = pair.split('=').next().unwrap_or_default();
+            let key: String = url::form_urlencoded::parse(key.as_bytes())
+                .map(|(k, _)| k.into_owned())
+                .next()
+                .unwrap_or_default();
+            !pair.is_empty() && key != "limit" && key != "continue"
+        })
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 fn is_table(fields: &Fields<'_>) -> bool {
@@ -751,9 +771,16 @@ impl<'a> Fields<'a> {
             .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
     }
 
-    /// The object again without member `key`.
-    fn write_without(&self, key: &str) -> Vec<u8> {
-        Fields(self.0.iter().filter(|(k, _)| k != key).cloned().collect()).write_with(&[])
+    /// The object again without the members `keys`.
+    fn write_without(&self, keys: &[&str]) -> Vec<u8> {
+        Fields(
+            self.0
+                .iter()
+                .filter(|(k, _)| !keys.contains(&k.as_str()))
+                .cloned()
+                .collect(),
+        )
+        .write_with(&[])
     }
 
     /// The object again, with the values of `replace` in place of its own (added at the end

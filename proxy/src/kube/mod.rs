@@ -312,6 +312,13 @@ async fn handle(
         return refuse_as(&c, StatusCode::FORBIDDEN, why);
     }
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    // A list filtered here is asked for whole: a page's `continue` token names the last item
+    // of the page as the API server saw it, hidden or not, so paging would spell out what the
+    // roles hide.
+    let query = match &filter {
+        Some(_) => filter::whole_list_query(&query),
+        None => query,
+    };
     let path_and_query = if query.is_empty() {
         rest.clone()
     } else {

@@ -782,22 +782,26 @@ fn the_roles_decide_which_lists_are_filtered() {
 }
 
 #[test]
-fn a_page_with_items_hidden_does_not_count_what_follows_and_keeps_its_continue() {
+fn a_filtered_list_names_nothing_hidden_by_its_paging() {
     let items: Vec<String> = pods().iter().map(gojson).collect();
+    // A continue token is base64 JSON naming the page's last item as the API server saw it.
     let page = format!(
-        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"1012","continue":"tok","remainingItemCount":7}},"items":[{}]}}"#,
+        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"1012","continue":"eyJzdGFydCI6InByb2QvZGItMVx1MDAwMCJ9","remainingItemCount":7}},"items":[{}]}}"#,
         items.join(",")
     );
-    let v: Value = serde_json::from_slice(&web_1().list(page.as_bytes()).unwrap()).unwrap();
-    assert_eq!(names(&v["items"]), vec!["dev/web-1"]);
-    assert_eq!(v["metadata"]["continue"], "tok");
-    assert_eq!(v["metadata"]["resourceVersion"], "1012");
-    assert!(v["metadata"].get("remainingItemCount").is_none(), "{v}");
-
-    // Nothing hidden: the count is the API server's and stays.
-    let all = Filter::new(|_, _| true, false);
-    let v: Value = serde_json::from_slice(&all.list(page.as_bytes()).unwrap()).unwrap();
-    assert_eq!(v["metadata"]["remainingItemCount"], 7);
+    for f in [web_1(), Filter::new(|_, _| true, false)] {
+        let v: Value = serde_json::from_slice(&f.list(page.as_bytes()).unwrap()).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "1012");
+        assert!(v["metadata"].get("continue").is_none(), "{v}");
+        assert!(v["metadata"].get("remainingItemCount").is_none(), "{v}");
+    }
+    // And the list is asked for whole: no limit, no continue; the rest as written.
+    assert_eq!(
+        whole_list_query("limit=1&labelSelector=app%3Dweb&continue=abc&watch=0"),
+        "labelSelector=app%3Dweb&watch=0"
+    );
+    assert_eq!(whole_list_query("li%6Dit=1&x=1"), "x=1");
+    assert_eq!(whole_list_query(""), "");
 }
 
 #[tokio::test]
