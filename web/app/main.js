@@ -123,6 +123,9 @@ document.addEventListener('click', (e) => {
   const url = new URL(a.href, location.href);
   if (url.origin !== location.origin || !url.pathname.startsWith('/web') || a.target) return;
   if (onPlayer || PLAYER.test(url.pathname)) return;
+  // A link within this page (the skip link's #main): the browser's own, no new page (a route
+  // would end a live terminal, or read the sign-up token from the hash again).
+  if (url.pathname === location.pathname && url.search === location.search && url.hash) return;
   e.preventDefault();
   go(url.pathname + url.search + url.hash);
 });
