@@ -44,8 +44,8 @@ pub fn bin(name: &str) -> PathBuf {
 }
 
 pub mod kube;
-pub mod web;
 pub mod oidc;
+pub mod web;
 
 /// Building the binaries from a test: `cargo test -p sallyport-tests` compiles only this
 /// crate, and Cargo has no stable way to make a test depend on another package's binaries.

@@ -751,7 +751,6 @@ fn admins_add_reset_lock_and_unlock_users_and_make_join_tokens_and_no_one_else_d
     });
 }
 
-
 /// A cast is passed on as it is read, never held whole, with no whole-answer timeout: while a
 /// browser that took 1 MiB of a 48 MiB recording stops for 35 s (longer than the proxy's 30 s
 /// for a whole call to auth), the daemon holds far less than the file; the rest then arrives

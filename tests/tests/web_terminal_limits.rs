@@ -41,7 +41,9 @@ fn a_terminal_nobody_types_in_is_ended_by_client_idle_timeout() {
     });
     // The session's end is audited as any session's.
     assert!(
-        eventually(Duration::from_secs(10), || !c.events("session.end").is_empty()),
+        eventually(Duration::from_secs(10), || !c
+            .events("session.end")
+            .is_empty()),
         "no session.end"
     );
 }
@@ -79,7 +81,10 @@ fn a_tab_that_stops_reading_holds_the_node_back_not_the_proxy_and_is_pinged() {
             }
         }
         assert!(pings >= 1, "no ping in {} s", PING_SECS);
-        assert!(bytes >= 4 << 20, "only {bytes} bytes came once the tab read");
+        assert!(
+            bytes >= 4 << 20,
+            "only {bytes} bytes came once the tab read"
+        );
         // The flood stops on Ctrl-C and the shell answers (what was in flight read through,
         // keeping only its tail).
         t.input(b"\x03").await;
