@@ -58,14 +58,27 @@ fn filters(f: Result<Query<Filters>, QueryRejection>) -> Result<Filters, ApiErro
     })
 }
 
-/// Unix seconds or RFC 3339.
+/// The last second an audit time can name (9999-12-31T23:59:59Z).
+const LAST_SECOND: i64 = 253_402_300_799;
+
+/// Unix seconds or RFC 3339, from 1970-01-01T00:00:01Z to the year 9999: auth reads 0 and
+/// times past that as no filter at all, so they are refused here rather than matching
+/// everything.
 fn instant(name: &str, text: &str) -> Result<i64, ApiError> {
-    if let Ok(n) = text.parse::<i64>() {
-        return Ok(n);
+    let at = match text.parse::<i64>() {
+        Ok(n) => Ok(n),
+        Err(_) => time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+            .map(|t| t.unix_timestamp()),
+    };
+    if let Ok(n) = at
+        && !(1..=LAST_SECOND).contains(&n)
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{name}: {text:?} is outside 1970-01-01T00:00:01Z to 9999-12-31T23:59:59Z"),
+        ));
     }
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map(|t| t.unix_timestamp())
-        .map_err(|_| {
+    at.map_err(|_| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!(
@@ -241,7 +254,16 @@ pub(crate) async fn download(
             before: Some(before),
             ..base.clone()
         };
-        async move { search(&s, &q).await }
+        async move {
+            // A download goes on only while its web session does (sign-out, a lock).
+            if s.has_ended() {
+                return Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    super::browser::NOT_SIGNED_IN,
+                ));
+            }
+            search(&s, &q).await
+        }
     });
     let mut resp = Body::from_stream(pages).into_response();
     let h = resp.headers_mut();
@@ -391,6 +413,20 @@ mod tests {
             (
                 Filters {
                     since: Some("yesterday".into()),
+                    ..Default::default()
+                },
+                "since",
+            ),
+            (
+                Filters {
+                    until: Some("0".into()),
+                    ..Default::default()
+                },
+                "until",
+            ),
+            (
+                Filters {
+                    since: Some("99999999999999".into()),
                     ..Default::default()
                 },
                 "since",

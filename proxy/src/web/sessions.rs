@@ -89,6 +89,12 @@ impl WebSession {
         self.last_input_ms.store(unix_now_ms(), Ordering::Relaxed);
     }
 
+    /// Whether the session is over: signed out, locked, idle (as the sweep found it) or past
+    /// its certificate. Work that outlives a request (a download) asks between its pieces.
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire) || unix_now_ms() / 1000 >= self.expires
+    }
+
     /// Why the session is over at `now_ms`, if it is.
     fn over(&self, now_ms: u64, idle: Duration) -> Option<Ending> {
         if self.ended.load(Ordering::Acquire) {
