@@ -110,3 +110,29 @@ fn a_tab_that_stops_reading_holds_the_node_back_not_the_proxy_and_is_pinged() {
 
 /// The server's ping interval (`proxy::web::terminal::PING_EVERY`), for the message.
 const PING_SECS: u64 = 20;
+
+#[test]
+fn a_login_granted_after_sign_in_says_to_sign_in_again() {
+    let c = cluster_with(
+        "kind: role\nversion: v1\nmetadata: {name: impatient}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    );
+    rt().block_on(async {
+        let mut b = Browser::new(&c);
+        assert_eq!(b.login("alice", PASSWORD, None).await.0, 200);
+        // The roles now allow `nobody` too, but the session's certificate was made before.
+        let wider = c.dir.path().join("wider.yaml");
+        std::fs::write(
+            &wider,
+            "kind: role\nversion: v1\nmetadata: {name: impatient}\nspec:\n  allow:\n    logins: [root, nobody]\n    node_labels: {'*': '*'}\n",
+        )
+        .unwrap();
+        c.sallyctl(&["create", "-f", &wider.display().to_string()])
+            .ok();
+        let mut t = b.terminal("node=local1&login=nobody").await;
+        assert_eq!(t.closed().await, 4403, "{:?}", t.texts);
+        let why = t.error();
+        assert!(why.contains("does not allow login nobody"), "{why}");
+        assert!(why.contains("sign out and in again"), "{why}");
+        assert!(!why.contains("sally login"), "{why}");
+    });
+}

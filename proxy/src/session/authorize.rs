@@ -31,7 +31,8 @@ pub struct Target {
     /// The user's connections opened before this one and still open (`max_connections`).
     pub older_connections: u32,
     /// Set when the person's credential is genuine but does not cover the login: auth is still
-    /// asked (it audits the refusal with the roles' explanation) and the session refused.
+    /// asked (it audits the refusal with the roles' explanation) and the session refused with
+    /// these words, the door's own remedy in them.
     pub credential_refusal: Option<String>,
     /// A `kubectl exec` or `attach` (the node is then a Kubernetes cluster).
     pub kube: Option<sallyport_core::kube::KubeExec>,
@@ -60,10 +61,9 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
         .map_err(refusal)?;
     if let Some(why) = &target.credential_refusal {
         super::audit::end_now(state, &grant.session_id, failed_end()).await;
+        // The door's words, with its own remedy (`sally login`, or signing in again).
         return Err(Refusal::Denied {
-            explanation: format!(
-                "{why}; run `sally login` to get a certificate with your current logins"
-            ),
+            explanation: why.clone(),
         });
     }
     Ok(grant)

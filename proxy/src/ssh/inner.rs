@@ -248,7 +248,9 @@ impl russh::server::Handler for Inner {
                     == Ok(self.user.as_str()) =>
             {
                 self.login = Some(login.to_string());
-                self.refusal = Some(e.to_string());
+                self.refusal = Some(format!(
+                    "{e}; run `sally login` to get a certificate with your current logins"
+                ));
                 if self.counted.is_none() {
                     self.counted = Some(Arc::new(self.state.proxy.open_connection(&self.user)));
                 }

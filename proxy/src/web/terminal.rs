@@ -387,7 +387,7 @@ async fn run(
         // audits, and the session is refused.
         credential_refusal: (!session.logins.contains(&asked.login)).then(|| {
             format!(
-                "your web session's certificate does not allow login {}",
+                "your web session's certificate does not allow login {}; sign out and in again to get one with your current logins",
                 asked.login
             )
         }),
