@@ -122,7 +122,6 @@ pub(crate) async fn add_user(
     body: Body,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let new: NewUser = json_body(&headers, body).await?;
     let t: SignupToken = send(
         &s,
@@ -146,7 +145,6 @@ pub(crate) async fn reset_user(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let t: SignupToken =
         send::<(), _>(&s, reqwest::Method::POST, &auth::user_reset(&name), None).await?;
     Ok(signup_link(&headers, &t))
@@ -171,7 +169,6 @@ pub(crate) async fn add_lock(
     body: Body,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let new: NewLock = json_body(&headers, body).await?;
     let lock: LockInfo = send(
         &s,
@@ -194,7 +191,6 @@ pub(crate) async fn remove_lock(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let _: serde_json::Value =
         send::<(), _>(&s, reqwest::Method::DELETE, &auth::lock(&id), None).await?;
     Ok(Json(serde_json::json!({})).into_response())
@@ -225,7 +221,6 @@ pub(crate) async fn add_token(
     body: Body,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let new: NewToken = json_body(&headers, body).await?;
     if new.kind == TokenKind::Signup {
         return Err(ApiError::new(

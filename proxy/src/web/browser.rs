@@ -95,7 +95,8 @@ impl Browser {
     }
 
     /// What every request that changes something passes: the exact origin, a session, and
-    /// that session's CSRF token.
+    /// that session's CSRF token. A request that passes is the person's activity
+    /// (`web_idle_timeout`).
     pub fn changing(&self, headers: &HeaderMap) -> Result<Arc<WebSession>, ApiError> {
         self.same_origin(headers)?;
         let session = self.signed_in(headers)?;
@@ -109,6 +110,7 @@ impl Browser {
                 "missing or wrong X-CSRF-Token: take it from GET /v1/webapi/web/session (reload the page)",
             ));
         }
+        session.touch();
         Ok(session)
     }
 }

@@ -105,8 +105,7 @@ pub(crate) async fn validate(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
-    s.touch();
+    web.browser.changing(&headers)?;
     let text: Text = json_body(&headers, body).await?;
     let errors: Vec<Problem> = sallyport_core::resource::parse_role(&text.yaml)
         .err()
@@ -125,7 +124,6 @@ pub(crate) async fn put(
     body: Body,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let save: Save = json_body(&headers, body).await?;
     let role = match sallyport_core::resource::parse_role(&save.yaml) {
         Ok(r) => r,
@@ -169,7 +167,6 @@ pub(crate) async fn delete(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let s = web.browser.changing(&headers)?;
-    s.touch();
     let _: serde_json::Value = s
         .auth
         .json::<(), _>(reqwest::Method::DELETE, &auth::role(&name), None)

@@ -6,7 +6,8 @@
 //! Every call to auth on the session's behalf is made as the session's own certificate
 //! ([`WebSession::auth`]), so auth decides with the user's current roles and locks and the
 //! caller is what the TLS handshake proved. A session ends at logout, after `web_idle_timeout`
-//! without terminal input (reading, polling included, does not count), at its certificate's expiry, and when its user is locked (through
+//! without input (terminal input and requests that change something count; reading, polling
+//! included, does not), at its certificate's expiry, and when its user is locked (through
 //! [`ProxyState`]'s lock poll, within its 2 s); its terminals end with it.
 //!
 //! What this must never do: keep the id itself, compare an id or token in variable time, or
