@@ -85,6 +85,12 @@ pub mod auth {
     pub const JOIN_TOKENS: &str = "/v1/tokens/join";
     pub const JOIN: &str = "/v1/join";
 
+    pub const PROXIES: &str = "/v1/proxies";
+    pub const PROXY: &str = "/v1/proxies/{name}";
+    pub const PROXY_JOIN: &str = "/v1/proxies/join";
+    pub const PROXY_HEARTBEAT: &str = "/v1/proxies/{name}/heartbeat";
+    pub const PROXY_RENEW: &str = "/v1/proxies/{name}/renew";
+
     pub const NODES: &str = "/v1/nodes";
     pub const NODE: &str = "/v1/nodes/{name}";
     pub const NODE_PRESENCE: &str = "/v1/nodes/{name}/presence";
@@ -141,6 +147,15 @@ pub mod auth {
     }
     pub fn node(name: &str) -> String {
         fill(NODE, name)
+    }
+    pub fn proxy(name: &str) -> String {
+        fill(PROXY, name)
+    }
+    pub fn proxy_heartbeat(name: &str) -> String {
+        fill(PROXY_HEARTBEAT, name)
+    }
+    pub fn proxy_renew(name: &str) -> String {
+        fill(PROXY_RENEW, name)
     }
     pub fn node_presence(name: &str) -> String {
         fill(NODE_PRESENCE, name)
@@ -260,6 +275,11 @@ pub const AUTH: &[Route] = &[
     r(Get, auth::TOKENS),
     r(Post, auth::JOIN_TOKENS),
     r(Post, auth::JOIN),
+    r(Get, auth::PROXIES),
+    r(Delete, auth::PROXY),
+    r(Post, auth::PROXY_JOIN),
+    r(Post, auth::PROXY_HEARTBEAT),
+    r(Post, auth::PROXY_RENEW),
     r(Get, auth::NODES),
     r(Post, auth::NODES),
     r(Delete, auth::NODE),

@@ -33,6 +33,10 @@ pub struct Global {
     /// For an agent (`ssh_service` alone): the proxy's web address, HOST:3080.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_server: Option<String>,
+    /// For a proxy without auth in its process: auth's address, HOST:3025 (several separated
+    /// by commas: auth instances sharing one database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_server: Option<String>,
     /// For an agent's first start: the one-time join token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_token: Option<String>,
@@ -53,6 +57,7 @@ impl Default for Global {
         Global {
             data_dir: default_data_dir(),
             proxy_server: None,
+            auth_server: None,
             auth_token: None,
             ca_pin: None,
             nodename: None,
@@ -255,6 +260,10 @@ pub struct ProxyService {
     /// balancer): the names go into its certificate, name and port into the web UI's origins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub public_addr: Vec<String>,
+    /// Where agents reach this proxy's tunnel door (HOST:PORT), told to every agent so it keeps
+    /// a tunnel here too; default: the first `public_addr` with `tunnel_listen_addr`'s port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_public_addr: Option<String>,
     /// How long an SSH connection on `ssh_listen_addr` may take to authenticate.
     #[serde(default = "default_login_grace")]
     pub ssh_login_grace: HumanDuration,
@@ -439,6 +448,7 @@ impl Default for ProxyService {
             tunnel_listen_addr: default_tunnel(),
             kube_listen_addr: default_kube(),
             public_addr: vec![],
+            tunnel_public_addr: None,
             ssh_login_grace: default_login_grace(),
             max_unauthenticated_connections: default_max_unauthenticated(),
             max_unauthenticated_per_address: default_max_unauthenticated_per_address(),

@@ -19,6 +19,7 @@ mod kube;
 mod locks;
 mod login;
 mod nodes;
+mod proxies;
 mod roles;
 mod sessions;
 mod tokens;
@@ -88,6 +89,11 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Get, p::TOKENS, tokens::list),
         on(Post, p::JOIN_TOKENS, tokens::add_join_token),
         on(Post, p::JOIN, nodes::join),
+        on(Get, p::PROXIES, proxies::list),
+        on(Delete, p::PROXY, proxies::remove),
+        on(Post, p::PROXY_JOIN, proxies::join),
+        on(Post, p::PROXY_HEARTBEAT, proxies::heartbeat),
+        on(Post, p::PROXY_RENEW, proxies::renew),
         on(Get, p::NODES, nodes::list),
         on(Post, p::NODES, nodes::add),
         on(Delete, p::NODE, nodes::remove),
