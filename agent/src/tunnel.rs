@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
+use sallyport_core::metrics::{CertificateKind, TunnelKind, metrics};
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 pub use sallyport_core::tunnel::TunnelStream;
 use sallyport_core::tunnel::{self, Side};
@@ -31,6 +32,9 @@ fn err(e: impl std::fmt::Display) -> AgentError {
 /// What serves the streams the proxy opens in a tunnel, each on a task of its own. `local` is
 /// the agent's end of the tunnel's TCP connection.
 pub trait StreamServer: Send + Sync + 'static {
+    /// What the tunnel serves, for the metrics (`sallyport_agent_tunnel_up`).
+    const KIND: TunnelKind;
+
     fn serve(
         self: Arc<Self>,
         stream: TunnelStream,
@@ -39,6 +43,8 @@ pub trait StreamServer: Send + Sync + 'static {
 }
 
 impl StreamServer for ssh::NodeServer {
+    const KIND: TunnelKind = TunnelKind::Node;
+
     fn serve(
         self: Arc<Self>,
         stream: TunnelStream,
@@ -50,6 +56,8 @@ impl StreamServer for ssh::NodeServer {
 
 /// Runs forever: connect, serve, and reconnect.
 pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server: Arc<S>) {
+    record_expiry::<S>(&id);
+    metrics().agent_tunnel(S::KIND, false);
     let mut backoff = Duration::from_millis(200);
     loop {
         let started = std::time::Instant::now();
@@ -65,6 +73,42 @@ pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server
         let jitter = rand::random::<f64>() * 0.5 + 0.75;
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The identity's certificates, in `sallyport_certificate_expiry_seconds`.
+fn record_expiry<S: StreamServer>(id: &AgentIdentity) {
+    let tls = match S::KIND {
+        TunnelKind::Node => CertificateKind::AgentTls,
+        TunnelKind::Kube => CertificateKind::KubeAgentTls,
+    };
+    if let Some(not_after) = pem_to_ders(&id.tls_cert_pem)
+        .ok()
+        .and_then(|c| c.into_iter().next())
+        .and_then(|leaf| sallyport_core::x509::spki_and_expiry(&leaf).ok())
+        .map(|(_, not_after)| not_after)
+    {
+        metrics().certificate_expires(tls, not_after);
+    }
+    if let Ok(cert) = russh::keys::ssh_key::Certificate::from_openssh(id.ssh_host_cert.trim()) {
+        let not_after = i64::try_from(cert.valid_before()).unwrap_or(i64::MAX);
+        metrics().certificate_expires(CertificateKind::AgentSshHost, not_after);
+    }
+}
+
+/// `sallyport_agent_tunnel_up` is 1 while this lives.
+struct TunnelUp(TunnelKind);
+
+impl TunnelUp {
+    fn new(kind: TunnelKind) -> Self {
+        metrics().agent_tunnel(kind, true);
+        TunnelUp(kind)
+    }
+}
+
+impl Drop for TunnelUp {
+    fn drop(&mut self) {
+        metrics().agent_tunnel(self.0, false);
     }
 }
 
@@ -105,6 +149,7 @@ async fn connect_once<S: StreamServer>(
     let mut hb_lines = BufReader::new(hb_read).lines();
     let mut tick = tokio::time::interval(HEARTBEAT);
     tracing::info!(node = %id.nodename, proxy = %id.tunnel_addr, "tunnel up");
+    let _up = TunnelUp::new(S::KIND);
     loop {
         tokio::select! {
             stream = inbound.recv() => {

@@ -4,9 +4,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sallyport_core::api::{AuthFailure, ErrorBody, RefusalCode};
+use sallyport_core::metrics::{AuditQueue, RouteLabel, StatusClass, metrics};
+use sallyport_core::routes;
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 use sallyport_core::x509::pem_to_ders;
 use serde::Serialize;
@@ -129,12 +131,16 @@ impl AuthClient {
             }
             tx
         });
-        if let Err(e) = tx.try_send(failure) {
-            let failure = match e {
-                tokio::sync::mpsc::error::TrySendError::Full(f)
-                | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
-            };
-            self.failures.count_dropped(&failure.door);
+        match tx.try_send(failure) {
+            Ok(()) => metrics().audit_queued(AuditQueue::ProxyFailedAuth, 1),
+            Err(e) => {
+                let failure = match e {
+                    tokio::sync::mpsc::error::TrySendError::Full(f)
+                    | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
+                };
+                self.failures.count_dropped(&failure.door);
+                metrics().audit_dropped(AuditQueue::ProxyFailedAuth);
+            }
         }
     }
 
@@ -142,6 +148,7 @@ impl AuthClient {
     async fn send_failures(self, mut rx: tokio::sync::mpsc::Receiver<AuthFailure>) {
         let mut batch = Vec::with_capacity(FAILURE_BATCH);
         while rx.recv_many(&mut batch, FAILURE_BATCH).await > 0 {
+            let taken = batch.len();
             // Not queued themselves: a full queue cannot drop the count of what it dropped.
             let dropped = self.failures.take_dropped();
             if !dropped.is_empty() {
@@ -168,6 +175,7 @@ impl AuthClient {
                 ),
                 Err(e) => tracing::warn!(error = %e, "failed authentications not reported"),
             }
+            metrics().audit_dequeued(AuditQueue::ProxyFailedAuth, taken);
             batch.clear();
         }
     }
@@ -212,17 +220,18 @@ impl AuthClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), ClientError> {
+        let route = RouteLabel::of(routes::AUTH, method.as_str(), path);
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                addr: self.base.clone(),
-                source,
-            })?;
+        let started = Instant::now();
+        let resp = req.send().await;
+        observe(route, &resp, started);
+        let resp = resp.map_err(|source| ClientError::Unreachable {
+            addr: self.base.clone(),
+            source,
+        })?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let body = resp
@@ -244,9 +253,17 @@ impl AuthClient {
             addr: self.base.clone(),
             source,
         };
+        let route = RouteLabel::of(routes::AUTH, "GET", path);
+        let started = Instant::now();
         let send = self.streaming.get(format!("{}{path}", self.base)).send();
-        let resp = tokio::time::timeout(HEADERS_TIMEOUT, send)
-            .await
+        let resp = tokio::time::timeout(HEADERS_TIMEOUT, send).await;
+        match &resp {
+            Ok(r) => observe(route, r, started),
+            Err(_) => {
+                metrics().auth_client_request(route, StatusClass::NoAnswer, started.elapsed())
+            }
+        }
+        let resp = resp
             .map_err(|_| ClientError::Refused {
                 status: 504,
                 message: format!(
@@ -287,6 +304,15 @@ impl AuthClient {
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
     }
+}
+
+/// Counts a request to auth in its route's latency, to the answer's headers.
+fn observe(route: RouteLabel, resp: &Result<reqwest::Response, reqwest::Error>, started: Instant) {
+    let status = match resp {
+        Ok(r) => StatusClass::of(r.status().as_u16()),
+        Err(_) => StatusClass::NoAnswer,
+    };
+    metrics().auth_client_request(route, status, started.elapsed());
 }
 
 /// Auth's error answer as a [`ClientError::Refused`].

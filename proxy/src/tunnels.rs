@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sallyport_core::api::Presence;
+use sallyport_core::metrics::{TunnelKind, metrics};
 use sallyport_core::names::MAX_HEARTBEAT_LINE;
 use sallyport_core::tunnel::{self, Opener, Side, TunnelStream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -23,6 +24,15 @@ pub enum AgentKind {
     Node,
     /// HTTP to its Kubernetes API server on every stream.
     Kube,
+}
+
+impl AgentKind {
+    fn label(self) -> TunnelKind {
+        match self {
+            AgentKind::Node => TunnelKind::Node,
+            AgentKind::Kube => TunnelKind::Kube,
+        }
+    }
 }
 
 /// A live tunnel: the generation that registered it, its opener, and what it serves.
@@ -58,7 +68,8 @@ impl Tunnels {
     fn insert(&self, node_id: &str, opener: Opener, kind: AgentKind) -> u64 {
         let generation = rand::random::<u64>();
         if let Ok(mut m) = self.inner.lock() {
-            m.insert(node_id.to_string(), (generation, opener, kind));
+            let replaced = m.insert(node_id.to_string(), (generation, opener, kind));
+            metrics().tunnel_connected(kind.label(), replaced.map(|(_, _, k)| k.label()));
         }
         generation
     }
@@ -69,7 +80,9 @@ impl Tunnels {
             return false;
         };
         if m.get(node_id).is_some_and(|(g, _, _)| *g == generation) {
-            m.remove(node_id);
+            if let Some((_, _, kind)) = m.remove(node_id) {
+                metrics().tunnel_disconnected(kind.label());
+            }
             true
         } else {
             false
