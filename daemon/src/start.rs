@@ -38,6 +38,8 @@ pub struct Flags {
     pub kubeconfig: Option<PathBuf>,
     /// `--kube-cluster`: the kube agent's `kube_service.kube_cluster_name`.
     pub kube_cluster: Option<String>,
+    /// `--diag-addr`: `sallyport.diag_addr`.
+    pub diag_addr: Option<SocketAddr>,
 }
 
 pub async fn run(
@@ -80,6 +82,9 @@ pub async fn run(
     if flags.nodename.is_some() {
         cfg.sallyport.nodename = flags.nodename.clone();
     }
+    if flags.diag_addr.is_some() {
+        cfg.sallyport.diag_addr = flags.diag_addr;
+    }
     init_logging(&cfg);
     // PAM that cannot work here stops the start with the reason, before any service runs.
     if cfg.ssh_service.enabled
@@ -91,6 +96,9 @@ pub async fn run(
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
     if !cfg.auth_service.enabled && !cfg.proxy_service.enabled {
+        if let Some(line) = crate::diag::start(cfg.sallyport.diag_addr, agents(&cfg)).await? {
+            println!("{line}");
+        }
         match (cfg.ssh_service.enabled, cfg.kube_service.enabled) {
             (true, false) => return run_agent(&cfg, &flags).await,
             (false, true) => return crate::kube_agent::run(&cfg, &flags).await,
@@ -295,12 +303,12 @@ pub async fn run(
         Duration::from_secs(365 * 86400),
     )?;
     let state = sallyport_proxy::ssh::SshState::new(
-        client,
+        client.clone(),
         cluster.clone(),
         auth.authorities.ssh_public_keys(CaKind::User),
         auth.authorities.ssh_public_keys(CaKind::Host),
         ssh_key,
-        proxy_cert,
+        proxy_cert.clone(),
         tunnels,
         dir.join("recordings"),
     )
@@ -389,6 +397,11 @@ pub async fn run(
             connect_addr(web_addr),
         )?);
     }
+
+    let serves = crate::diag::Serves::default()
+        .auth(&auth, &auth_id.chain_pem)
+        .proxy(&client, &proxy_id.chain_pem, &proxy_cert);
+    lines.extend(crate::diag::start(cfg.sallyport.diag_addr, serves).await?);
 
     let pin = auth
         .authorities
@@ -596,6 +609,19 @@ pub(crate) fn local_nodename(cfg: &Config) -> Result<String> {
     sallyport_core::names::validate("node", &name)
         .map_err(|e| anyhow::anyhow!("{e}; pick one with --nodename"))?;
     Ok(name)
+}
+
+/// What the diagnostics listener checks for a process of agents only: each one's tunnel.
+fn agents(cfg: &Config) -> crate::diag::Serves {
+    use sallyport_core::metrics::TunnelKind;
+    let mut serves = crate::diag::Serves::default();
+    if cfg.ssh_service.enabled {
+        serves = serves.agent(TunnelKind::Node);
+    }
+    if cfg.kube_service.enabled {
+        serves = serves.agent(TunnelKind::Kube);
+    }
+    serves
 }
 
 /// `sallyport start --roles=node`: join once, then keep the tunnel to the proxy.
