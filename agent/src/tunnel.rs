@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
+use sallyport_core::metrics::{CertificateKind, TunnelKind, metrics};
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 pub use sallyport_core::tunnel::TunnelStream;
 use sallyport_core::tunnel::{self, Side};
@@ -31,6 +32,9 @@ fn err(e: impl std::fmt::Display) -> AgentError {
 /// What serves the streams the proxy opens in a tunnel, each on a task of its own. `local` is
 /// the agent's end of the tunnel's TCP connection.
 pub trait StreamServer: Send + Sync + 'static {
+    /// What the tunnel serves, for the metrics (`sallyport_agent_tunnel_up`).
+    const KIND: TunnelKind;
+
     fn serve(
         self: Arc<Self>,
         stream: TunnelStream,
@@ -39,6 +43,8 @@ pub trait StreamServer: Send + Sync + 'static {
 }
 
 impl StreamServer for ssh::NodeServer {
+    const KIND: TunnelKind = TunnelKind::Node;
+
     fn serve(
         self: Arc<Self>,
         stream: TunnelStream,
@@ -73,6 +79,8 @@ enum Heard {
 /// default: a session can land on any proxy). Each reconnects with jittered backoff; a proxy
 /// that leaves the set has its tunnel closed.
 pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server: Arc<S>) {
+    record_expiry::<S>(&id);
+    metrics().agent_runs(S::KIND);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let first = id.tunnel_addr.clone();
     let mut tasks: std::collections::HashMap<String, tokio::task::JoinHandle<()>> =
@@ -155,6 +163,42 @@ async fn dial<S: StreamServer>(
     }
 }
 
+/// The identity's certificates, in `sallyport_certificate_expiry_seconds`.
+fn record_expiry<S: StreamServer>(id: &AgentIdentity) {
+    let tls = match S::KIND {
+        TunnelKind::Node => CertificateKind::AgentTls,
+        TunnelKind::Kube => CertificateKind::KubeAgentTls,
+    };
+    if let Some(not_after) = pem_to_ders(&id.tls_cert_pem)
+        .ok()
+        .and_then(|c| c.into_iter().next())
+        .and_then(|leaf| sallyport_core::x509::spki_and_expiry(&leaf).ok())
+        .map(|(_, not_after)| not_after)
+    {
+        metrics().certificate_expires(tls, not_after);
+    }
+    if let Ok(cert) = russh::keys::ssh_key::Certificate::from_openssh(id.ssh_host_cert.trim()) {
+        let not_after = i64::try_from(cert.valid_before()).unwrap_or(i64::MAX);
+        metrics().certificate_expires(CertificateKind::AgentSshHost, not_after);
+    }
+}
+
+/// One of `sallyport_agent_tunnel_up` while this lives.
+struct TunnelUp(TunnelKind);
+
+impl TunnelUp {
+    fn new(kind: TunnelKind) -> Self {
+        metrics().agent_tunnel(kind, true);
+        TunnelUp(kind)
+    }
+}
+
+impl Drop for TunnelUp {
+    fn drop(&mut self) {
+        metrics().agent_tunnel(self.0, false);
+    }
+}
+
 async fn connect_once<S: StreamServer>(
     id: &AgentIdentity,
     addr: &str,
@@ -204,6 +248,7 @@ async fn connect_once<S: StreamServer>(
     let mut hb_lines = BufReader::new(hb_read).lines();
     let mut tick = tokio::time::interval(HEARTBEAT);
     tracing::info!(node = %id.nodename, proxy = %addr, proxy_id = %proxy_id, "tunnel up");
+    let _up = TunnelUp::new(S::KIND);
     loop {
         tokio::select! {
             stream = inbound.recv() => {

@@ -340,6 +340,27 @@ pub const WEB: &[Route] = &[
     r(Post, web::TOKENS),
 ];
 
+/// The pattern of the route of `list` that a concrete `path` (a query allowed) takes under
+/// `method`: each `{parameter}` stands for exactly one segment. For labels that must not carry
+/// the names inside paths (`crate::metrics`).
+pub fn pattern_of(list: &[Route], method: Method, path: &str) -> Option<&'static str> {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    list.iter()
+        .filter(|r| r.method == method)
+        .map(|r| r.pattern)
+        .find(|pattern| {
+            let mut want = pattern.split('/');
+            let mut got = path.split('/');
+            loop {
+                match (want.next(), got.next()) {
+                    (None, None) => return true,
+                    (Some(w), Some(g)) if w == g || (w.starts_with('{') && !g.is_empty()) => {}
+                    _ => return false,
+                }
+            }
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

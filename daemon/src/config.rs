@@ -50,6 +50,10 @@ pub struct Global {
     pub log: Log,
     #[serde(default)]
     pub storage: Storage,
+    /// The diagnostics listener (plain HTTP: `/healthz`, `/readyz`, `/metrics`); off when
+    /// unset. `--diag-addr` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diag_addr: Option<SocketAddr>,
 }
 
 impl Default for Global {
@@ -63,6 +67,7 @@ impl Default for Global {
             nodename: None,
             log: Log::default(),
             storage: Storage::default(),
+            diag_addr: None,
         }
     }
 }
@@ -730,6 +735,10 @@ sallyport:
   storage:
     type: sqlite          # sqlite (embedded, in data_dir) | postgres
     # conn_string: "postgres://sallyport:PASSWORD@db.example.com/sallyport"   # with type: postgres
+  # Diagnostics, plain HTTP (off unless set; keep it on a private address): /healthz,
+  # /readyz (the database answers; auth, or the agent's tunnel, is reachable) and /metrics
+  # (Prometheus text format).
+  # diag_addr: 127.0.0.1:3000
 
 auth_service:
   enabled: true
@@ -1018,6 +1027,19 @@ mod tests {
             let e = Config::parse(text).err().unwrap_or_default();
             assert!(e.contains(key) && e.contains(line), "{text:?} gave {e:?}");
         }
+    }
+
+    #[test]
+    fn diag_addr_is_off_by_default_and_an_address_when_set() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.sallyport.diag_addr, None);
+        let c = Config::parse("version: v1\nsallyport:\n  diag_addr: 127.0.0.1:3000\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.sallyport.diag_addr, Some(([127, 0, 0, 1], 3000).into()));
+        let e = Config::parse("version: v1\nsallyport:\n  diag_addr: localhost\n")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("diag_addr") && e.contains("line 3"), "{e}");
     }
 }
 

@@ -2,6 +2,7 @@
 //! by default); `configure` prints a complete, commented configuration.
 
 mod config;
+mod diag;
 mod kube_agent;
 mod proxy_join;
 mod start;
@@ -69,6 +70,10 @@ enum Command {
         /// The name of the Kubernetes cluster a kube agent serves (`sally kube login NAME`).
         #[arg(long, value_name = "NAME")]
         kube_cluster: Option<String>,
+        /// Serve /healthz, /readyz and /metrics over plain HTTP here (HOST:PORT; port 0 picks
+        /// one); overrides `sallyport.diag_addr`. Off unless set.
+        #[arg(long, value_name = "HOST:PORT")]
+        diag_addr: Option<std::net::SocketAddr>,
     },
     /// Print a complete, commented default configuration.
     Configure,
@@ -124,6 +129,7 @@ fn main() -> ExitCode {
             insecure,
             kubeconfig,
             kube_cluster,
+            diag_addr,
         } => {
             let flags = start::Flags {
                 roles,
@@ -136,6 +142,7 @@ fn main() -> ExitCode {
                 insecure,
                 kubeconfig,
                 kube_cluster,
+                diag_addr,
             };
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -43,6 +43,8 @@ pub struct Flags {
     pub kubeconfig: Option<PathBuf>,
     /// `--kube-cluster`: the kube agent's `kube_service.kube_cluster_name`.
     pub kube_cluster: Option<String>,
+    /// `--diag-addr`: `sallyport.diag_addr`.
+    pub diag_addr: Option<SocketAddr>,
 }
 
 pub async fn run(
@@ -85,6 +87,9 @@ pub async fn run(
     if flags.nodename.is_some() {
         cfg.sallyport.nodename = flags.nodename.clone();
     }
+    if flags.diag_addr.is_some() {
+        cfg.sallyport.diag_addr = flags.diag_addr;
+    }
     init_logging(&cfg);
     // PAM that cannot work here stops the start with the reason, before any service runs.
     if cfg.ssh_service.enabled
@@ -96,6 +101,9 @@ pub async fn run(
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
     if !cfg.auth_service.enabled && !cfg.proxy_service.enabled {
+        if let Some(line) = crate::diag::start(cfg.sallyport.diag_addr, agents(&cfg)).await? {
+            println!("{line}");
+        }
         match (cfg.ssh_service.enabled, cfg.kube_service.enabled) {
             (true, false) => return run_agent(&cfg, &flags).await,
             (false, true) => return crate::kube_agent::run(&cfg, &flags).await,
@@ -134,9 +142,17 @@ pub async fn run(
     } else {
         None
     };
-    if let (Some(a), Some(web_addr)) = (&auth, proxy) {
-        start_local_agents(&cfg, &a.server, connect_addr(web_addr), &mut lines)?;
+    if let (Some(a), Some(p)) = (&auth, &proxy) {
+        start_local_agents(&cfg, &a.server, connect_addr(p.web_addr), &mut lines)?;
     }
+    let mut serves = crate::diag::Serves::default();
+    if let Some(a) = &auth {
+        serves = serves.auth(&a.server, &a.chain_pem);
+    }
+    if let Some(p) = &proxy {
+        serves = serves.proxy(&p.client, &p.chain_pem, &p.ssh_cert);
+    }
+    lines.extend(crate::diag::start(cfg.sallyport.diag_addr, serves).await?);
 
     let pin = match &auth {
         Some(a) => a
@@ -194,6 +210,16 @@ pub async fn run(
 struct LocalAuth {
     server: Arc<AuthServer>,
     addr: SocketAddr,
+    /// Its TLS chain (for the certificate's expiry in the metrics).
+    chain_pem: String,
+}
+
+/// A proxy serving in this process.
+struct LocalProxy {
+    web_addr: SocketAddr,
+    client: sallyport_proxy::AuthClient,
+    chain_pem: String,
+    ssh_cert: russh::keys::ssh_key::Certificate,
 }
 
 /// Where a proxy without auth in its process reaches auth: `--auth-server` (repeated or
@@ -327,6 +353,7 @@ async fn start_auth(
     Ok(LocalAuth {
         server: auth,
         addr: auth_addr,
+        chain_pem: auth_id.chain_pem,
     })
 }
 
@@ -422,7 +449,7 @@ async fn start_proxy(
     boot: ProxyBoot,
     auth: Option<&LocalAuth>,
     lines: &mut Vec<String>,
-) -> Result<SocketAddr> {
+) -> Result<LocalProxy> {
     let p = &cfg.proxy_service;
     let proxy_id = boot.identity.clone();
     let cluster = boot.cluster.clone();
@@ -548,12 +575,12 @@ async fn start_proxy(
     };
     // Users' SSH door.
     let state = sallyport_proxy::ssh::SshState::new(
-        client,
+        client.clone(),
         cluster.clone(),
         boot.user_ca_keys,
         boot.host_ca_keys,
         boot.ssh_key,
-        boot.ssh_cert,
+        boot.ssh_cert.clone(),
         tunnels,
         dir.join("recordings"),
     )
@@ -598,7 +625,12 @@ async fn start_proxy(
     lines.push(format!("tunnel   {tunnel_addr}"));
     lines.push(format!("kube     https://{kube_addr}"));
 
-    Ok(web_addr)
+    Ok(LocalProxy {
+        web_addr,
+        client,
+        chain_pem: proxy_id.chain_pem,
+        ssh_cert: boot.ssh_cert,
+    })
 }
 
 /// The all-in-one's own node and kube agents, joined with tokens minted in-process.
@@ -839,6 +871,19 @@ pub(crate) fn local_nodename(cfg: &Config) -> Result<String> {
     sallyport_core::names::validate("node", &name)
         .map_err(|e| anyhow::anyhow!("{e}; pick one with --nodename"))?;
     Ok(name)
+}
+
+/// What the diagnostics listener checks for a process of agents only: each one's tunnel.
+fn agents(cfg: &Config) -> crate::diag::Serves {
+    use sallyport_core::metrics::TunnelKind;
+    let mut serves = crate::diag::Serves::default();
+    if cfg.ssh_service.enabled {
+        serves = serves.agent(TunnelKind::Node);
+    }
+    if cfg.kube_service.enabled {
+        serves = serves.agent(TunnelKind::Kube);
+    }
+    serves
 }
 
 /// `sallyport start --roles=node`: join once, then keep the tunnel to the proxy.

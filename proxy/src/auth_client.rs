@@ -4,9 +4,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sallyport_core::api::{AuthFailure, ErrorBody, RefusalCode};
+use sallyport_core::metrics::{AuditQueue, RouteLabel, StatusClass, metrics};
+use sallyport_core::routes;
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 use sallyport_core::x509::pem_to_ders;
 use serde::Serialize;
@@ -168,12 +170,16 @@ impl AuthClient {
             }
             tx
         });
-        if let Err(e) = tx.try_send(failure) {
-            let failure = match e {
-                tokio::sync::mpsc::error::TrySendError::Full(f)
-                | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
-            };
-            self.failures.count_dropped(&failure.door);
+        match tx.try_send(failure) {
+            Ok(()) => metrics().audit_queued(AuditQueue::ProxyFailedAuth, 1),
+            Err(e) => {
+                let failure = match e {
+                    tokio::sync::mpsc::error::TrySendError::Full(f)
+                    | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
+                };
+                self.failures.count_dropped(&failure.door);
+                metrics().audit_dropped(AuditQueue::ProxyFailedAuth);
+            }
         }
     }
 
@@ -181,6 +187,7 @@ impl AuthClient {
     async fn send_failures(self, mut rx: tokio::sync::mpsc::Receiver<AuthFailure>) {
         let mut batch = Vec::with_capacity(FAILURE_BATCH);
         while rx.recv_many(&mut batch, FAILURE_BATCH).await > 0 {
+            let taken = batch.len();
             // Not queued themselves: a full queue cannot drop the count of what it dropped.
             let dropped = self.failures.take_dropped();
             if !dropped.is_empty() {
@@ -207,6 +214,7 @@ impl AuthClient {
                 ),
                 Err(e) => tracing::warn!(error = %e, "failed authentications not reported"),
             }
+            metrics().audit_dequeued(AuditQueue::ProxyFailedAuth, taken);
             batch.clear();
         }
     }
@@ -251,6 +259,7 @@ impl AuthClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), ClientError> {
+        let route = RouteLabel::of(routes::AUTH, method.as_str(), path);
         let mut last = None;
         let mut resp = None;
         for (k, base) in self.bases.order() {
@@ -258,7 +267,10 @@ impl AuthClient {
             if let Some(b) = &body {
                 req = req.json(b);
             }
-            match req.send().await {
+            let started = Instant::now();
+            let sent = req.send().await;
+            observe(route, &sent, started);
+            match sent {
                 Ok(r) => {
                     self.bases.current.store(k, Ordering::Relaxed);
                     resp = Some((base, r));
@@ -310,9 +322,18 @@ impl AuthClient {
         };
         let mut last = None;
         let mut got = None;
+        let route = RouteLabel::of(routes::AUTH, "GET", path);
         for (k, base) in self.bases.order() {
+            let started = Instant::now();
             let send = self.streaming.get(format!("{base}{path}")).send();
-            match tokio::time::timeout(HEADERS_TIMEOUT, send).await {
+            let sent = tokio::time::timeout(HEADERS_TIMEOUT, send).await;
+            match &sent {
+                Ok(r) => observe(route, r, started),
+                Err(_) => {
+                    metrics().auth_client_request(route, StatusClass::NoAnswer, started.elapsed())
+                }
+            }
+            match sent {
                 Err(_) => return Err(timed_out()),
                 Ok(Ok(r)) => {
                     self.bases.current.store(k, Ordering::Relaxed);
@@ -369,6 +390,15 @@ impl AuthClient {
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
     }
+}
+
+/// Counts a request to auth in its route's latency, to the answer's headers.
+fn observe(route: RouteLabel, resp: &Result<reqwest::Response, reqwest::Error>, started: Instant) {
+    let status = match resp {
+        Ok(r) => StatusClass::of(r.status().as_u16()),
+        Err(_) => StatusClass::NoAnswer,
+    };
+    metrics().auth_client_request(route, status, started.elapsed());
 }
 
 /// Auth's error answer as a [`ClientError::Refused`].

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sallyport_core::api::Presence;
+use sallyport_core::metrics::{TunnelKind, metrics};
 use sallyport_core::names::MAX_HEARTBEAT_LINE;
 use sallyport_core::tunnel::{self, Opener, Side, TunnelStream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -23,6 +24,15 @@ pub enum AgentKind {
     Node,
     /// HTTP to its Kubernetes API server on every stream.
     Kube,
+}
+
+impl AgentKind {
+    fn label(self) -> TunnelKind {
+        match self {
+            AgentKind::Node => TunnelKind::Node,
+            AgentKind::Kube => TunnelKind::Kube,
+        }
+    }
 }
 
 /// A live tunnel: the generation that registered it, its opener, and what it serves.
@@ -77,6 +87,7 @@ impl Tunnels {
             m.entry(node_id.to_string())
                 .or_default()
                 .push((generation, opener, kind));
+            metrics().tunnel_connected(kind.label(), None);
         }
         generation
     }
@@ -89,11 +100,11 @@ impl Tunnels {
         let Some(list) = m.get_mut(node_id) else {
             return false;
         };
-        let before = list.len();
-        list.retain(|(g, _, _)| *g != generation);
-        if list.len() == before {
+        let Some(i) = list.iter().position(|(g, _, _)| *g == generation) else {
             return false;
-        }
+        };
+        let (_, _, kind) = list.remove(i);
+        metrics().tunnel_disconnected(kind.label());
         if list.is_empty() {
             m.remove(node_id);
             true

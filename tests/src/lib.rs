@@ -292,6 +292,9 @@ pub struct Options {
     pub auth_service: Vec<String>,
     /// More `ssh_service` keys (the local agent's), the same way (`pam: {enabled: true}`).
     pub ssh_service: Vec<String>,
+    /// `sallyport.diag_addr` (`127.0.0.1:0`: the kernel picks the port, read from the banner
+    /// into [`Cluster::diag`]); none: the diagnostics listener stays off.
+    pub diag_addr: Option<String>,
 }
 
 impl Default for Options {
@@ -304,6 +307,7 @@ impl Default for Options {
             proxy_service: vec![],
             auth_service: vec![],
             ssh_service: vec![],
+            diag_addr: None,
         }
     }
 }
@@ -324,6 +328,8 @@ pub struct Cluster {
     pub tunnel: String,
     /// The proxy's Kubernetes door (kubectl), `127.0.0.1:PORT`.
     pub kube: String,
+    /// The diagnostics listener, `127.0.0.1:PORT`, when [`Options::diag_addr`] set one.
+    pub diag: Option<String>,
     pub pin: String,
     pub stdout: String,
     child: Option<Child>,
@@ -352,7 +358,7 @@ sallyport:
   nodename: local1
   log: {{severity: info, format: text}}
   storage: {storage}
-auth_service:
+{diag}auth_service:
   enabled: true
   listen_addr: 127.0.0.1:0
   cluster_name: {cluster}
@@ -382,6 +388,11 @@ auth_service:
                     .iter()
                     .map(|l| format!("  {l}\n"))
                     .collect::<String>(),
+                diag = o
+                    .diag_addr
+                    .as_ref()
+                    .map(|a| format!("  diag_addr: {a}\n"))
+                    .unwrap_or_default(),
                 data = dir.path().join("data").display(),
                 cluster = o.cluster_name,
                 sf = if o.second_factor { "otp" } else { "off" },
@@ -397,6 +408,7 @@ auth_service:
             ssh_port: 0,
             tunnel: String::new(),
             kube: String::new(),
+            diag: None,
             pin: String::new(),
             stdout: String::new(),
             child: None,
@@ -444,6 +456,10 @@ auth_service:
         self.proxy = addr("web");
         self.tunnel = addr("tunnel");
         self.kube = addr("kube");
+        self.diag = banner
+            .lines()
+            .find_map(|l| l.strip_prefix("diag")?.trim().strip_prefix("http://"))
+            .map(str::to_string);
         let ssh = addr("ssh");
         self.ssh_port = ssh
             .rsplit_once(':')
@@ -461,6 +477,7 @@ auth_service:
                     ("kube_listen_addr", &self.kube),
                 ]
                 .into_iter()
+                .chain(self.diag.as_ref().map(|d| ("diag_addr", d)))
                 .find(|(key, _)| line.trim() == format!("{key}: 127.0.0.1:0"));
                 match bound {
                     Some((key, addr)) => out.push_str(&format!("  {key}: {addr}\n")),
@@ -728,6 +745,23 @@ auth_service:
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A plain HTTP `GET` of `path` at `addr` (the diagnostics listener): its status and body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, body.to_string())
 }
 
 /// A node agent (`sallyport start --roles=node`) in its own process, killed when dropped.

@@ -150,7 +150,24 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
             audit_refusals,
         ))
         .layer(Extension(verifier))
+        .layer(axum::middleware::from_fn(request_latency))
         .with_state(auth)
+}
+
+/// Each request's time to its answer's headers, in `sallyport_auth_request_duration_seconds`
+/// under its route's pattern (never the concrete path: a name in it is no label).
+async fn request_latency(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use sallyport_core::metrics::{RouteLabel, StatusClass, metrics};
+    let route = RouteLabel::of(
+        sallyport_core::routes::AUTH,
+        req.method().as_str(),
+        req.uri().path(),
+    );
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let status = StatusClass::of(resp.status().as_u16());
+    metrics().auth_request(route, status, started.elapsed());
+    resp
 }
 
 impl IntoResponse for AuthError {
