@@ -43,6 +43,7 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+pub mod ha;
 pub mod kube;
 pub mod oidc;
 pub mod web;
