@@ -35,6 +35,7 @@ impl Api {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60))
             .build()?;
+        let addr = &crate::profile::reachable(addr);
         let base = format!("https://{addr}");
         Ok(Api {
             http,
