@@ -71,6 +71,17 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
     let via1 = t.user("alice", "access", "root", 0);
     let via2 = t.dir.path().join("home-alice-2");
     t.login(&via2, "alice", 1).ok();
+    // And one profile naming both proxies, as a client given a list (not a load balancer).
+    let both = t.dir.path().join("home-alice-both");
+    let list = format!("{},{}", t.proxy_addrs[0].web, t.proxy_addrs[1].web);
+    t.sally(
+        &both,
+        &[
+            "login", "--proxy", &list, "--user", "alice", "--ca-pin", &t.pin,
+        ],
+        "correct horse battery\n",
+    )
+    .ok();
     for node in ["node1", "node2", "node3"] {
         for home in [&via1, &via2] {
             let out = sally_ssh(
@@ -142,6 +153,13 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
         on2.try_wait().unwrap().is_none(),
         "the session through the other proxy is not disturbed"
     );
+
+    // A client given both proxies goes on at once: one refused connect, then the other.
+    let out = sally_ssh(&t, &both, "node1", "echo listed").expect("the listed proxy that is up");
+    assert!(out.contains("listed"), "{out}");
+    sessions += 1;
+    let r = t.sally(&both, &["ls"], "").ok();
+    assert!(r.stdout.contains("node3"), "{r:?}");
 
     // New sessions through proxy2 within seconds: sally ssh, and OpenSSH -J.
     for node in ["node1", "node2", "node3"] {
