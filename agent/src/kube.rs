@@ -849,6 +849,13 @@ impl KubeServer {
 impl StreamServer for KubeServer {
     const KIND: sallyport_core::metrics::TunnelKind = sallyport_core::metrics::TunnelKind::Kube;
 
+    fn renewed(&self, id: &crate::AgentIdentity) -> Result<(), crate::AgentError> {
+        match &self.exec {
+            Some(e) => e.renewed(id),
+            None => Ok(()),
+        }
+    }
+
     fn serve(
         self: Arc<Self>,
         stream: TunnelStream,

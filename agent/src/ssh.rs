@@ -40,7 +40,7 @@ fn env_allowed(name: &str) -> bool {
 const MAX_ENV_VARS: usize = 64;
 
 pub struct NodeServer {
-    config: Arc<russh::server::Config>,
+    config: HostConfig,
     user_cas: Vec<PublicKey>,
     nodename: String,
     /// Sessions run through PAM (`ssh_service.pam`) in `sallyport session-exec`.
@@ -69,11 +69,43 @@ pub fn agent_server(
     Ok((Arc::new(config), user_cas))
 }
 
+/// An agent's SSH server settings, replaced when its host certificate is renewed: connections
+/// from then on get the new certificate, those open keep theirs.
+pub struct HostConfig(std::sync::RwLock<Arc<russh::server::Config>>);
+
+impl HostConfig {
+    pub fn new(config: Arc<russh::server::Config>) -> Self {
+        HostConfig(std::sync::RwLock::new(config))
+    }
+
+    pub fn get(&self) -> Arc<russh::server::Config> {
+        match self.0.read() {
+            Ok(c) => c.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The settings for the identity's (renewed) host certificate.
+    pub fn renew(&self, id: &AgentIdentity) -> Result<(), AgentError> {
+        let (config, _) = agent_server(id)?;
+        match self.0.write() {
+            Ok(mut c) => *c = config,
+            Err(p) => *p.into_inner() = config,
+        }
+        Ok(())
+    }
+}
+
 impl NodeServer {
+    /// Takes the renewed host certificate for new connections.
+    pub fn renewed(&self, id: &AgentIdentity) -> Result<(), AgentError> {
+        self.config.renew(id)
+    }
+
     pub fn new(id: &AgentIdentity) -> Result<Self, AgentError> {
         let (config, user_cas) = agent_server(id)?;
         Ok(NodeServer {
-            config,
+            config: HostConfig::new(config),
             user_cas,
             nodename: id.nodename.clone(),
             pam: None,
@@ -110,7 +142,7 @@ impl NodeServer {
             host_user: None,
         };
         if let Err(e) = sallyport_core::door::serve_ssh(
-            self.config.clone(),
+            self.config.get(),
             stream,
             conn,
             login,
@@ -437,7 +469,7 @@ impl Conn {
         let output = chan.output.clone().ok_or("no such channel")?;
         let handle = session.handle();
         let (tx, rx) = flow::windowed_inbox(
-            self.srv.config.window_size,
+            self.srv.config.get().window_size,
             flow::server_credit(handle.clone(), ch),
         );
         if let Some((_, cols, rows)) = chan.pty.clone() {
@@ -1325,7 +1357,7 @@ mod tests {
             user_ca_keys: vec![openssh(ca.public_key().to_openssh())],
         };
         let server = NodeServer::new(&id).unwrap_or_else(|e| panic!("{e}"));
-        let offered = &server.config.preferred;
+        let offered = &server.config.get().preferred;
         let shared = sshcert::server_preferred(Transport::InsideTunnel);
         assert_eq!(offered.kex, shared.kex);
         assert_eq!(offered.cipher, shared.cipher);

@@ -32,6 +32,11 @@ fn err(e: impl std::fmt::Display) -> AgentError {
 /// What serves the streams the proxy opens in a tunnel, each on a task of its own. `local` is
 /// the agent's end of the tunnel's TCP connection.
 pub trait StreamServer: Send + Sync + 'static {
+    /// The agent's certificates were renewed: new connections get the new host certificate.
+    fn renewed(&self, _id: &AgentIdentity) -> Result<(), AgentError> {
+        Ok(())
+    }
+
     /// What the tunnel serves, for the metrics (`sallyport_agent_tunnel_up`).
     const KIND: TunnelKind;
 
@@ -44,6 +49,10 @@ pub trait StreamServer: Send + Sync + 'static {
 
 impl StreamServer for ssh::NodeServer {
     const KIND: TunnelKind = TunnelKind::Node;
+
+    fn renewed(&self, id: &AgentIdentity) -> Result<(), AgentError> {
+        ssh::NodeServer::renewed(self, id)
+    }
 
     fn serve(
         self: Arc<Self>,
@@ -66,6 +75,87 @@ struct Target {
 struct Answer {
     #[serde(default)]
     proxies: Vec<Target>,
+    #[serde(default)]
+    renewed: Option<sallyport_core::api::Renewed>,
+}
+
+/// Keeps a renewed identity where the agent reads it at its next start (its identity file).
+pub type Keep = Arc<dyn Fn(&AgentIdentity) -> Result<(), AgentError> + Send + Sync>;
+
+/// The identity every tunnel of the agent presents: replaced when its certificates are renewed.
+#[derive(Clone)]
+struct Current {
+    id: Arc<std::sync::RwLock<Arc<AgentIdentity>>>,
+    keep: Keep,
+}
+
+impl Current {
+    fn get(&self) -> Arc<AgentIdentity> {
+        match self.id.read() {
+            Ok(id) => id.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// What to ask in a heartbeat: a renewal over the agent's keys once its TLS certificate is
+    /// past two thirds of its life.
+    fn renewal(&self) -> Option<sallyport_core::api::RenewRequest> {
+        let id = self.get();
+        let leaf = pem_to_ders(&id.tls_cert_pem).ok()?.into_iter().next()?;
+        let (from, to) = sallyport_core::x509::validity(&leaf).ok()?;
+        if !sallyport_core::x509::renewal_due(from, to, sallyport_core::unix_now()) {
+            return None;
+        }
+        use base64::Engine;
+        use rcgen::PublicKeyData;
+        let tls = rcgen::KeyPair::from_pem(&id.tls_key_pem).ok()?;
+        let host =
+            russh::keys::ssh_key::PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).ok()?;
+        Some(sallyport_core::api::RenewRequest {
+            tls_spki: base64::engine::general_purpose::STANDARD
+                .encode(tls.subject_public_key_info()),
+            ssh_host_key: host.public_key().to_openssh().ok()?,
+        })
+    }
+
+    /// Takes renewed certificates: checked against the agent's own keys, kept on disk, served.
+    fn renewed<S: StreamServer>(
+        &self,
+        r: sallyport_core::api::Renewed,
+        server: &S,
+    ) -> Result<(), AgentError> {
+        let old = self.get();
+        let leaf = pem_to_ders(&r.tls_cert_pem)
+            .map_err(err)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| err("no certificate in the renewal"))?;
+        let (spki, not_after) = sallyport_core::x509::spki_and_expiry(&leaf).map_err(err)?;
+        let old_leaf = pem_to_ders(&old.tls_cert_pem)
+            .map_err(err)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| err("no current certificate"))?;
+        let (old_spki, _) = sallyport_core::x509::spki_and_expiry(&old_leaf).map_err(err)?;
+        if spki != old_spki {
+            return Err(err("the renewed certificate is not for this agent's key"));
+        }
+        russh::keys::ssh_key::Certificate::from_openssh(r.ssh_host_cert.trim()).map_err(err)?;
+        let mut new = (*old).clone();
+        new.tls_cert_pem = r.tls_cert_pem;
+        new.ssh_host_cert = r.ssh_host_cert;
+        (self.keep)(&new)?;
+        server.renewed(&new)?;
+        if let Ok(mut id) = self.id.write() {
+            *id = Arc::new(new);
+        }
+        record_expiry::<S>(&self.get());
+        tracing::info!(
+            until = %sallyport_core::rfc3339(not_after),
+            "this agent's certificates were renewed"
+        );
+        Ok(())
+    }
 }
 
 /// What the tunnels tell the supervisor: which proxy a tunnel reached, and the proxy set.
@@ -78,8 +168,17 @@ enum Heard {
 /// be a load balancer), and one to every other proxy the heartbeat answers name (Teleport's
 /// default: a session can land on any proxy). Each reconnects with jittered backoff; a proxy
 /// that leaves the set has its tunnel closed.
-pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server: Arc<S>) {
+pub async fn run<S: StreamServer>(
+    id: Arc<AgentIdentity>,
+    labels: Labels,
+    server: Arc<S>,
+    keep: Keep,
+) {
     record_expiry::<S>(&id);
+    let current = Current {
+        id: Arc::new(std::sync::RwLock::new(id.clone())),
+        keep,
+    };
     metrics().agent_runs(S::KIND);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let first = id.tunnel_addr.clone();
@@ -88,7 +187,7 @@ pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server
     tasks.insert(
         first.clone(),
         tokio::spawn(dial(
-            id.clone(),
+            current.clone(),
             first.clone(),
             labels.clone(),
             server.clone(),
@@ -111,7 +210,7 @@ pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server
                     }
                     tracing::info!(proxy = %t.id, addr = %t.tunnel, "another proxy: keeping a tunnel to it too");
                     let task = dial(
-                        id.clone(),
+                        current.clone(),
                         t.tunnel.clone(),
                         labels.clone(),
                         server.clone(),
@@ -139,7 +238,7 @@ pub async fn run<S: StreamServer>(id: Arc<AgentIdentity>, labels: Labels, server
 
 /// One tunnel address, kept connected for as long as the task lives.
 async fn dial<S: StreamServer>(
-    id: Arc<AgentIdentity>,
+    id: Current,
     addr: String,
     labels: Labels,
     server: Arc<S>,
@@ -200,12 +299,13 @@ impl Drop for TunnelUp {
 }
 
 async fn connect_once<S: StreamServer>(
-    id: &AgentIdentity,
+    current: &Current,
     addr: &str,
     labels: &Labels,
     server: &Arc<S>,
     heard: &tokio::sync::mpsc::UnboundedSender<Heard>,
 ) -> Result<(), AgentError> {
+    let id = current.get();
     let roots = pem_to_ders(&id.host_ca_pem).map_err(err)?;
     let chain = pem_to_ders(&id.tls_cert_pem).map_err(err)?;
     let key = private_key_from_pem(&id.tls_key_pem).map_err(err)?;
@@ -256,8 +356,11 @@ async fn connect_once<S: StreamServer>(
                 tokio::spawn(server.clone().serve(stream, local));
             }
             _ = tick.tick() => {
-                let current = labels.lock().map(|l| l.clone()).unwrap_or_default();
-                let line = format!("{}\n", serde_json::json!({ "labels": current }));
+                let now = labels.lock().map(|l| l.clone()).unwrap_or_default();
+                let line = match current.renewal() {
+                    Some(renew) => format!("{}\n", serde_json::json!({ "labels": now, "renew": renew })),
+                    None => format!("{}\n", serde_json::json!({ "labels": now })),
+                };
                 hb_write.write_all(line.as_bytes()).await?;
                 match tokio::time::timeout(HEARTBEAT, hb_lines.next_line()).await {
                     Ok(Ok(Some(answer))) => {
@@ -269,6 +372,11 @@ async fn connect_once<S: StreamServer>(
                         if let Some(set) = answer.strip_prefix("ok ")
                             && let Ok(a) = serde_json::from_str::<Answer>(set)
                         {
+                            if let Some(r) = a.renewed
+                                && let Err(e) = current.renewed(r, server.as_ref())
+                            {
+                                tracing::warn!(error = %e, "renewed certificates not taken");
+                            }
                             let _ = heard.send(Heard::Proxies(a.proxies));
                         }
                     }

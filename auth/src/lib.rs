@@ -99,6 +99,8 @@ pub struct AuthConfig {
     pub audit_checkpoint_every: u64,
     /// ...and at most this long after a record was written.
     pub audit_checkpoint_interval: Duration,
+    /// How long agents' and proxies' certificates last; they renew at two thirds.
+    pub host_cert_ttl: Duration,
 }
 
 impl AuthConfig {
@@ -115,6 +117,7 @@ impl AuthConfig {
             audit_checkpoint_key: None,
             audit_checkpoint_every: 100,
             audit_checkpoint_interval: Duration::from_secs(60),
+            host_cert_ttl: Duration::from_secs(365 * 86400),
         }
     }
 }

@@ -19,7 +19,6 @@ use sallyport_core::ca::CaKind;
 use sallyport_core::sshcert;
 use sqlx::Row;
 
-use crate::ssh_access::HOST_CERT_TTL;
 use crate::users::token_hash;
 use crate::{AuthError, AuthServer};
 
@@ -155,7 +154,7 @@ impl AuthServer {
             host_key,
             id,
             &names,
-            HOST_CERT_TTL,
+            self.config.host_cert_ttl,
         )
         .map_err(|e| internal(&e))?
         .to_openssh()
@@ -166,7 +165,7 @@ impl AuthServer {
             id,
             crate::api::PROXY_ROLE,
             names,
-            HOST_CERT_TTL,
+            self.config.host_cert_ttl,
             false,
         )?;
         let openssh = |kind| -> Result<Vec<String>, AuthError> {
@@ -185,7 +184,7 @@ impl AuthServer {
             ssh_host_cert,
             user_ca_keys: openssh(CaKind::User)?,
             host_ca_keys: openssh(CaKind::Host)?,
-            not_after: sallyport_core::unix_now() + HOST_CERT_TTL.as_secs() as i64,
+            not_after: sallyport_core::unix_now() + self.config.host_cert_ttl.as_secs() as i64,
         })
     }
 

@@ -15,8 +15,6 @@ use sqlx::any::AnyRow;
 use crate::users::{rfc3339, token_hash};
 use crate::{AuthError, AuthServer};
 
-/// How long a host certificate issued at join lasts.
-pub(crate) const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 86400);
 /// A per-session certificate only has to outlive the handshake with the node.
 pub(crate) const SESSION_CERT_TTL: Duration = Duration::from_secs(5 * 60);
 /// A node whose tunnel reported within this long is online.
@@ -174,13 +172,19 @@ impl AuthServer {
             &host_key,
             &id,
             &names,
-            HOST_CERT_TTL,
+            self.config.host_cert_ttl,
         )
         .map_err(|e| AuthError::Internal(e.to_string()))?
         .to_openssh()
         .map_err(|e| AuthError::Internal(e.to_string()))?;
-        let tls_cert_pem =
-            self.issue_service_cert(&spki, &id, tls_role, vec![], HOST_CERT_TTL, false)?;
+        let tls_cert_pem = self.issue_service_cert(
+            &spki,
+            &id,
+            tls_role,
+            vec![],
+            self.config.host_cert_ttl,
+            false,
+        )?;
         self.emit(
             Event::new(EventType::NodeJoin, None)
                 .with("success", true)
@@ -200,6 +204,54 @@ impl AuthServer {
                 .tls_pem(sallyport_core::ca::CaKind::TlsHost),
             ssh_host_cert,
             user_ca_keys: self.user_ca_openssh()?,
+        })
+    }
+
+    /// An agent's certificates renewed over its keys (asked through the proxy its tunnel is
+    /// to, which vouches for the node id from the tunnel's certificate): the same names and
+    /// organization as at join, a fresh validity. A removed node gets nothing.
+    pub async fn renew_node(&self, id: &str, req: &RenewRequest) -> Result<Renewed, AuthError> {
+        let node =
+            sqlx::query("SELECT hostname, kind FROM nodes WHERE id = $1 AND kind IN ($2, $3)")
+                .bind(id)
+                .bind(NodeKind::Agent.as_str())
+                .bind(NodeKind::Kube.as_str())
+                .fetch_optional(&self.backend.pool)
+                .await?
+                .ok_or_else(|| AuthError::NotFound(format!("node {id} is not registered")))?;
+        let hostname: String = node.try_get("hostname")?;
+        let kind: NodeKind = crate::backend::word(&node, "kind")?;
+        let host_key = PublicKey::from_openssh(req.ssh_host_key.trim()).map_err(|e| {
+            AuthError::BadRequest(format!("the host key is not an OpenSSH public key: {e}"))
+        })?;
+        let spki = base64::engine::general_purpose::STANDARD
+            .decode(&req.tls_spki)
+            .map_err(|_| AuthError::BadRequest("the TLS key is not base64".into()))?;
+        let names = vec![
+            hostname.clone(),
+            format!("{hostname}.{}", self.config.cluster_name),
+            id.to_string(),
+        ];
+        let ssh_host_cert = sshcert::issue_host(
+            &self.authorities.host_signer().key,
+            &host_key,
+            id,
+            &names,
+            self.config.host_cert_ttl,
+        )
+        .map_err(|e| AuthError::Internal(e.to_string()))?
+        .to_openssh()
+        .map_err(|e| AuthError::Internal(e.to_string()))?;
+        let role = if kind == NodeKind::Kube {
+            "kube"
+        } else {
+            "node"
+        };
+        let tls_cert_pem =
+            self.issue_service_cert(&spki, id, role, vec![], self.config.host_cert_ttl, false)?;
+        Ok(Renewed {
+            tls_cert_pem,
+            ssh_host_cert,
         })
     }
 

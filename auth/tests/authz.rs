@@ -151,6 +151,7 @@ fn rows() -> Vec<Row> {
         row(Post, "/v1/nodes/nobody/presence", p::NODE_PRESENCE, Some(r#"{"online":true}"#), PROXY, MISSING),
         row(Post, "/v1/nodes/nobody/proxy-host-cert", p::NODE_PROXY_HOST_CERT, Some(r#"{"public_key":"x"}"#), PROXY, MISSING),
         row(Post, "/v1/nodes/nobody/host-key", p::NODE_HOST_KEY, Some(r#"{"host_key":"x"}"#), PROXY, MISSING),
+        row(Post, "/v1/nodes/nobody/renew", p::NODE_RENEW, Some(r#"{"tls_spki":"x","ssh_host_key":"x"}"#), PROXY, MISSING),
         row(Get, p::SESSIONS, p::SESSIONS, None, USERS, OK),
         row(Post, p::SESSIONS, p::SESSIONS, Some(grant), PROXY, FORBIDDEN),
         row(Post, "/v1/sessions/nope/end", p::SESSION_END, Some(end), PROXY, MISSING),

@@ -555,6 +555,23 @@ pub struct ProxyInfo {
 /// A proxy not heard from for this long is offline (it heartbeats every 10 s).
 pub const PROXY_TTL_SECS: i64 = 30;
 
+/// An agent's certificates renewed over the keys it already has (`POST
+/// /v1/nodes/{id}/renew`, by the proxy its tunnel is to, when the agent asks in a heartbeat).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RenewRequest {
+    /// SubjectPublicKeyInfo (DER, base64) of the agent's TLS key.
+    pub tls_spki: String,
+    /// Its OpenSSH public host key.
+    pub ssh_host_key: String,
+}
+
+/// What a renewal certifies.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Renewed {
+    pub tls_cert_pem: String,
+    pub ssh_host_cert: String,
+}
+
 /// The proxy reporting an agent's tunnel (and its current labels).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Presence {

@@ -96,6 +96,7 @@ pub mod auth {
     pub const NODE_PRESENCE: &str = "/v1/nodes/{name}/presence";
     pub const NODE_PROXY_HOST_CERT: &str = "/v1/nodes/{name}/proxy-host-cert";
     pub const NODE_HOST_KEY: &str = "/v1/nodes/{name}/host-key";
+    pub const NODE_RENEW: &str = "/v1/nodes/{name}/renew";
 
     pub const SESSIONS: &str = "/v1/sessions";
     /// One session's record and its recording's size, for whom may replay it.
@@ -156,6 +157,9 @@ pub mod auth {
     }
     pub fn proxy_renew(name: &str) -> String {
         fill(PROXY_RENEW, name)
+    }
+    pub fn node_renew(name: &str) -> String {
+        fill(NODE_RENEW, name)
     }
     pub fn node_presence(name: &str) -> String {
         fill(NODE_PRESENCE, name)
@@ -286,6 +290,7 @@ pub const AUTH: &[Route] = &[
     r(Post, auth::NODE_PRESENCE),
     r(Post, auth::NODE_PROXY_HOST_CERT),
     r(Post, auth::NODE_HOST_KEY),
+    r(Post, auth::NODE_RENEW),
     r(Get, auth::SESSIONS),
     r(Get, auth::SESSION),
     r(Post, auth::SESSIONS),

@@ -218,6 +218,23 @@ pub fn spki_and_expiry(cert_der: &[u8]) -> Result<(Vec<u8>, i64), X509Error> {
     ))
 }
 
+/// A certificate's validity: (not before, not after), Unix seconds.
+pub fn validity(cert_der: &[u8]) -> Result<(i64, i64), X509Error> {
+    let (_, cert) =
+        X509Certificate::from_der(cert_der).map_err(|e| X509Error::Parse(e.to_string()))?;
+    Ok((
+        cert.validity().not_before.timestamp(),
+        cert.validity().not_after.timestamp(),
+    ))
+}
+
+/// Whether a certificate valid from `not_before` to `not_after` is past two thirds of its
+/// life at `now`: when services and agents renew theirs.
+pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
+    let life = (not_after - not_before).max(1);
+    now >= not_before + life * 2 / 3
+}
+
 pub fn parse_subject(cert_der: &[u8]) -> Result<CertSubject, X509Error> {
     let (_, cert) =
         X509Certificate::from_der(cert_der).map_err(|e| X509Error::Parse(e.to_string()))?;

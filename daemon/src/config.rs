@@ -146,6 +146,14 @@ pub struct AuthService {
     pub authentication: Authentication,
     #[serde(default)]
     pub audit: AuditSettings,
+    /// How long the certificates of agents and proxies last (at least 30s). Each renews its
+    /// own at two thirds of that: an agent through its tunnel while it runs, a proxy at start.
+    #[serde(default = "default_host_cert_ttl")]
+    pub host_cert_ttl: HumanDuration,
+}
+
+fn default_host_cert_ttl() -> HumanDuration {
+    HumanDuration(Duration::from_secs(365 * 86400))
 }
 
 impl Default for AuthService {
@@ -156,6 +164,7 @@ impl Default for AuthService {
             cluster_name: default_cluster(),
             authentication: Authentication::default(),
             audit: AuditSettings::default(),
+            host_cert_ttl: default_host_cert_ttl(),
         }
     }
 }

@@ -260,7 +260,7 @@ mod tests {
         let (status, body) = get(serves.clone(), "/readyz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body, "not ready: kube tunnel: not started yet\n");
-        metrics().agent_tunnel(TunnelKind::Kube, false);
+        metrics().agent_runs(TunnelKind::Kube);
         let (_, body) = get(serves.clone(), "/readyz").await;
         assert!(body.contains("not connected to the proxy"), "{body}");
         metrics().agent_tunnel(TunnelKind::Kube, true);

@@ -198,8 +198,10 @@ async fn kube_agent_main(
         );
     }
     let server = Arc::new(KubeServer::new(upstream).with_exec(&identity)?);
+    let dir = cfg.sallyport.data_dir.clone();
+    let keep: sallyport_agent::tunnel::Keep = Arc::new(move |id| id.save_kube(&dir));
     tokio::select! {
-        _ = sallyport_agent::tunnel::run(Arc::new(identity), labels, server) => Ok(()),
+        _ = sallyport_agent::tunnel::run(Arc::new(identity), labels, server, keep) => Ok(()),
         _ = shutdown_signal() => Ok(()),
     }
 }

@@ -308,6 +308,10 @@ async fn start_auth(
     auth_cfg.audit_checkpoint_key = Some(dir.join("audit-checkpoint.key"));
     auth_cfg.audit_checkpoint_every = a.audit.checkpoint_every;
     auth_cfg.audit_checkpoint_interval = a.audit.checkpoint_interval.0;
+    if a.host_cert_ttl.0 < Duration::from_secs(30) {
+        bail!("auth_service.host_cert_ttl: at least 30s");
+    }
+    auth_cfg.host_cert_ttl = a.host_cert_ttl.0;
     let auth = AuthServer::open(auth_cfg)
         .await
         .context("cannot open the auth service")?;
@@ -990,8 +994,10 @@ async fn agent_main(
     }
     let server = Arc::new(sallyport_agent::ssh::NodeServer::new(&identity)?.with_pam(pam));
     let identity = Arc::new(identity);
+    let dir = dir.clone();
+    let keep: sallyport_agent::tunnel::Keep = Arc::new(move |id| id.save(&dir));
     tokio::select! {
-        _ = sallyport_agent::tunnel::run(identity, labels, server) => Ok(()),
+        _ = sallyport_agent::tunnel::run(identity, labels, server, keep) => Ok(()),
         _ = shutdown_signal() => Ok(()),
     }
 }

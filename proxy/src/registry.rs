@@ -15,7 +15,7 @@ pub const HEARTBEAT: Duration = Duration::from_secs(10);
 /// The proxy set as agents hear it: `{"proxies":[{"id":..,"tunnel":..}]}`, one JSON line.
 #[derive(Clone, Default)]
 pub struct ProxySet {
-    line: Arc<Mutex<Arc<str>>>,
+    targets: Arc<Mutex<Option<Arc<Vec<TunnelTarget>>>>>,
 }
 
 /// One proxy as an agent needs it: who it is (its certificate's CN) and where it takes tunnels.
@@ -29,30 +29,40 @@ pub struct TunnelTarget {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct HeartbeatAnswer {
     pub proxies: Vec<TunnelTarget>,
+    /// The agent's certificates, renewed as it asked in this heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed: Option<sallyport_core::api::Renewed>,
 }
 
 impl ProxySet {
-    /// The line to append after `ok ` (empty until auth has answered once).
-    pub fn line(&self) -> Arc<str> {
-        self.line
-            .lock()
-            .map(|l| l.clone())
-            .unwrap_or_else(|_| "".into())
+    /// The answer to an agent's heartbeat: `ok`, then what it should know (the proxy set
+    /// once auth has told it, a renewal it asked for), one line.
+    pub fn answer(&self, renewed: Option<sallyport_core::api::Renewed>) -> String {
+        let targets = self.targets.lock().ok().and_then(|t| t.clone());
+        if targets.is_none() && renewed.is_none() {
+            return "ok\n".into();
+        }
+        let answer = HeartbeatAnswer {
+            proxies: targets.map(|t| t.as_ref().clone()).unwrap_or_default(),
+            renewed,
+        };
+        match serde_json::to_string(&answer) {
+            Ok(json) => format!("ok {json}\n"),
+            Err(_) => "ok\n".into(),
+        }
     }
 
     fn set(&self, proxies: &[ProxyInfo]) {
-        let answer = HeartbeatAnswer {
-            proxies: proxies
-                .iter()
-                .filter(|p| !p.addrs.tunnel.is_empty())
-                .map(|p| TunnelTarget {
-                    id: p.id.clone(),
-                    tunnel: p.addrs.tunnel.clone(),
-                })
-                .collect(),
-        };
-        if let (Ok(json), Ok(mut l)) = (serde_json::to_string(&answer), self.line.lock()) {
-            *l = json.into();
+        let targets = proxies
+            .iter()
+            .filter(|p| !p.addrs.tunnel.is_empty())
+            .map(|p| TunnelTarget {
+                id: p.id.clone(),
+                tunnel: p.addrs.tunnel.clone(),
+            })
+            .collect();
+        if let Ok(mut t) = self.targets.lock() {
+            *t = Some(Arc::new(targets));
         }
     }
 }

@@ -123,6 +123,9 @@ impl Tunnels {
 #[derive(serde::Deserialize)]
 struct Heartbeat {
     labels: Option<std::collections::BTreeMap<String, String>>,
+    /// Its certificates are past two thirds of their life: renew them over these keys.
+    #[serde(default)]
+    renew: Option<sallyport_core::api::RenewRequest>,
 }
 
 /// Reads an agent's heartbeats until its stream ends or goes quiet, reporting each to auth as
@@ -147,6 +150,7 @@ async fn heartbeats(
             Ok(Ok(n)) if n > 0 => {}
             _ => return,
         }
+        let mut renewed = None;
         let refusal = if line.len() > MAX_HEARTBEAT_LINE {
             Some(format!(
                 "heartbeat line over {MAX_HEARTBEAT_LINE} bytes; fewer or shorter labels"
@@ -155,6 +159,23 @@ async fn heartbeats(
             match serde_json::from_slice::<Heartbeat>(line.trim_ascii_end()) {
                 Err(e) => Some(format!("heartbeat is not JSON: {e}")),
                 Ok(h) => {
+                    if let Some(req) = &h.renew {
+                        // For the node the tunnel's certificate proved, never another.
+                        let path = sallyport_core::routes::auth::node_renew(node_id);
+                        match auth
+                            .json::<_, sallyport_core::api::Renewed>(
+                                reqwest::Method::POST,
+                                &path,
+                                Some(req),
+                            )
+                            .await
+                        {
+                            Ok(r) => renewed = Some(r),
+                            Err(e) => {
+                                tracing::warn!(node = %node_id, error = %e, "an agent's certificates were not renewed")
+                            }
+                        }
+                    }
                     let p = Presence {
                         online: true,
                         labels: h.labels,
@@ -187,12 +208,7 @@ async fn heartbeats(
             let _ = w.flush().await;
             return;
         }
-        let proxies = set.line();
-        let answer = if proxies.is_empty() {
-            "ok\n".to_string()
-        } else {
-            format!("ok {proxies}\n")
-        };
+        let answer = set.answer(renewed);
         if w.write_all(answer.as_bytes()).await.is_err() {
             return;
         }

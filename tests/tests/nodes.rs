@@ -313,3 +313,61 @@ fn a_node_registered_under_a_reserved_name_before_is_not_served() {
     c.ssh(&cfg, &["root@localhost", "true"], "")
         .fails_with("node name \"localhost\" is reserved");
 }
+
+/// An agent renews its certificates through its tunnel at two thirds of their life, keeps the
+/// renewed ones in its identity file (0600), and stays reachable past the first ones' expiry;
+/// a removed node's tunnel is refused at its next heartbeat, renewal or not.
+#[test]
+fn agents_renew_their_certificates_and_a_removed_node_is_cut_off() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::start_with(sallyport_tests::Options {
+        auth_service: vec!["host_cert_ttl: 40s".into()],
+        ..Default::default()
+    });
+    let home = c.user("rena", "access", "root");
+    let agent = c.agent("renewed1", "");
+    let file = agent.dir.join("agent-identity.json");
+    let cert = |f: &std::path::Path| -> (String, i64) {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        let pem = v["tls_cert_pem"].as_str().unwrap().to_string();
+        let der = sallyport_core::x509::pem_to_ders(&pem).unwrap().remove(0);
+        let (_, not_after) = sallyport_core::x509::spki_and_expiry(&der).unwrap();
+        (pem, not_after)
+    };
+    let (first, first_end) = cert(&file);
+    assert!(
+        sallyport_tests::eventually(std::time::Duration::from_secs(60), || cert(&file).0
+            != first),
+        "the agent's certificate was never renewed"
+    );
+    assert!(cert(&file).1 > first_end, "the renewal lasts longer");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the identity file keeps its mode");
+    // Past the first certificate's end: still online, sessions still open (the host
+    // certificate the node's SSH server presents was renewed too).
+    while sallyport_core::unix_now() <= first_end + 2 {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    c.wait_online("renewed1");
+    let r = c
+        .sally(
+            &home,
+            &["ssh", "root@renewed1", "--", "echo still-here"],
+            "",
+        )
+        .ok();
+    assert!(r.stdout.contains("still-here"), "{r:?}");
+
+    // Removed: its tunnel is ended at its next heartbeat and it is not shown online.
+    c.sallyctl(&["nodes", "rm", "renewed1"]).ok();
+    assert!(
+        sallyport_tests::eventually(std::time::Duration::from_secs(25), || {
+            c.sally(&home, &["ssh", "root@renewed1", "--", "true"], "")
+                .code
+                != 0
+                && !c.node_online("renewed1")
+        }),
+        "a removed node stays reachable"
+    );
+}

@@ -55,14 +55,22 @@ const INPUT_QUEUE: usize = 64;
 
 /// The SSH server for exec sessions; shared by every stream of the tunnel.
 pub struct ExecServer {
-    config: Arc<russh::server::Config>,
+    config: crate::ssh::HostConfig,
     user_cas: Vec<PublicKey>,
 }
 
 impl ExecServer {
     pub fn new(id: &AgentIdentity) -> Result<Self, AgentError> {
         let (config, user_cas) = crate::ssh::agent_server(id)?;
-        Ok(ExecServer { config, user_cas })
+        Ok(ExecServer {
+            config: crate::ssh::HostConfig::new(config),
+            user_cas,
+        })
+    }
+
+    /// Takes the renewed host certificate for new connections.
+    pub fn renewed(&self, id: &AgentIdentity) -> Result<(), AgentError> {
+        self.config.renew(id)
     }
 
     /// Serves one SSH connection from the proxy on `stream`.
@@ -88,7 +96,7 @@ impl ExecServer {
             used: false,
         };
         if let Err(e) = sallyport_core::door::serve_ssh(
-            self.config.clone(),
+            self.config.get(),
             stream,
             conn,
             login,

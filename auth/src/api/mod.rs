@@ -100,6 +100,7 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Post, p::NODE_PRESENCE, nodes::presence),
         on(Post, p::NODE_PROXY_HOST_CERT, nodes::proxy_host_cert),
         on(Post, p::NODE_HOST_KEY, nodes::pin_host_key),
+        on(Post, p::NODE_RENEW, nodes::renew),
         on(Get, p::SESSIONS, sessions::list),
         on(Get, p::SESSION, sessions::get),
         on(Post, p::SESSIONS, sessions::grant),

@@ -125,3 +125,13 @@ pub(super) async fn pin_host_key(
         serde_json::json!({"host_key": auth.pin_host_key(&id, &b.host_key).await?}),
     ))
 }
+
+/// An agent's certificates renewed, asked by the proxy its tunnel is to.
+pub(super) async fn renew(
+    State(auth): Auth,
+    _proxy: Proxy,
+    Path(id): Path<String>,
+    Json(req): Json<sallyport_core::api::RenewRequest>,
+) -> Result<Json<sallyport_core::api::Renewed>, AuthError> {
+    Ok(Json(auth.renew_node(&id, &req).await?))
+}

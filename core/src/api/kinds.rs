@@ -217,12 +217,14 @@ mod tests {
             )
         );
         let e =
-            serde_json::from_str::<crate::api::AddJoinToken>(r#"{"type":"proxy","ttl_secs":60}"#)
+            serde_json::from_str::<crate::api::AddJoinToken>(r#"{"type":"bastion","ttl_secs":60}"#)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();
         assert!(
-            e.starts_with("unknown variant `proxy`, expected one of `signup`, `node`, `kube`"),
+            e.starts_with(
+                "unknown variant `bastion`, expected one of `signup`, `node`, `kube`, `proxy`"
+            ),
             "{e}"
         );
     }
