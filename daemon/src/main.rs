@@ -1,5 +1,6 @@
 //! `sallyport`: the daemon. `start` runs any subset of the auth and proxy services (all-in-one
-//! by default); `configure` prints a complete, commented configuration.
+//! by default); `configure` prints a complete, commented configuration (`--check FILE` checks
+//! one without starting anything).
 
 mod config;
 mod diag;
@@ -75,8 +76,14 @@ enum Command {
         #[arg(long, value_name = "HOST:PORT")]
         diag_addr: Option<std::net::SocketAddr>,
     },
-    /// Print a complete, commented default configuration.
-    Configure,
+    /// Print a complete, commented default configuration; with --check, check config files.
+    Configure {
+        /// Check these config files as `sallyport start` reads them (every key, type and
+        /// value) and print `FILE: ok` for each; the first bad one is named, with the line and
+        /// key, and the exit code is 1. Nothing is started or written.
+        #[arg(long, value_name = "FILE", num_args = 1..)]
+        check: Vec<PathBuf>,
+    },
     /// Internal: a node session run through PAM, started by the agent (never by people).
     #[command(hide = true, name = "session-exec")]
     SessionExec {
@@ -105,7 +112,19 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Configure => {
+        Command::Configure { check } if !check.is_empty() => {
+            use std::io::Write;
+            for path in &check {
+                if let Err(e) = config::Config::load(path) {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(1);
+                }
+                // The verdict is the exit code: a closed stdout does not change it.
+                let _ = writeln!(std::io::stdout(), "{}: ok", path.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Configure { .. } => {
             use std::io::Write;
             // A closed pipe (`sallyport configure | head`) is the reader's choice, not an error.
             match std::io::stdout().write_all(config::DEFAULT_CONFIG.as_bytes()) {
