@@ -106,6 +106,8 @@ pub(crate) struct Anchor {
     /// Why the last checkpoint was refused (a rewrite seen), until one is signed again:
     /// `sallyctl status` shows it, so that stopped anchoring does not go unnoticed.
     stopped: Mutex<Option<String>>,
+    /// The key was made at this start (no file was there).
+    made: bool,
 }
 
 impl Anchor {
@@ -114,6 +116,7 @@ impl Anchor {
         let Some(path) = &config.audit_checkpoint_key else {
             return Ok(None);
         };
+        let mut made = false;
         let key = match std::fs::read_to_string(path) {
             Ok(text) => {
                 let mode = std::fs::metadata(path)
@@ -133,7 +136,10 @@ impl Anchor {
                     ))
                 })?
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_key(path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                made = true;
+                create_key(path)?
+            }
             Err(e) => {
                 return Err(AuthError::Internal(format!(
                     "cannot read the audit checkpoint key {}: {e}",
@@ -153,6 +159,7 @@ impl Anchor {
             every: i64::try_from(config.audit_checkpoint_every.max(1)).unwrap_or(i64::MAX),
             spans: Mutex::new(BTreeMap::new()),
             stopped: Mutex::new(None),
+            made,
         }))
     }
 
@@ -211,6 +218,35 @@ fn create_key(path: &Path) -> Result<PrivateKey, AuthError> {
     })?;
     tracing::info!(file = %path.display(), "made the audit checkpoint key");
     Ok(key)
+}
+
+impl AuthServer {
+    /// A second auth instance on a database whose chain another one anchors must sign with the
+    /// same key: one that made a key of its own at this start, where checkpoints signed by
+    /// another key already are, stops with what to do (its key removed again), rather than run
+    /// and have every search and `audit verify` report the other's checkpoints as forged.
+    pub(crate) async fn check_checkpoint_key(&self) -> Result<(), AuthError> {
+        let Some(a) = self.audit_anchor.as_ref().filter(|a| a.made) else {
+            return Ok(());
+        };
+        let row = sqlx::query(
+            "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints ORDER BY seq DESC LIMIT 1",
+        )
+        .fetch_optional(&self.backend.pool)
+        .await?;
+        let Some(row) = row else { return Ok(()) };
+        let cp = checkpoint_row(&row)?;
+        if cp.is_signed_by(a.key.public_key(), &self.config.cluster_name) {
+            return Ok(());
+        }
+        let path = self.config.audit_checkpoint_key.clone().unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
+        Err(AuthError::Internal(format!(
+            "the audit chain in this database is anchored by another auth instance's checkpoint key, and this one had none ({}): auth instances on one database share one key; copy audit-checkpoint.key from that instance's data dir to {} (mode 0600) and start again",
+            path.display(),
+            path.display()
+        )))
+    }
 }
 
 /// The background half of anchoring: unsigned records wait at most one interval.

@@ -169,6 +169,7 @@ impl AuthServer {
             password_checks: login::PasswordChecks::new(),
             oidc_pending: oidc::PendingStarts::default(),
         });
+        auth.check_checkpoint_key().await?;
         failures::spawn_flusher(Arc::downgrade(&auth));
         audit_log::spawn_anchorer(Arc::downgrade(&auth));
         Ok(auth)

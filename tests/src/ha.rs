@@ -91,6 +91,11 @@ impl Service {
         }
     }
 
+    /// Starts the service; what it said when it exited instead.
+    pub fn try_start(&mut self) -> Result<(), String> {
+        self.spawn().map(|b| self.banner = b)
+    }
+
     /// Starts the service (again) and waits for its banner.
     pub fn start(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -203,43 +208,7 @@ impl Topology {
             pin: String::new(),
         };
         for i in 1..=auths {
-            let addr = format!("127.0.0.1:{}", free_port());
-            let name = format!("auth{i}");
-            let data = t.dir.path().join(&name);
-            let config = t.dir.path().join(format!("{name}.yaml"));
-            std::fs::write(
-                &config,
-                format!(
-                    "version: v1
-sallyport:
-  data_dir: {data}
-  log: {{severity: info, format: text}}
-  storage: {{type: postgres, conn_string: \"{db}\"}}
-auth_service:
-  enabled: true
-  listen_addr: {addr}
-  cluster_name: ha
-  authentication: {{type: local, second_factor: off}}
-proxy_service:
-  enabled: false
-ssh_service:
-  enabled: false
-",
-                    data = data.display(),
-                    db = t.db_url,
-                ),
-            )
-            .expect("config");
-            let mut s = Service {
-                name,
-                config,
-                data,
-                args: vec![],
-                first_args: vec![],
-                banner: String::new(),
-                child: None,
-                started: false,
-            };
+            let (mut s, addr) = t.auth_service(&format!("auth{i}"));
             // Auth instances share the audit checkpoint key (kept outside the database so that a
             // database writer cannot re-sign the chain): the operator copies it, as here.
             if i > 1 {
@@ -268,6 +237,47 @@ ssh_service:
             t.wait_online(&format!("node{i}"));
         }
         t
+    }
+
+    /// An auth instance on the topology's database (not started), and its address.
+    pub fn auth_service(&self, name: &str) -> (Service, String) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let data = self.dir.path().join(name);
+        let config = self.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "version: v1
+sallyport:
+  data_dir: {data}
+  log: {{severity: info, format: text}}
+  storage: {{type: postgres, conn_string: \"{db}\"}}
+auth_service:
+  enabled: true
+  listen_addr: {addr}
+  cluster_name: ha
+  authentication: {{type: local, second_factor: off}}
+proxy_service:
+  enabled: false
+ssh_service:
+  enabled: false
+",
+                data = data.display(),
+                db = self.db_url,
+            ),
+        )
+        .expect("config");
+        let s = Service {
+            name: name.to_string(),
+            config,
+            data,
+            args: vec![],
+            first_args: vec![],
+            banner: String::new(),
+            child: None,
+            started: false,
+        };
+        (s, addr)
     }
 
     fn add_proxy(&mut self, i: usize) {

@@ -294,3 +294,37 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
     );
     let _ = bin("sallyport");
 }
+
+/// A second auth instance that was not given the cluster's audit checkpoint key stops at start
+/// with what to do, instead of serving and calling every checkpoint the other signed forged;
+/// given the key, it starts and the chain verifies.
+#[test]
+fn an_auth_without_the_shared_checkpoint_key_says_so_and_stops() {
+    let mut t = Topology::start(1, 0, 0);
+    // Records, and a clean stop that signs a checkpoint of them.
+    t.token("node");
+    t.auths[0].terminate();
+    t.auths[0].start();
+    let (mut lone, _) = t.auth_service("auth-lone");
+    let why = lone
+        .try_start()
+        .expect_err("an auth with a key of its own started");
+    assert!(
+        why.contains("anchored by another auth instance's checkpoint key")
+            && why.contains("copy audit-checkpoint.key"),
+        "{why}"
+    );
+    let key = lone.data.join("audit-checkpoint.key");
+    assert!(!key.exists(), "the key it made is not left behind");
+    std::fs::copy(t.auths[0].data.join("audit-checkpoint.key"), &key).unwrap();
+    lone.try_start().expect("with the shared key it starts");
+    t.auths[0].kill();
+    let r = sallyport_tests::run(
+        Command::new(bin("sallyctl"))
+            .arg("--data-dir")
+            .arg(&lone.data)
+            .args(["audit", "verify"]),
+        "",
+    );
+    assert!(r.code == 0 && r.stdout.contains("intact"), "{r:?}");
+}
