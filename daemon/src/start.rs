@@ -113,6 +113,13 @@ pub async fn run(
     let a = &cfg.auth_service;
     let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
     auth_cfg.recordings_dir = Some(dir.join("recordings"));
+    // Where finished recordings are kept: the data dir's `recordings/` unless `recordings:` says.
+    let recording_store = match &cfg.recordings {
+        Some(r) => sallyport_recordings::RecordingStore::from_config(&r.store_config()),
+        None => sallyport_recordings::RecordingStore::local(&dir.join("recordings")),
+    }
+    .map_err(anyhow::Error::msg)?;
+    auth_cfg.recording_store = Some(recording_store.clone());
     // No node may join under a name clients use for the proxy.
     auth_cfg.public_names.extend(
         cfg.proxy_service
@@ -305,6 +312,10 @@ pub async fn run(
         dir.join("recordings"),
     )
     .with_max_recording_size(p.max_recording_size.0)
+    .with_uploads(sallyport_proxy::session::record::Uploads::start(
+        recording_store,
+        dir.join("recordings"),
+    ))
     .with_max_jumps_per_connection(p.max_jumps_per_connection);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));

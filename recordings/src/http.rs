@@ -72,5 +72,13 @@ fn error(e: reqwest::Error) -> HttpError {
     } else {
         HttpErrorKind::Unknown
     };
-    HttpError::new(kind, e)
+    // reqwest's message stops at "error sending request"; the reason (connection refused, a
+    // certificate) is in its sources.
+    let mut said = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        said = format!("{said}: {s}");
+        source = s.source();
+    }
+    HttpError::new(kind, std::io::Error::other(said))
 }

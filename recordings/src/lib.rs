@@ -36,6 +36,98 @@ pub struct StoreConfig {
     pub region: Option<String>,
 }
 
+/// What a [`StoreConfig`] names.
+enum Location {
+    Dir(PathBuf),
+    S3(S3),
+}
+
+struct S3 {
+    bucket: String,
+    prefix: Option<Key>,
+    /// The endpoint, and whether it is plain HTTP.
+    endpoint: Option<(String, bool)>,
+}
+
+impl StoreConfig {
+    /// Whether this names a store: the URI's shape and the endpoint, before any credentials or
+    /// request (the config file's check).
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.location().map(|_| ())
+    }
+
+    fn location(&self) -> Result<Location, StoreError> {
+        let bad = |why: &str| {
+            StoreError::Config(format!(
+                "uri {:?}: {why}; use s3://BUCKET[/PREFIX] or file:///PATH",
+                self.uri
+            ))
+        };
+        let url = url::Url::parse(&self.uri).map_err(|e| bad(&e.to_string()))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            // A secret in the config file would end up in logs and messages.
+            return Err(bad(
+                "credentials do not go in the uri: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(bad("no query or fragment"));
+        }
+        match url.scheme() {
+            "file" => {
+                if self.endpoint.is_some() || self.region.is_some() {
+                    return Err(StoreError::Config(
+                        "endpoint and region are for an s3:// store only".into(),
+                    ));
+                }
+                if url.host_str().is_some_and(|h| !h.is_empty()) {
+                    return Err(bad("a file uri has no host: file:///PATH"));
+                }
+                let path = url
+                    .to_file_path()
+                    .map_err(|()| bad("not an absolute path"))?;
+                Ok(Location::Dir(path))
+            }
+            "s3" => {
+                let bucket = url
+                    .host_str()
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| bad("no bucket"))?;
+                let prefix = url.path().trim_matches('/');
+                let prefix = if prefix.is_empty() {
+                    None
+                } else {
+                    Some(Key::parse(prefix).map_err(|e| bad(&format!("the prefix: {e}")))?)
+                };
+                let endpoint = match &self.endpoint {
+                    None => None,
+                    Some(endpoint) => {
+                        let how = "use http(s)://HOST:PORT";
+                        let e = url::Url::parse(endpoint).map_err(|e| {
+                            StoreError::Config(format!("endpoint {endpoint:?}: {e}; {how}"))
+                        })?;
+                        if !matches!(e.scheme(), "http" | "https") || e.host_str().is_none() {
+                            return Err(StoreError::Config(format!(
+                                "endpoint {endpoint:?}: {how}"
+                            )));
+                        }
+                        Some((
+                            endpoint.trim_end_matches('/').to_string(),
+                            e.scheme() == "http",
+                        ))
+                    }
+                };
+                Ok(Location::S3(S3 {
+                    bucket: bucket.to_string(),
+                    prefix,
+                    endpoint,
+                }))
+            }
+            other => Err(bad(&format!("unknown scheme {other:?}"))),
+        }
+    }
+}
+
 /// An S3 access key. No `Debug`: it is never printed.
 #[derive(Clone)]
 pub struct Credentials {
@@ -131,84 +223,27 @@ impl RecordingStore {
     /// The store `cfg` names; nothing is sent yet (see [`RecordingStore::check`]). A URI that
     /// names no store, or an S3 store without credentials, is an error.
     pub fn from_config(cfg: &StoreConfig) -> Result<Self, StoreError> {
-        let bad = |why: &str| {
-            StoreError::Config(format!(
-                "uri {:?}: {why}; use s3://BUCKET[/PREFIX] or file:///PATH",
-                cfg.uri
-            ))
-        };
-        let url = url::Url::parse(&cfg.uri).map_err(|e| bad(&e.to_string()))?;
-        if !url.username().is_empty() || url.password().is_some() {
-            // A secret in the config file would end up in logs and messages.
-            return Err(bad(
-                "credentials do not go in the uri: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-            ));
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err(bad("no query or fragment"));
-        }
-        match url.scheme() {
-            "file" => {
-                if cfg.endpoint.is_some() || cfg.region.is_some() {
-                    return Err(StoreError::Config(
-                        "endpoint and region are for an s3:// store only".into(),
-                    ));
-                }
-                if url.host_str().is_some_and(|h| !h.is_empty()) {
-                    return Err(bad("a file uri has no host: file:///PATH"));
-                }
-                let path = url
-                    .to_file_path()
-                    .map_err(|()| bad("not an absolute path"))?;
-                Self::local(&path)
-            }
-            "s3" => Self::s3(cfg, &url, Credentials::from_env()),
-            other => Err(bad(&format!("unknown scheme {other:?}"))),
+        match cfg.location()? {
+            Location::Dir(path) => Self::local(&path),
+            Location::S3(s3) => Self::s3(cfg, s3, Credentials::from_env()),
         }
     }
 
     /// An `s3://` store with these credentials (tests; [`RecordingStore::from_config`] reads
     /// them from the environment).
     pub fn s3_with(cfg: &StoreConfig, creds: &Credentials) -> Result<Self, StoreError> {
-        let url = url::Url::parse(&cfg.uri)
-            .map_err(|e| StoreError::Config(format!("uri {:?}: {e}", cfg.uri)))?;
-        Self::s3(cfg, &url, Some(creds.clone()))
+        match cfg.location()? {
+            Location::S3(s3) => Self::s3(cfg, s3, Some(creds.clone())),
+            Location::Dir(_) => Err(StoreError::Config(format!("{} is not s3://", cfg.uri))),
+        }
     }
 
-    fn s3(
-        cfg: &StoreConfig,
-        url: &url::Url,
-        creds: Option<Credentials>,
-    ) -> Result<Self, StoreError> {
-        let bucket = url
-            .host_str()
-            .filter(|b| !b.is_empty())
-            .ok_or_else(|| StoreError::Config(format!("uri {:?}: no bucket", cfg.uri)))?;
-        let prefix = url.path().trim_matches('/');
-        let prefix =
-            if prefix.is_empty() {
-                None
-            } else {
-                Some(Key::parse(prefix).map_err(|e| {
-                    StoreError::Config(format!("uri {:?}: the prefix: {e}", cfg.uri))
-                })?)
-            };
-        let endpoint = match &cfg.endpoint {
-            None => None,
-            Some(endpoint) => {
-                let e = url::Url::parse(endpoint).map_err(|e| {
-                    StoreError::Config(format!(
-                        "endpoint {endpoint:?}: {e}; use http(s)://HOST:PORT"
-                    ))
-                })?;
-                if !matches!(e.scheme(), "http" | "https") || e.host_str().is_none() {
-                    return Err(StoreError::Config(format!(
-                        "endpoint {endpoint:?}: use http(s)://HOST:PORT"
-                    )));
-                }
-                Some((endpoint.trim_end_matches('/'), e.scheme() == "http"))
-            }
-        };
+    fn s3(cfg: &StoreConfig, at: S3, creds: Option<Credentials>) -> Result<Self, StoreError> {
+        let S3 {
+            bucket,
+            prefix,
+            endpoint,
+        } = at;
         let creds = creds.ok_or_else(|| {
             StoreError::Config(format!(
                 "the store {} needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment",
@@ -235,10 +270,10 @@ impl RecordingStore {
         if let Some(token) = &creds.token {
             b = b.with_token(token);
         }
-        if let Some((endpoint, http)) = endpoint {
+        if let Some((endpoint, http)) = &endpoint {
             b = b
                 .with_endpoint(endpoint)
-                .with_allow_http(http)
+                .with_allow_http(*http)
                 // Path-style requests (`endpoint/bucket/key`): what every S3-compatible
                 // service answers, where a bucket's own host name may not resolve.
                 .with_virtual_hosted_style_request(false);
@@ -287,7 +322,7 @@ impl RecordingStore {
             object_store::Error::NotFound { path, .. } => StoreError::NotFound(path),
             e => StoreError::Store {
                 store: self.uri.clone(),
-                error: e.to_string(),
+                error: one_line(&e.to_string()),
             },
         }
     }
@@ -321,7 +356,10 @@ impl RecordingStore {
             GetResultPayload::Stream(s) => {
                 let uri = self.uri.clone();
                 s.map_err(move |e| {
-                    std::io::Error::other(format!("the recording store {uri} failed: {e}"))
+                    std::io::Error::other(format!(
+                        "the recording store {uri} failed: {}",
+                        one_line(&e.to_string())
+                    ))
                 })
                 .boxed()
             }
@@ -387,6 +425,11 @@ impl RecordingStore {
             .await
             .map(|_| ())
     }
+}
+
+/// An error as one log line: a store's answer is often an XML document over several lines.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Reads until `buf` is full or the file ends.

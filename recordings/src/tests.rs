@@ -241,6 +241,7 @@ async fn wrong_credentials_or_no_service_are_clear_errors_without_the_secret() {
         e.starts_with("the recording store s3://recs failed: "),
         "{e}"
     );
+    assert!(e.contains("Connection refused"), "{e}");
     assert!(
         started.elapsed() < Duration::from_secs(15),
         "{:?}",

@@ -45,6 +45,7 @@ pub fn bin(name: &str) -> PathBuf {
 
 pub mod kube;
 pub mod oidc;
+pub mod s3;
 pub mod web;
 
 /// Building the binaries from a test: `cargo test -p sallyport-tests` compiles only this
@@ -292,6 +293,11 @@ pub struct Options {
     pub auth_service: Vec<String>,
     /// More `ssh_service` keys (the local agent's), the same way (`pam: {enabled: true}`).
     pub ssh_service: Vec<String>,
+    /// The top-level `recordings:` section, as a YAML flow mapping
+    /// (`{uri: s3://bucket/prefix, endpoint: http://127.0.0.1:PORT}`); none: the data dir.
+    pub recordings: Option<String>,
+    /// Environment variables for the daemon (`AWS_ACCESS_KEY_ID`, ...).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -304,6 +310,8 @@ impl Default for Options {
             proxy_service: vec![],
             auth_service: vec![],
             ssh_service: vec![],
+            recordings: None,
+            env: vec![],
         }
     }
 }
@@ -329,6 +337,10 @@ pub struct Cluster {
     child: Option<Child>,
     /// `SALLY_HOME` for the clients this test runs.
     pub home: PathBuf,
+    /// The daemon's environment beyond the test's (`Options::env`).
+    env: Vec<(String, String)>,
+    /// What the daemon wrote to stderr (its log), since it started; see [`Cluster::log`].
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Cluster {
@@ -366,7 +378,7 @@ auth_service:
 {proxy_extra}ssh_service:
   enabled: true
   labels: {{env: dev}}
-{ssh_extra}",
+{ssh_extra}{recordings}",
                 auth_extra = o
                     .auth_service
                     .iter()
@@ -382,6 +394,11 @@ auth_service:
                     .iter()
                     .map(|l| format!("  {l}\n"))
                     .collect::<String>(),
+                recordings = o
+                    .recordings
+                    .as_ref()
+                    .map(|r| format!("recordings: {r}\n"))
+                    .unwrap_or_default(),
                 data = dir.path().join("data").display(),
                 cluster = o.cluster_name,
                 sf = if o.second_factor { "otp" } else { "off" },
@@ -401,6 +418,8 @@ auth_service:
             stdout: String::new(),
             child: None,
             home,
+            env: o.env.clone(),
+            log: Default::default(),
             dir,
         };
         c.boot();
@@ -487,6 +506,7 @@ auth_service:
             .args(["start", "--config"])
             .arg(&self.config)
             .env("SALLYPORT_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -508,6 +528,7 @@ auth_service:
         let stderr = child.stderr.take().unwrap();
         let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let said2 = said.clone();
+        let log = self.log.clone();
         let errors = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -516,6 +537,11 @@ auth_service:
                 if s.len() < 64 * 1024 {
                     s.push_str(&line);
                     s.push('\n');
+                }
+                let mut l = log.lock().unwrap();
+                if l.len() < 1024 * 1024 {
+                    l.push_str(&line);
+                    l.push('\n');
                 }
             }
         });
@@ -566,6 +592,11 @@ auth_service:
             let status = c.wait().unwrap();
             assert!(status.success(), "sallyport exited with {status}");
         }
+    }
+
+    /// What the daemon logged (at `warn` and above) in all its runs so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 
     /// The daemon's process id, while it runs.
