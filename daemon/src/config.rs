@@ -820,6 +820,14 @@ ssh_service:
   #   enabled: true
   #   service_name: sallyport
 
+# Where finished session recordings are kept. Absent: <data_dir>/recordings. The proxy writes
+# each one there while its session runs and uploads it whole when the session ends. The key
+# comes from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never from this file.
+# recordings:
+#   uri: s3://my-bucket/sallyport     # s3://BUCKET[/PREFIX] | file:///PATH
+#   endpoint: http://127.0.0.1:9000   # an S3-compatible service (MinIO); absent: AWS
+#   region: us-east-1                 # default: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1
+
 # A Kubernetes cluster served through the proxy's kube_listen_addr by a kube agent: in this
 # process when auth and proxy run here, or alone with --roles=kube. Off by default.
 # kube_service:
@@ -1136,6 +1144,24 @@ mod recordings_tests {
             "{base}recordings: {{uri: 'file:///srv/recordings'}}\n"
         ))
         .unwrap_or_else(|e| panic!("{e}"));
+        // The commented example in `sallyport configure`, uncommented, is valid.
+        let start = DEFAULT_CONFIG
+            .find("# recordings:")
+            .unwrap_or_else(|| panic!("no recordings example"));
+        let end = DEFAULT_CONFIG
+            .find("# A Kubernetes cluster")
+            .unwrap_or_else(|| panic!("no kube_service example"));
+        let example: String = DEFAULT_CONFIG[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = Config::parse(&format!("{base}{example}\n"))
+            .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        assert_eq!(
+            c.recordings.map(|r| r.uri),
+            Some("s3://my-bucket/sallyport".into())
+        );
         for (yaml, said) in [
             (
                 "recordings: {uri: 'gs://b'}",
