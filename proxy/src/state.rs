@@ -103,6 +103,15 @@ impl ProxyState {
         }
     }
 
+    /// Recordings waiting for their upload to the recording store (none when the store is
+    /// the proxy's own directory), for the metrics.
+    pub fn recording_backlog(&self) -> crate::session::record::Backlog {
+        self.uploads
+            .as_ref()
+            .map(|u| u.backlog())
+            .unwrap_or_default()
+    }
+
     /// The proxy's public SSH key, as auth certifies it.
     pub fn public_key(&self) -> Result<String, String> {
         self.key
