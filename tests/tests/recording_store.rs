@@ -63,7 +63,7 @@ fn a_session_replays_while_it_runs_then_from_s3_with_the_local_copy_gone() {
     // While it runs, its recording is on the proxy's disk and replays from there.
     let mut running = Command::new(bin("sally"))
         .env("SALLY_HOME", &home)
-        .args(["ssh", "root@local1", "echo live-part; sleep 5"])
+        .args(["ssh", "root@local1", "echo live-part; sleep 8"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
