@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The web UI (bench/web.py): keystroke echo in the browser terminal (Chromium, timed in the page
-# from keydown to the echo parsed by xterm.js) against `sally ssh` in a pty (from the write to
-# the echo read), 500 keys each on the same node; and the pages' weight on the wire with a cold
-# cache and their DOMContentLoaded. KEYS=N changes the count. Needs Debian's chromium and
-# tests/web's playwright-core (installed here by npm ci when missing).
+# from keydown to the echo parsed by xterm.js; keys at a typist's pace, then at once) against
+# `sally ssh` in a pty (from the write to the echo read), 500 keys each on the same node; and
+# the pages' weight on the wire with a cold cache and their DOMContentLoaded. KEYS=N changes the
+# count. Needs Debian's chromium and tests/web's playwright-core (installed here by npm ci when
+# missing).
 DIRECT_SSHD=0 source "$(dirname "$0")/setup.sh"
 CHROMIUM=${CHROMIUM:-/usr/lib/chromium/chromium}
 [ -d tests/web/node_modules/playwright-core ] || (cd tests/web && npm ci --no-audit --no-fund > /dev/null)

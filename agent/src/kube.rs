@@ -847,6 +847,8 @@ impl KubeServer {
 }
 
 impl StreamServer for KubeServer {
+    const KIND: sallyport_core::metrics::TunnelKind = sallyport_core::metrics::TunnelKind::Kube;
+
     fn serve(
         self: Arc<Self>,
         stream: TunnelStream,

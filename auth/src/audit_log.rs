@@ -32,6 +32,7 @@
 //! per checkpoint, then kept in memory), and a result after the last checkpoint must link from
 //! it to the chain head; the first such result is reported as not yet anchored.
 
+use sallyport_core::metrics::{AuditQueue, metrics};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -235,9 +236,27 @@ pub(crate) fn spawn_anchorer(auth: Weak<AuthServer>) {
     });
 }
 
+/// One record in `sallyport_audit_queue_depth{queue="auth_audit_writer"}` while it lives.
+struct WriterQueue;
+
+impl WriterQueue {
+    fn enter() -> Self {
+        metrics().audit_queued(AuditQueue::AuthAuditWriter, 1);
+        WriterQueue
+    }
+}
+
+impl Drop for WriterQueue {
+    fn drop(&mut self) {
+        metrics().audit_dequeued(AuditQueue::AuthAuditWriter, 1);
+    }
+}
+
 impl AuthServer {
     /// Appends one event to the chain.
     pub async fn emit(&self, event: Event) -> Result<(), AuthError> {
+        // Waiting for the chain's lock, or being written: auth's audit queue.
+        let _queued = WriterQueue::enter();
         let _guard = self.audit_lock.lock().await;
         let mut tx = self.backend.pool.begin().await?;
         let (seq, prev) = self.lock_head(&mut tx).await?;

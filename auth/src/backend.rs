@@ -74,6 +74,12 @@ impl Backend {
         Ok(Backend { pool, kind })
     }
 
+    /// Whether the database answers now (`SELECT 1`), for readiness; the error says why not.
+    pub async fn ping(&self) -> Result<(), AuthError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     pub async fn get_state(&self, key: &str) -> Result<Option<String>, AuthError> {
         let row = sqlx::query("SELECT value FROM cluster_state WHERE key = $1")
             .bind(key)

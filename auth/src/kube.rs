@@ -198,6 +198,7 @@ impl AuthServer {
         &self,
         req: &sallyport_core::api::SessionRequest,
         exec: &sallyport_core::kube::KubeExec,
+        proxy: &str,
     ) -> Result<sallyport_core::api::SessionGrant, AuthError> {
         use russh::keys::ssh_key::PublicKey;
         use sallyport_core::api::{SessionGrant, SessionKind, SessionStatus};
@@ -290,7 +291,7 @@ impl AuthServer {
         .map_err(|e| AuthError::Internal(e.to_string()))?;
         let id = uuid::Uuid::new_v4().to_string();
         let command = exec.command_line();
-        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, command, start, status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, command, start, status, proxy) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .bind(&id)
             .bind(&user.name)
             .bind(&principals.user)
@@ -300,6 +301,7 @@ impl AuthServer {
             .bind(&command)
             .bind(sallyport_core::unix_now())
             .bind(SessionStatus::Running.as_str())
+            .bind(proxy)
             .execute(&self.backend.pool)
             .await?;
         self.emit(

@@ -14,6 +14,7 @@ pub mod locks;
 pub mod login;
 pub mod nodes;
 pub mod oidc;
+pub mod proxies;
 pub mod recordings;
 pub mod roles;
 pub mod ssh_access;

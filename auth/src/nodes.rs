@@ -150,6 +150,9 @@ impl AuthServer {
                 "node {name_or_id} does not exist"
             )));
         }
+        sqlx::query("DELETE FROM node_tunnels WHERE node_id NOT IN (SELECT id FROM nodes)")
+            .execute(&self.backend.pool)
+            .await?;
         self.emit(Event::new(EventType::NodeDelete, Some(by)).with("name", name_or_id))
             .await
     }

@@ -16,7 +16,7 @@ use crate::users::{rfc3339, token_hash};
 use crate::{AuthError, AuthServer};
 
 /// How long a host certificate issued at join lasts.
-const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 86400);
+pub(crate) const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 86400);
 /// A per-session certificate only has to outlive the handshake with the node.
 pub(crate) const SESSION_CERT_TTL: Duration = Duration::from_secs(5 * 60);
 /// A node whose tunnel reported within this long is online.
@@ -43,9 +43,12 @@ impl AuthServer {
         req: &AddJoinToken,
         by: &str,
     ) -> Result<JoinToken, AuthError> {
-        if !matches!(req.kind, TokenKind::Node | TokenKind::Kube) {
+        if !matches!(
+            req.kind,
+            TokenKind::Node | TokenKind::Kube | TokenKind::Proxy
+        ) {
             return Err(AuthError::BadRequest(format!(
-                "{} tokens come with their user (`sallyctl users add`, `users reset`): use --type=node or --type=kube",
+                "{} tokens come with their user (`sallyctl users add`, `users reset`): use --type=node, --type=kube or --type=proxy",
                 req.kind
             )));
         }
@@ -246,41 +249,66 @@ impl AuthServer {
     /// The proxy reports an agent's tunnel; labels the agent sends replace the stored ones.
     /// Labels a node may not set (built-in, oversized) refuse the whole report: the agent
     /// hears why, and a node cannot be online under labels it was refused.
-    pub async fn presence(&self, node_id: &str, p: &Presence) -> Result<(), AuthError> {
+    pub async fn presence(
+        &self,
+        node_id: &str,
+        proxy_id: &str,
+        p: &Presence,
+    ) -> Result<(), AuthError> {
         if let Some(labels) = &p.labels {
             sallyport_core::names::validate_labels(labels).map_err(AuthError::BadRequest)?;
         }
-        let seen = if p.online {
-            sallyport_core::unix_now()
+        let now = sallyport_core::unix_now();
+        let mut tx = self.backend.pool.begin().await?;
+        // Presence is kept per (agent, proxy): a tunnel that closes on one proxy leaves the
+        // node online through the others.
+        if p.online {
+            sqlx::query(
+                "INSERT INTO node_tunnels (node_id, proxy_id, last_seen) VALUES ($1, $2, $3)
+                 ON CONFLICT (node_id, proxy_id) DO UPDATE SET last_seen = excluded.last_seen",
+            )
+            .bind(node_id)
+            .bind(proxy_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         } else {
-            0
-        };
+            sqlx::query("DELETE FROM node_tunnels WHERE node_id = $1 AND proxy_id = $2")
+                .bind(node_id)
+                .bind(proxy_id)
+                .execute(&mut *tx)
+                .await?;
+        }
         let r = match &p.labels {
             Some(labels) => sqlx::query(
-                "UPDATE nodes SET last_seen = $1, labels = $2 WHERE id = $3 AND kind IN ($4, $5)",
+                "UPDATE nodes SET last_seen = COALESCE((SELECT MAX(t.last_seen) FROM node_tunnels t WHERE t.node_id = nodes.id), 0), labels = $1
+                 WHERE id = $2 AND kind IN ($3, $4)",
             )
-            .bind(seen)
             .bind(serde_json::to_string(labels)?)
             .bind(node_id)
             .bind(NodeKind::Agent.as_str())
             .bind(NodeKind::Kube.as_str())
-            .execute(&self.backend.pool)
+            .execute(&mut *tx)
             .await?,
             None => {
-                sqlx::query("UPDATE nodes SET last_seen = $1 WHERE id = $2 AND kind IN ($3, $4)")
-                    .bind(seen)
-                    .bind(node_id)
-                    .bind(NodeKind::Agent.as_str())
-                    .bind(NodeKind::Kube.as_str())
-                    .execute(&self.backend.pool)
-                    .await?
+                sqlx::query(
+                    "UPDATE nodes SET last_seen = COALESCE((SELECT MAX(t.last_seen) FROM node_tunnels t WHERE t.node_id = nodes.id), 0)
+                     WHERE id = $1 AND kind IN ($2, $3)",
+                )
+                .bind(node_id)
+                .bind(NodeKind::Agent.as_str())
+                .bind(NodeKind::Kube.as_str())
+                .execute(&mut *tx)
+                .await?
             }
         };
         if r.rows_affected() == 0 {
+            // Not registered (removed): no presence row is left behind for it either.
             return Err(AuthError::NotFound(format!(
                 "node {node_id} is not registered"
             )));
         }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -324,9 +352,14 @@ impl AuthServer {
 
     /// Decides a session (roles, node labels, login) and, if allowed, certifies the proxy's
     /// per-session key for exactly that login and records the session's start.
-    pub async fn session_grant(&self, req: &SessionRequest) -> Result<SessionGrant, AuthError> {
+    /// `proxy`: the proxy the session runs through (only its restart marks it incomplete).
+    pub async fn session_grant(
+        &self,
+        req: &SessionRequest,
+        proxy: &str,
+    ) -> Result<SessionGrant, AuthError> {
         if let Some(exec) = &req.kube {
-            return self.kube_session_grant(req, exec).await;
+            return self.kube_session_grant(req, exec, proxy).await;
         }
         let reject = |why: String| {
             Event::new(EventType::SessionReject, Some(&req.user))
@@ -401,7 +434,7 @@ impl AuthServer {
         )
         .map_err(|e| AuthError::Internal(e.to_string()))?;
         let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, start, status) VALUES ($1, $2, $3, $4, $5, $7, $6, $8)")
+        sqlx::query("INSERT INTO sessions (id, user_name, login, node, node_id, kind, start, status, proxy) VALUES ($1, $2, $3, $4, $5, $7, $6, $8, $9)")
             .bind(&id)
             .bind(&user.name)
             .bind(&req.login)
@@ -410,6 +443,7 @@ impl AuthServer {
             .bind(sallyport_core::unix_now())
             .bind(SessionKind::Ssh.as_str())
             .bind(SessionStatus::Running.as_str())
+            .bind(proxy)
             .execute(&self.backend.pool)
             .await?;
         let record = set.record_ssh();
@@ -539,17 +573,6 @@ impl AuthServer {
         .await
     }
 
-    /// Sessions still marked running when their proxy stopped: their recordings end where the
-    /// proxy stopped writing.
-    pub async fn mark_interrupted_sessions(&self) -> Result<u64, AuthError> {
-        let r = sqlx::query("UPDATE sessions SET status = $1 WHERE status = $2")
-            .bind(SessionStatus::Incomplete.as_str())
-            .bind(SessionStatus::Running.as_str())
-            .execute(&self.backend.pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
-
     /// What a running session is doing (shell or the command), so that even a session whose
     /// proxy dies says what it was.
     pub async fn session_update(
@@ -610,16 +633,6 @@ impl AuthServer {
                 .with("node", s.node.clone());
             self.emit(event).await?;
         }
-        Ok(())
-    }
-
-    /// At an all-in-one start no tunnel exists yet: every agent is offline until it dials in.
-    pub async fn mark_agents_offline(&self) -> Result<(), AuthError> {
-        sqlx::query("UPDATE nodes SET last_seen = 0 WHERE kind IN ($1, $2)")
-            .bind(NodeKind::Agent.as_str())
-            .bind(NodeKind::Kube.as_str())
-            .execute(&self.backend.pool)
-            .await?;
         Ok(())
     }
 

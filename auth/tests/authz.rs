@@ -139,6 +139,12 @@ fn rows() -> Vec<Row> {
         row(Get, p::TOKENS, p::TOKENS, None, ADMINS, OK),
         row(Post, p::JOIN_TOKENS, p::JOIN_TOKENS, Some(r#"{"type":"signup","ttl_secs":60}"#), ADMINS, BAD),
         row(Post, p::JOIN, p::JOIN, Some(join), PROXY, UNAUTH),
+        row(Get, p::PROXIES, p::PROXIES, None, ADMINS, OK),
+        row(Delete, "/v1/proxies/nobody", p::PROXY, None, ADMINS, MISSING),
+        // The one route for a caller without a certificate: a proxy joining with a token.
+        row(Post, p::PROXY_JOIN, p::PROXY_JOIN, Some(r#"{"token":"nope","name":"p2","tls_spki":"x","ssh_host_key":"x"}"#), Who::Anyone, UNAUTH),
+        row(Post, "/v1/proxies/proxy/heartbeat", p::PROXY_HEARTBEAT, Some(r#"{"addrs":{}}"#), PROXY, OK),
+        row(Post, "/v1/proxies/proxy/renew", p::PROXY_RENEW, Some(r#"{"token":"","name":"proxy","tls_spki":"x","ssh_host_key":"x"}"#), PROXY, BAD),
         row(Get, p::NODES, p::NODES, None, USERS, OK),
         row(Post, p::NODES, p::NODES, Some(r#"{"name":"localhost","addr":"x"}"#), ADMINS, BAD),
         row(Delete, "/v1/nodes/nobody", p::NODE, None, ADMINS, MISSING),
@@ -266,6 +272,9 @@ async fn fixture() -> Fixture {
     )
     .await
     .unwrap();
+    auth.register_local_proxy(&Default::default())
+        .await
+        .unwrap();
     let user_ca = auth.authorities.tls_user_signer();
     let forger = TlsCa::generate("user", "authz").unwrap();
     let certs = vec![
@@ -374,6 +383,47 @@ async fn every_caller_on_every_route() {
     assert_eq!(KINDS.len(), f.certs.len());
 }
 
+/// A removed proxy's certificate, still within its validity, is refused at once on every proxy
+/// route, with what to do; nothing else is disturbed (people keep their access).
+#[tokio::test]
+async fn a_removed_proxy_is_refused_at_once() {
+    let f = fixture().await;
+    let cert = |k: Kind| f.certs.iter().find(|(c, _)| *c == k).unwrap().1.clone();
+    let locks = Row {
+        method: Method::Get,
+        path: routes::auth::LOCKS,
+        pattern: routes::auth::LOCKS,
+        body: None,
+        who: PROXY,
+        allowed: OK,
+    };
+    let (got, body) = call(&f, &locks, &cert(Proxy)).await;
+    assert_eq!(got, OK, "{body}");
+    f.auth.remove_proxy("proxy", "test").await.unwrap();
+    let (got, body) = call(&f, &locks, &cert(Proxy)).await;
+    assert_eq!(got, UNAUTH, "{body}");
+    assert!(
+        body.contains("proxy proxy is not registered in this cluster"),
+        "{body}"
+    );
+    assert!(body.contains("--type=proxy"), "{body}");
+    let (got, body) = call(&f, &locks, &cert(Editor)).await;
+    assert_eq!(got, OK, "{body}");
+    // Audited as an admin's act.
+    let events = f
+        .auth
+        .audit_search(&Default::default())
+        .await
+        .unwrap()
+        .records;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "proxy.delete" && e["name"] == "proxy"),
+        "{events:?}"
+    );
+}
+
 /// The refusals a person reads say why.
 #[tokio::test]
 async fn refusals_say_why() {
@@ -425,6 +475,19 @@ async fn refusals_say_why() {
     let (got, body) = call(&f, &login, &cert(Editor)).await;
     assert_eq!(got, FORBIDDEN);
     assert!(body.contains("eddie is not a proxy"), "{body}");
+
+    // A proxy speaks for itself only: another proxy's heartbeat is refused.
+    let other = Row {
+        method: Method::Post,
+        path: "/v1/proxies/someone-else/heartbeat",
+        pattern: routes::auth::PROXY_HEARTBEAT,
+        body: Some(r#"{"addrs":{}}"#),
+        who: PROXY,
+        allowed: OK,
+    };
+    let (got, body) = call(&f, &other, &cert(Proxy)).await;
+    assert_eq!(got, FORBIDDEN, "{body}");
+    assert!(body.contains("cannot act as proxy someone-else"), "{body}");
 
     // A caller without the right is refused before the body is read: a malformed role is 403
     // for them (it was 422, the parser's answer, before the rule was checked), 422 for an editor.

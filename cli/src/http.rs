@@ -35,9 +35,11 @@ impl Api {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60))
             .build()?;
+        let addr = &crate::profile::reachable(addr);
+        let base = format!("https://{addr}");
         Ok(Api {
             http,
-            base: format!("https://{addr}"),
+            base,
             what: format!("{what} at {addr}"),
         })
     }
@@ -169,10 +171,15 @@ pub fn user_api(p: &crate::profile::Profile) -> Result<Api> {
         sallyport_core::tls::private_key_from_pem(&key)?,
     );
     let roots = sallyport_core::x509::pem_to_ders(&p.tls_host_ca_pem)?;
+    // Through the passthrough it is auth's certificate that answers, whichever proxy is
+    // dialed: it is checked against auth's own name.
     Api::new(
         &p.proxy,
         "the auth service via the proxy",
-        Trust::Roots(roots),
+        Trust::As(
+            Box::new(Trust::Roots(roots)),
+            sallyport_core::api::AUTH_SERVER_NAME.into(),
+        ),
         Some(identity),
         Some(sallyport_core::api::AUTH_ALPN),
     )

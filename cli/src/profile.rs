@@ -63,6 +63,32 @@ pub struct Paths {
     pub tls_cert: PathBuf,
 }
 
+/// The proxy to talk to now: `proxy` itself, or when it lists several (`sally login --proxy
+/// a:3080,b:3080`), the first that accepts a connection, in order (a proxy that is gone costs
+/// one refused or timed-out connect, then the next is used). With none reachable, the first,
+/// so the error names it.
+pub fn reachable(proxy: &str) -> String {
+    let list: Vec<&str> = proxy
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    if list.len() <= 1 {
+        return list.first().unwrap_or(&proxy).to_string();
+    }
+    for addr in &list {
+        let Ok(addrs) = std::net::ToSocketAddrs::to_socket_addrs(addr) else {
+            continue;
+        };
+        for a in addrs {
+            if std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3)).is_ok() {
+                return addr.to_string();
+            }
+        }
+    }
+    list[0].to_string()
+}
+
 /// A file name for the proxy address (`127.0.0.1:3080` → `127.0.0.1_3080`).
 fn dir_name(proxy: &str) -> String {
     proxy
@@ -78,6 +104,11 @@ fn dir_name(proxy: &str) -> String {
 }
 
 impl Profile {
+    /// The proxy to connect to now (see [`reachable`]).
+    pub fn addr(&self) -> String {
+        reachable(&self.proxy)
+    }
+
     pub fn paths(&self) -> Paths {
         paths_for(&home(), &self.proxy, &self.user)
     }

@@ -248,18 +248,16 @@ pub struct Proxy {
 
 /// The outer connection to the proxy's SSH port.
 pub async fn connect_proxy(p: &Profile, keys: &Keys, ssh_port: u16) -> Result<Proxy> {
-    let host = p
-        .proxy
+    let web = p.addr();
+    let host = web
         .rsplit_once(':')
-        .map_or(p.proxy.as_str(), |(h, _)| h)
+        .map_or(web.as_str(), |(h, _)| h)
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
     let addr = format!(
         "{}:{ssh_port}",
-        p.proxy
-            .rsplit_once(':')
-            .map_or(p.proxy.as_str(), |(h, _)| h)
+        web.rsplit_once(':').map_or(web.as_str(), |(h, _)| h)
     );
     let failure = Arc::new(std::sync::Mutex::new(None));
     let check = HostCheck {

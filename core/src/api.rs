@@ -14,6 +14,11 @@ pub use kinds::{ConnectorKind, NodeKind, SessionKind, SessionStatus, TokenKind, 
 /// The ALPN protocol that asks the proxy's web port to pipe a TLS connection to auth unopened.
 pub const AUTH_ALPN: &[u8] = b"sallyport-auth";
 
+/// The name auth's certificate is checked against by clients that reach it through a proxy's
+/// passthrough ([`AUTH_ALPN`]): whichever proxy they dial, the certificate behind it must be
+/// auth's. Only auth's certificate carries it (a proxy asking for it at join is refused).
+pub const AUTH_SERVER_NAME: &str = "auth.sallyport.cluster.local";
+
 /// Every error body: a message meant for the person at the keyboard, and for a refusal (403)
 /// what kind it is, so that a client tells a lock from a limit without reading the text.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -467,6 +472,88 @@ pub struct Joined {
     /// OpenSSH public keys of the user CA: the only keys whose certificates the agent accepts.
     pub user_ca_keys: Vec<String>,
 }
+
+/// A proxy service joining with a one-time `proxy` token, straight to auth (port 3025, the one
+/// route a caller without a certificate may use). Private keys never leave the proxy.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct ProxyJoinRequest {
+    pub token: String,
+    /// The proxy's name in `sallyctl proxies ls` (default: its host name).
+    pub name: String,
+    /// SubjectPublicKeyInfo (DER, base64) of the proxy's TLS key.
+    pub tls_spki: String,
+    /// The proxy's OpenSSH public host key (the users' SSH door).
+    pub ssh_host_key: String,
+    /// Names and addresses its TLS and SSH host certificates are for (what clients dial).
+    #[serde(default)]
+    pub dns_names: Vec<String>,
+}
+
+impl std::fmt::Debug for ProxyJoinRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyJoinRequest")
+            .field("name", &self.name)
+            .field("dns_names", &self.dns_names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A proxy's certificates, and the CAs' public keys it checks everyone else with. The same shape
+/// answers a renewal (`POST /v1/proxies/{id}/renew`, with a [`ProxyJoinRequest`] whose token is
+/// empty).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProxyJoined {
+    pub proxy_id: String,
+    pub cluster_name: String,
+    /// Its TLS certificate (host TLS CA, O=proxy, CN=`proxy_id`), PEM, then the CA's.
+    pub tls_chain_pem: String,
+    pub host_ca_pem: String,
+    pub user_ca_pem: String,
+    /// Its SSH host certificate for the users' door.
+    pub ssh_host_cert: String,
+    /// OpenSSH public keys of the user and host SSH CAs.
+    pub user_ca_keys: Vec<String>,
+    pub host_ca_keys: Vec<String>,
+    /// When the TLS certificate expires (Unix seconds): the proxy renews before.
+    pub not_after: i64,
+}
+
+/// Where a proxy is reached: what it tells auth in each heartbeat. Agents dial `tunnel`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyAddrs {
+    #[serde(default)]
+    pub web: String,
+    #[serde(default)]
+    pub ssh: String,
+    #[serde(default)]
+    pub tunnel: String,
+    #[serde(default)]
+    pub kube: String,
+}
+
+/// A proxy's heartbeat (`POST /v1/proxies/{id}/heartbeat`). `started`: its first since it
+/// started, so the agent tunnels and running sessions it had before are gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProxyHeartbeat {
+    pub addrs: ProxyAddrs,
+    #[serde(default)]
+    pub started: bool,
+}
+
+/// One proxy of the cluster, as `sallyctl proxies ls` and agents see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyInfo {
+    pub id: String,
+    pub name: String,
+    pub addrs: ProxyAddrs,
+    /// Heard from within the last [`PROXY_TTL_SECS`].
+    pub online: bool,
+    /// Unix seconds of its last heartbeat.
+    pub last_seen: i64,
+}
+
+/// A proxy not heard from for this long is offline (it heartbeats every 10 s).
+pub const PROXY_TTL_SECS: i64 = 30;
 
 /// The proxy reporting an agent's tunnel (and its current labels).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -47,12 +47,13 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const IDLE_TIMEOUT: Duration = door::DEFAULT_IDLE_TIMEOUT;
 
 /// Connections whose TLS ClientHello offers `alpn` are not terminated here: their bytes are
-/// piped unchanged to `target`, so mutual TLS runs end to end between the client and `target`
-/// (how `sallyctl` reaches auth through the proxy's web port).
+/// piped unchanged to a target, so mutual TLS runs end to end between the client and the target
+/// (how `sallyctl` reaches auth through the proxy's web port). With several targets (auth
+/// instances), the first that accepts the connection gets it.
 #[derive(Debug, Clone)]
 pub struct Passthrough {
     pub alpn: Vec<u8>,
-    pub target: String,
+    pub targets: Vec<String>,
 }
 
 /// The certificates a listener answers with: one configuration for every client, or on the
@@ -159,7 +160,7 @@ enum Handshake {
     Passthrough {
         client: TcpStream,
         seen: Vec<u8>,
-        target: String,
+        target: Vec<String>,
     },
 }
 
@@ -193,7 +194,7 @@ async fn handshake(
         return Ok(Handshake::Passthrough {
             client,
             seen,
-            target: p.target.clone(),
+            target: p.targets.clone(),
         });
     }
     let config = tls.for_hello(&start.client_hello());
@@ -211,13 +212,20 @@ async fn handshake(
 async fn pipe(
     mut client: TcpStream,
     seen: Vec<u8>,
-    target: String,
+    targets: Vec<String>,
     counted: door::Unauthenticated,
 ) {
-    let Ok(Ok(mut upstream)) =
-        tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&target)).await
-    else {
-        tracing::warn!(%target, "passthrough target unreachable");
+    let mut upstream = None;
+    for target in &targets {
+        match tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(target)).await {
+            Ok(Ok(s)) => {
+                upstream = Some(s);
+                break;
+            }
+            _ => tracing::warn!(%target, "passthrough target unreachable"),
+        }
+    }
+    let Some(mut upstream) = upstream else {
         return;
     };
     let _ = upstream.set_nodelay(true);

@@ -15,6 +15,7 @@ pub mod flow;
 pub mod https;
 pub mod identity;
 pub mod kube;
+pub mod metrics;
 pub mod names;
 pub mod oidc;
 pub mod resource;

@@ -85,6 +85,12 @@ pub mod auth {
     pub const JOIN_TOKENS: &str = "/v1/tokens/join";
     pub const JOIN: &str = "/v1/join";
 
+    pub const PROXIES: &str = "/v1/proxies";
+    pub const PROXY: &str = "/v1/proxies/{name}";
+    pub const PROXY_JOIN: &str = "/v1/proxies/join";
+    pub const PROXY_HEARTBEAT: &str = "/v1/proxies/{name}/heartbeat";
+    pub const PROXY_RENEW: &str = "/v1/proxies/{name}/renew";
+
     pub const NODES: &str = "/v1/nodes";
     pub const NODE: &str = "/v1/nodes/{name}";
     pub const NODE_PRESENCE: &str = "/v1/nodes/{name}/presence";
@@ -141,6 +147,15 @@ pub mod auth {
     }
     pub fn node(name: &str) -> String {
         fill(NODE, name)
+    }
+    pub fn proxy(name: &str) -> String {
+        fill(PROXY, name)
+    }
+    pub fn proxy_heartbeat(name: &str) -> String {
+        fill(PROXY_HEARTBEAT, name)
+    }
+    pub fn proxy_renew(name: &str) -> String {
+        fill(PROXY_RENEW, name)
     }
     pub fn node_presence(name: &str) -> String {
         fill(NODE_PRESENCE, name)
@@ -260,6 +275,11 @@ pub const AUTH: &[Route] = &[
     r(Get, auth::TOKENS),
     r(Post, auth::JOIN_TOKENS),
     r(Post, auth::JOIN),
+    r(Get, auth::PROXIES),
+    r(Delete, auth::PROXY),
+    r(Post, auth::PROXY_JOIN),
+    r(Post, auth::PROXY_HEARTBEAT),
+    r(Post, auth::PROXY_RENEW),
     r(Get, auth::NODES),
     r(Post, auth::NODES),
     r(Delete, auth::NODE),
@@ -319,6 +339,27 @@ pub const WEB: &[Route] = &[
     r(Get, web::TOKENS),
     r(Post, web::TOKENS),
 ];
+
+/// The pattern of the route of `list` that a concrete `path` (a query allowed) takes under
+/// `method`: each `{parameter}` stands for exactly one segment. For labels that must not carry
+/// the names inside paths (`crate::metrics`).
+pub fn pattern_of(list: &[Route], method: Method, path: &str) -> Option<&'static str> {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    list.iter()
+        .filter(|r| r.method == method)
+        .map(|r| r.pattern)
+        .find(|pattern| {
+            let mut want = pattern.split('/');
+            let mut got = path.split('/');
+            loop {
+                match (want.next(), got.next()) {
+                    (None, None) => return true,
+                    (Some(w), Some(g)) if w == g || (w.starts_with('{') && !g.is_empty()) => {}
+                    _ => return false,
+                }
+            }
+        })
+}
 
 #[cfg(test)]
 mod tests {

@@ -79,6 +79,10 @@ pub enum Trust {
     Roots(Vec<CertificateDer<'static>>),
     /// No verification at all (`--insecure`).
     Insecure,
+    /// As the inner trust, but the certificate is checked against `name` whatever address was
+    /// dialed: a cluster service reached at any address (auth through a proxy's passthrough,
+    /// or at an address its certificate does not list) must still be that service.
+    As(Box<Trust>, String),
 }
 
 /// A client config with an optional client certificate.
@@ -90,6 +94,30 @@ pub fn client_config(
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
     let builder = match trust {
+        Trust::As(inner, name) => {
+            let name = ServerName::try_from(name)
+                .map_err(|e| TlsError::Verifier(format!("not a server name: {e}")))?;
+            let inner: Arc<dyn ServerCertVerifier> = match *inner {
+                Trust::Roots(cas) => WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots(&cas)?),
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| TlsError::Verifier(e.to_string()))?,
+                Trust::Pin(pin) => Arc::new(PinVerifier {
+                    pin,
+                    provider: provider.clone(),
+                }),
+                Trust::Insecure | Trust::As(..) => {
+                    return Err(TlsError::Verifier(
+                        "a service name needs roots or a pin to check it with".into(),
+                    ));
+                }
+            };
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NamedVerifier { inner, name }))
+        }
         Trust::Roots(cas) => builder.with_root_certificates(roots(&cas)?),
         Trust::Pin(pin) => builder
             .dangerous()
@@ -187,6 +215,49 @@ impl ServerCertVerifier for PinVerifier {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+/// Checks a server's certificate against one fixed name, not the dialed address's.
+#[derive(Debug)]
+struct NamedVerifier {
+    inner: Arc<dyn ServerCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for NamedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _dialed: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 

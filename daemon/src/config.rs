@@ -60,6 +60,10 @@ pub struct Global {
     /// For an agent (`ssh_service` alone): the proxy's web address, HOST:3080.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_server: Option<String>,
+    /// For a proxy without auth in its process: auth's address, HOST:3025 (several separated
+    /// by commas: auth instances sharing one database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_server: Option<String>,
     /// For an agent's first start: the one-time join token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_token: Option<String>,
@@ -73,6 +77,10 @@ pub struct Global {
     pub log: Log,
     #[serde(default)]
     pub storage: Storage,
+    /// The diagnostics listener (plain HTTP: `/healthz`, `/readyz`, `/metrics`); off when
+    /// unset. `--diag-addr` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diag_addr: Option<SocketAddr>,
 }
 
 impl Default for Global {
@@ -80,11 +88,13 @@ impl Default for Global {
         Global {
             data_dir: default_data_dir(),
             proxy_server: None,
+            auth_server: None,
             auth_token: None,
             ca_pin: None,
             nodename: None,
             log: Log::default(),
             storage: Storage::default(),
+            diag_addr: None,
         }
     }
 }
@@ -282,6 +292,10 @@ pub struct ProxyService {
     /// balancer): the names go into its certificate, name and port into the web UI's origins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub public_addr: Vec<String>,
+    /// Where agents reach this proxy's tunnel door (HOST:PORT), told to every agent so it keeps
+    /// a tunnel here too; default: the first `public_addr` with `tunnel_listen_addr`'s port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_public_addr: Option<String>,
     /// How long an SSH connection on `ssh_listen_addr` may take to authenticate.
     #[serde(default = "default_login_grace")]
     pub ssh_login_grace: HumanDuration,
@@ -466,6 +480,7 @@ impl Default for ProxyService {
             tunnel_listen_addr: default_tunnel(),
             kube_listen_addr: default_kube(),
             public_addr: vec![],
+            tunnel_public_addr: None,
             ssh_login_grace: default_login_grace(),
             max_unauthenticated_connections: default_max_unauthenticated(),
             max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
@@ -752,6 +767,10 @@ sallyport:
   storage:
     type: sqlite          # sqlite (embedded, in data_dir) | postgres
     # conn_string: "postgres://sallyport:PASSWORD@db.example.com/sallyport"   # with type: postgres
+  # Diagnostics, plain HTTP (off unless set; keep it on a private address): /healthz,
+  # /readyz (the database answers; auth, or the agent's tunnel, is reachable) and /metrics
+  # (Prometheus text format).
+  # diag_addr: 127.0.0.1:3000
 
 auth_service:
   enabled: true
@@ -1048,6 +1067,19 @@ mod tests {
             let e = Config::parse(text).err().unwrap_or_default();
             assert!(e.contains(key) && e.contains(line), "{text:?} gave {e:?}");
         }
+    }
+
+    #[test]
+    fn diag_addr_is_off_by_default_and_an_address_when_set() {
+        let c = Config::parse(DEFAULT_CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.sallyport.diag_addr, None);
+        let c = Config::parse("version: v1\nsallyport:\n  diag_addr: 127.0.0.1:3000\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.sallyport.diag_addr, Some(([127, 0, 0, 1], 3000).into()));
+        let e = Config::parse("version: v1\nsallyport:\n  diag_addr: localhost\n")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("diag_addr") && e.contains("line 3"), "{e}");
     }
 }
 

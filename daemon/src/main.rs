@@ -2,7 +2,9 @@
 //! by default); `configure` prints a complete, commented configuration.
 
 mod config;
+mod diag;
 mod kube_agent;
+mod proxy_join;
 mod start;
 
 use std::path::PathBuf;
@@ -41,8 +43,12 @@ enum Command {
         /// The proxy's web address (HOST:3080), for an agent.
         #[arg(long)]
         proxy: Option<String>,
-        /// One-time join token (`sallyctl tokens add --type=node`, or `--type=kube` for a kube
-        /// agent), for an agent's first start.
+        /// Auth's address (HOST:3025), for a proxy on its own host (`--roles=proxy`); several
+        /// (repeated or comma-separated) when auth runs as several instances.
+        #[arg(long, value_delimiter = ',', value_name = "HOST:PORT")]
+        auth_server: Vec<String>,
+        /// One-time join token (`sallyctl tokens add --type=node`, `--type=kube` for a kube
+        /// agent, `--type=proxy` for a proxy), for its first start.
         #[arg(long)]
         token: Option<String>,
         /// Node labels, k=v,k2=v2 (the kube cluster's too with --roles=kube).
@@ -51,7 +57,7 @@ enum Command {
         /// This node's name (default: the system host name).
         #[arg(long)]
         nodename: Option<String>,
-        /// The cluster's CA pin, sha256:<hex>, for an agent's first start.
+        /// The cluster's CA pin, sha256:<hex>, for an agent's or a proxy's first start.
         #[arg(long)]
         ca_pin: Option<String>,
         /// Do not verify the proxy at join (testing only).
@@ -64,6 +70,10 @@ enum Command {
         /// The name of the Kubernetes cluster a kube agent serves (`sally kube login NAME`).
         #[arg(long, value_name = "NAME")]
         kube_cluster: Option<String>,
+        /// Serve /healthz, /readyz and /metrics over plain HTTP here (HOST:PORT; port 0 picks
+        /// one); overrides `sallyport.diag_addr`. Off unless set.
+        #[arg(long, value_name = "HOST:PORT")]
+        diag_addr: Option<std::net::SocketAddr>,
     },
     /// Print a complete, commented default configuration.
     Configure,
@@ -111,6 +121,7 @@ fn main() -> ExitCode {
             data_dir,
             roles,
             proxy,
+            auth_server,
             token,
             labels,
             nodename,
@@ -118,10 +129,12 @@ fn main() -> ExitCode {
             insecure,
             kubeconfig,
             kube_cluster,
+            diag_addr,
         } => {
             let flags = start::Flags {
                 roles,
                 proxy,
+                auth_server,
                 token,
                 labels,
                 nodename,
@@ -129,6 +142,7 @@ fn main() -> ExitCode {
                 insecure,
                 kubeconfig,
                 kube_cluster,
+                diag_addr,
             };
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -13,11 +13,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rcgen::{KeyPair, PublicKeyData};
+use russh::keys::ssh_key::PrivateKey;
 use sallyport_auth::{AuthConfig, AuthServer};
 use sallyport_core::ca::CaKind;
 use sallyport_core::tls::{ClientAuth, private_key_from_pem, server_config};
 use sallyport_core::x509::pem_to_ders;
 use sallyport_proxy::ServiceIdentity;
+
+use crate::proxy_join::ProxyIdentity;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, LogFormat, SecondFactor, Severity};
@@ -29,6 +32,8 @@ pub const ADMIN_IDENTITY: &str = "admin-identity.json";
 pub struct Flags {
     pub roles: Vec<String>,
     pub proxy: Option<String>,
+    /// `--auth-server`: auth's addresses, for a proxy without auth in its process.
+    pub auth_server: Vec<String>,
     pub token: Option<String>,
     pub labels: Option<String>,
     pub nodename: Option<String>,
@@ -38,6 +43,8 @@ pub struct Flags {
     pub kubeconfig: Option<PathBuf>,
     /// `--kube-cluster`: the kube agent's `kube_service.kube_cluster_name`.
     pub kube_cluster: Option<String>,
+    /// `--diag-addr`: `sallyport.diag_addr`.
+    pub diag_addr: Option<SocketAddr>,
 }
 
 pub async fn run(
@@ -80,6 +87,9 @@ pub async fn run(
     if flags.nodename.is_some() {
         cfg.sallyport.nodename = flags.nodename.clone();
     }
+    if flags.diag_addr.is_some() {
+        cfg.sallyport.diag_addr = flags.diag_addr;
+    }
     init_logging(&cfg);
     // PAM that cannot work here stops the start with the reason, before any service runs.
     if cfg.ssh_service.enabled
@@ -91,6 +101,9 @@ pub async fn run(
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
     if !cfg.auth_service.enabled && !cfg.proxy_service.enabled {
+        if let Some(line) = crate::diag::start(cfg.sallyport.diag_addr, agents(&cfg)).await? {
+            println!("{line}");
+        }
         match (cfg.ssh_service.enabled, cfg.kube_service.enabled) {
             (true, false) => return run_agent(&cfg, &flags).await,
             (false, true) => return crate::kube_agent::run(&cfg, &flags).await,
@@ -104,22 +117,196 @@ pub async fn run(
             (false, false) => {}
         }
     }
-    if !cfg.auth_service.enabled || !cfg.proxy_service.enabled {
-        bail!(
-            "run auth and proxy together (all-in-one), or agents alone with --roles=node and/or --roles=kube; separate auth and proxy hosts are not supported yet"
+    let auth_servers = auth_servers(&cfg, &flags);
+    let names = service_names(&cfg);
+    let mut lines = vec![];
+    // Auth: here (all-in-one, or `--roles=auth`), or reached at `--auth-server`.
+    let auth = if cfg.auth_service.enabled {
+        Some(start_auth(&cfg, &dir, &names, &mut lines).await?)
+    } else {
+        None
+    };
+    let proxy = if cfg.proxy_service.enabled {
+        let boot = match &auth {
+            Some(a) => local_proxy(a, &names)?,
+            None => {
+                if auth_servers.is_empty() {
+                    bail!(
+                        "a proxy without auth: give --auth-server HOST:3025 (or sallyport.auth_server in the config)"
+                    );
+                }
+                joined_proxy(&cfg, &flags, &dir, &auth_servers, &names).await?
+            }
+        };
+        Some(start_proxy(&cfg, &dir, &names, boot, auth.as_ref(), &mut lines).await?)
+    } else {
+        None
+    };
+    if let (Some(a), Some(p)) = (&auth, &proxy) {
+        start_local_agents(&cfg, &a.server, connect_addr(p.web_addr), &mut lines)?;
+    }
+    let mut serves = crate::diag::Serves::default();
+    if let Some(a) = &auth {
+        serves = serves.auth(&a.server, &a.chain_pem);
+    }
+    if let Some(p) = &proxy {
+        serves = serves.proxy(&p.client, &p.chain_pem, &p.ssh_cert);
+    }
+    lines.extend(crate::diag::start(cfg.sallyport.diag_addr, serves).await?);
+
+    let pin = match &auth {
+        Some(a) => a
+            .server
+            .authorities
+            .pins()?
+            .into_iter()
+            .next()
+            .unwrap_or_default(),
+        None => match ProxyIdentity::load(&dir)? {
+            Some(id) => sallyport_core::x509::pem_to_ders(&id.joined.host_ca_pem)
+                .ok()
+                .and_then(|d| {
+                    d.first()
+                        .and_then(|c| sallyport_core::x509::spki_pin(c).ok())
+                })
+                .unwrap_or_default(),
+            None => String::new(),
+        },
+    };
+    let cluster = match &auth {
+        Some(a) => a.server.config.cluster_name.clone(),
+        None => ProxyIdentity::load(&dir)?
+            .map(|i| i.joined.cluster_name)
+            .unwrap_or_default(),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "Sallyport {} started", env!("CARGO_PKG_VERSION"))?;
+    writeln!(out, "cluster  {cluster}")?;
+    for l in &lines {
+        writeln!(out, "{l}")?;
+    }
+    writeln!(out, "data     {}", dir.display())?;
+    writeln!(out, "CA pin   {pin}")?;
+    if auth.is_some() {
+        writeln!(out, "admin    sallyctl --data-dir {} status", dir.display())?;
+    }
+    out.flush()?;
+    drop(out);
+
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    if let Some(a) = &auth {
+        // Failures counted in windows still open are audited now, not lost with the process.
+        a.server.flush_all_failures().await;
+        // Anchor what was written since the last checkpoint rather than leave it to the next start.
+        if let Err(e) = a.server.anchor_audit().await {
+            tracing::error!(error = %e, "no audit checkpoint signed at shutdown");
+        }
+    }
+    Ok(())
+}
+
+/// The auth service running in this process.
+struct LocalAuth {
+    server: Arc<AuthServer>,
+    addr: SocketAddr,
+    /// Its TLS chain (for the certificate's expiry in the metrics).
+    chain_pem: String,
+}
+
+/// A proxy serving in this process.
+struct LocalProxy {
+    web_addr: SocketAddr,
+    client: sallyport_proxy::AuthClient,
+    chain_pem: String,
+    ssh_cert: russh::keys::ssh_key::Certificate,
+}
+
+/// Where a proxy without auth in its process reaches auth: `--auth-server` (repeated or
+/// comma-separated) or `sallyport.auth_server`.
+fn auth_servers(cfg: &Config, flags: &Flags) -> Vec<String> {
+    let given = if flags.auth_server.is_empty() {
+        cfg.sallyport
+            .auth_server
+            .as_deref()
+            .map(|s| vec![s.to_string()])
+            .unwrap_or_default()
+    } else {
+        flags.auth_server.clone()
+    };
+    given
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The names the services' certificates are for: loopback, the proxy's public names, and the
+/// addresses they listen on.
+fn service_names(cfg: &Config) -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    names.extend(
+        cfg.proxy_service
+            .public_hosts()
+            .into_iter()
+            .map(|(host, _)| host),
+    );
+    let mut addrs = vec![];
+    if cfg.auth_service.enabled {
+        addrs.push(cfg.auth_service.listen_addr);
+    }
+    if cfg.proxy_service.enabled {
+        let p = &cfg.proxy_service;
+        addrs.extend([
+            p.web_listen_addr,
+            p.ssh_listen_addr,
+            p.tunnel_listen_addr,
+            p.kube_listen_addr,
+        ]);
+    }
+    for addr in addrs {
+        if !addr.ip().is_unspecified() {
+            names.push(addr.ip().to_string());
+        }
+    }
+    if let Some(t) = &cfg.proxy_service.tunnel_public_addr {
+        names.push(
+            t.rsplit_once(':')
+                .map_or(t.as_str(), |(h, _)| h)
+                .trim_matches(['[', ']'])
+                .to_string(),
         );
     }
+    names.sort();
+    names.dedup();
+    names
+}
 
-    let a = &cfg.auth_service;
-    let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
-    auth_cfg.recordings_dir = Some(dir.join("recordings"));
-    // Where finished recordings are kept: the data dir's `recordings/` unless `recordings:` says.
-    let recording_store = match &cfg.recordings {
+/// Where finished recordings are kept: the data dir's `recordings/` unless `recordings:` says.
+fn recording_store(cfg: &Config, dir: &Path) -> Result<sallyport_recordings::RecordingStore> {
+    match &cfg.recordings {
         Some(r) => sallyport_recordings::RecordingStore::from_config(&r.store_config()),
         None => sallyport_recordings::RecordingStore::local(&dir.join("recordings")),
     }
-    .map_err(anyhow::Error::msg)?;
-    auth_cfg.recording_store = Some(recording_store.clone());
+    .map_err(anyhow::Error::msg)
+}
+
+async fn start_auth(
+    cfg: &Config,
+    dir: &Path,
+    names: &[String],
+    lines: &mut Vec<String>,
+) -> Result<LocalAuth> {
+    let a = &cfg.auth_service;
+    let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
+    // The proxy in this process (all-in-one) writes recordings here while they run; auth on a
+    // host of its own has only the store.
+    if cfg.proxy_service.enabled {
+        auth_cfg.recordings_dir = Some(dir.join("recordings"));
+    }
+    auth_cfg.recording_store = Some(recording_store(cfg, dir)?);
     // No node may join under a name clients use for the proxy.
     auth_cfg.public_names.extend(
         cfg.proxy_service
@@ -138,37 +325,17 @@ pub async fn run(
     let auth = AuthServer::open(auth_cfg)
         .await
         .context("cannot open the auth service")?;
-    let cluster = auth.config.cluster_name.clone();
-    auth.mark_agents_offline().await?;
-    let interrupted = auth.mark_interrupted_sessions().await?;
-    if interrupted > 0 {
-        tracing::warn!(
-            sessions = interrupted,
-            "sessions interrupted by the last stop are marked incomplete"
-        );
-    }
     // The database holds the CA private keys.
     for f in ["sallyport.db", "sallyport.db-wal", "sallyport.db-shm"] {
         let _ = std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600));
     }
 
-    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    names.extend(
-        cfg.proxy_service
-            .public_hosts()
-            .into_iter()
-            .map(|(host, _)| host),
-    );
-    for addr in [a.listen_addr, cfg.proxy_service.web_listen_addr] {
-        if !addr.ip().is_unspecified() {
-            names.push(addr.ip().to_string());
-        }
-    }
-    names.sort();
-    names.dedup();
-
-    // Auth's own API: mutual TLS, users and services both.
-    let auth_id = service_identity(&auth, "auth", "auth", names.clone())?;
+    // Auth's own API: mutual TLS for users and services; a proxy that has not joined yet may
+    // connect without a certificate, for the one route that takes a token (`/v1/proxies/join`):
+    // every other route refuses a caller without one.
+    let mut auth_names = names.to_vec();
+    auth_names.push(sallyport_core::api::AUTH_SERVER_NAME.into());
+    let auth_id = service_identity(&auth, "auth", "auth", auth_names)?;
     let auth_listener = bind(a.listen_addr, "auth").await?;
     // Port 0 asks the kernel for a free port: from here on only the bound address is used.
     let auth_addr = bound(&auth_listener, "auth")?;
@@ -177,7 +344,7 @@ pub async fn run(
     let mut auth_tls = server_config(
         pem_to_ders(&auth_id.chain_pem)?,
         private_key_from_pem(&auth_id.key_pem)?,
-        ClientAuth::Required([user_roots.clone(), host_roots.clone()].concat()),
+        ClientAuth::Optional([user_roots, host_roots].concat()),
     )?;
     // Clients that reach auth through the proxy's passthrough offer only this protocol.
     auth_tls
@@ -195,19 +362,115 @@ pub async fn run(
             ..Default::default()
         },
     ));
+    write_admin_identity(&auth, dir, auth_addr)?;
+    lines.push(format!("auth     {auth_addr}"));
+    Ok(LocalAuth {
+        server: auth,
+        addr: auth_addr,
+        chain_pem: auth_id.chain_pem,
+    })
+}
 
-    write_admin_identity(&auth, &dir, auth_addr)?;
+/// What a proxy needs from auth to serve: its certificates and the CAs' public keys.
+struct ProxyBoot {
+    /// Its id: its certificate's CN, its row in the proxy registry.
+    id: String,
+    cluster: String,
+    identity: ServiceIdentity,
+    ssh_key: PrivateKey,
+    ssh_cert: russh::keys::ssh_key::Certificate,
+    user_ca_keys: Vec<russh::keys::ssh_key::PublicKey>,
+    host_ca_keys: Vec<russh::keys::ssh_key::PublicKey>,
+    /// Auth's addresses, comma-separated.
+    auth_addr: String,
+}
 
-    let mut lines = vec![format!("auth     {auth_addr}")];
-    let p = &cfg.proxy_service;
-    let proxy_id = service_identity(
-        &auth,
-        "proxy",
+/// The all-in-one's proxy: certified by the auth in this process.
+fn local_proxy(a: &LocalAuth, names: &[String]) -> Result<ProxyBoot> {
+    let auth = &a.server;
+    let identity = service_identity(
+        auth,
+        sallyport_auth::proxies::LOCAL_PROXY_ID,
         sallyport_auth::api::PROXY_ROLE,
-        names.clone(),
+        names.to_vec(),
     )?;
-    let client = sallyport_proxy::AuthClient::new(&connect_addr(auth_addr), &proxy_id)?;
+    let ssh_key = sallyport_core::sshcert::generate_ed25519()?;
+    let mut ssh_names = names.to_vec();
+    ssh_names.push(auth.config.cluster_name.clone());
+    let ssh_cert = sallyport_core::sshcert::issue_host(
+        &auth.authorities.host_signer().key,
+        ssh_key.public_key(),
+        "proxy",
+        &ssh_names,
+        Duration::from_secs(365 * 86400),
+    )?;
+    Ok(ProxyBoot {
+        id: sallyport_auth::proxies::LOCAL_PROXY_ID.into(),
+        cluster: auth.config.cluster_name.clone(),
+        identity,
+        ssh_key,
+        ssh_cert,
+        user_ca_keys: auth.authorities.ssh_public_keys(CaKind::User),
+        host_ca_keys: auth.authorities.ssh_public_keys(CaKind::Host),
+        auth_addr: connect_addr(a.addr),
+    })
+}
+
+/// A proxy on its own: joined with a `proxy` token (or as it joined before).
+async fn joined_proxy(
+    cfg: &Config,
+    flags: &Flags,
+    dir: &Path,
+    auth_servers: &[String],
+    names: &[String],
+) -> Result<ProxyBoot> {
+    let joined = ProxyIdentity::load(dir)?.is_some();
+    let (_, token, trust) = join_settings(cfg, flags, joined, "a proxy")?;
+    let name = local_nodename(cfg)?;
+    let id = crate::proxy_join::identity(dir, auth_servers, token.as_deref(), trust, &name, names)
+        .await?;
+    let parse_keys = |keys: &[String]| -> Result<Vec<russh::keys::ssh_key::PublicKey>> {
+        keys.iter()
+            .map(|k| {
+                russh::keys::ssh_key::PublicKey::from_openssh(k)
+                    .context("a CA key from auth is not an OpenSSH public key")
+            })
+            .collect()
+    };
+    Ok(ProxyBoot {
+        id: id.joined.proxy_id.clone(),
+        cluster: id.joined.cluster_name.clone(),
+        identity: ServiceIdentity {
+            chain_pem: id.joined.tls_chain_pem.clone(),
+            key_pem: id.tls_key_pem.clone(),
+            host_ca_pem: id.joined.host_ca_pem.clone(),
+            user_ca_pem: id.joined.user_ca_pem.clone(),
+        },
+        ssh_key: id.ssh_key()?,
+        ssh_cert: russh::keys::ssh_key::Certificate::from_openssh(&id.joined.ssh_host_cert)
+            .context("the proxy's SSH host certificate from auth")?,
+        user_ca_keys: parse_keys(&id.joined.user_ca_keys)?,
+        host_ca_keys: parse_keys(&id.joined.host_ca_keys)?,
+        auth_addr: auth_servers.join(","),
+    })
+}
+
+/// Starts the proxy's doors; returns the web door's address.
+async fn start_proxy(
+    cfg: &Config,
+    dir: &Path,
+    names: &[String],
+    boot: ProxyBoot,
+    auth: Option<&LocalAuth>,
+    lines: &mut Vec<String>,
+) -> Result<LocalProxy> {
+    let p = &cfg.proxy_service;
+    let proxy_id = boot.identity.clone();
+    let cluster = boot.cluster.clone();
+    let client = sallyport_proxy::AuthClient::new(&boot.auth_addr, &proxy_id)?;
     let chain = pem_to_ders(&proxy_id.chain_pem)?;
+    let user_roots = pem_to_ders(&proxy_id.user_ca_pem)?;
+    let host_roots = pem_to_ders(&proxy_id.host_ca_pem)?;
     let web_tls = server_config(
         chain.clone(),
         private_key_from_pem(&proxy_id.key_pem)?,
@@ -232,7 +495,7 @@ pub async fn run(
         tokio::spawn(certs.clone().watch());
         Some(certs)
     };
-    let mut web_names = names.clone();
+    let mut web_names = names.to_vec();
     if let Some(c) = &public {
         web_names.extend(c.names().iter().cloned());
         web_names.sort();
@@ -250,7 +513,7 @@ pub async fn run(
     // unterminated, so the user's client certificate is verified by auth itself.
     let passthrough = sallyport_core::https::Passthrough {
         alpn: sallyport_core::api::AUTH_ALPN.to_vec(),
-        target: connect_addr(auth_addr),
+        targets: boot.auth_addr.split(',').map(str::to_string).collect(),
     };
     let doors = sallyport_proxy::web::Doors {
         ssh_port: ssh_addr.port(),
@@ -264,7 +527,41 @@ pub async fn run(
         ClientAuth::Required(host_roots.clone()),
     )?;
     tunnel_tls.alpn_protocols = vec![b"sallyport-tunnel".to_vec()];
-    let tunnels = sallyport_proxy::tunnels::Tunnels::default();
+    // This proxy in the proxy set: registered and heard from before any agent reports here,
+    // so that what auth drops for its restart is only what it held before.
+    let addrs = sallyport_core::api::ProxyAddrs {
+        web: public_or(cfg, web_addr),
+        ssh: public_or(cfg, ssh_addr),
+        tunnel: p
+            .tunnel_public_addr
+            .clone()
+            .unwrap_or_else(|| public_or(cfg, tunnel_addr)),
+        kube: public_or(cfg, kube_addr),
+    };
+    let set = sallyport_proxy::registry::ProxySet::default();
+    match auth {
+        Some(a) => {
+            a.server.register_local_proxy(&addrs).await?;
+            let interrupted = a
+                .server
+                .proxy_started(sallyport_auth::proxies::LOCAL_PROXY_ID)
+                .await?;
+            if interrupted > 0 {
+                tracing::warn!(
+                    sessions = interrupted,
+                    "sessions interrupted by the last stop are marked incomplete"
+                );
+            }
+        }
+        None => sallyport_proxy::registry::announce(&client, &boot.id, &addrs, &set).await?,
+    }
+    tokio::spawn(sallyport_proxy::registry::heartbeat(
+        client.clone(),
+        boot.id.clone(),
+        addrs,
+        set.clone(),
+    ));
+    let tunnels = sallyport_proxy::tunnels::Tunnels::default().with_proxy_set(set);
     tokio::spawn(sallyport_proxy::tunnels::serve(
         tunnel_listener,
         Arc::new(tunnel_tls),
@@ -291,29 +588,19 @@ pub async fn run(
         ..p.door_limits()
     };
     // Users' SSH door.
-    let ssh_key = sallyport_core::sshcert::generate_ed25519()?;
-    let mut ssh_names = names.clone();
-    ssh_names.push(cluster.clone());
-    let proxy_cert = sallyport_core::sshcert::issue_host(
-        &auth.authorities.host_signer().key,
-        ssh_key.public_key(),
-        "proxy",
-        &ssh_names,
-        Duration::from_secs(365 * 86400),
-    )?;
     let state = sallyport_proxy::ssh::SshState::new(
-        client,
+        client.clone(),
         cluster.clone(),
-        auth.authorities.ssh_public_keys(CaKind::User),
-        auth.authorities.ssh_public_keys(CaKind::Host),
-        ssh_key,
-        proxy_cert,
+        boot.user_ca_keys,
+        boot.host_ca_keys,
+        boot.ssh_key,
+        boot.ssh_cert.clone(),
         tunnels,
         dir.join("recordings"),
     )
     .with_max_recording_size(p.max_recording_size.0)
     .with_uploads(sallyport_proxy::session::record::Uploads::start(
-        recording_store,
+        recording_store(cfg, dir)?,
         dir.join("recordings"),
     ))
     .with_max_jumps_per_connection(p.max_jumps_per_connection);
@@ -356,13 +643,29 @@ pub async fn run(
     lines.push(format!("tunnel   {tunnel_addr}"));
     lines.push(format!("kube     https://{kube_addr}"));
 
+    Ok(LocalProxy {
+        web_addr,
+        client,
+        chain_pem: proxy_id.chain_pem,
+        ssh_cert: boot.ssh_cert,
+    })
+}
+
+/// The all-in-one's own node and kube agents, joined with tokens minted in-process.
+fn start_local_agents(
+    cfg: &Config,
+    auth: &Arc<AuthServer>,
+    web: String,
+    lines: &mut Vec<String>,
+) -> Result<()> {
+    let cluster = auth.config.cluster_name.clone();
     if cfg.ssh_service.enabled {
         // The local node: an agent like any other, joined with a token minted in-process.
         let agent_cfg = cfg.clone();
-        let web = connect_addr(web_addr);
+        let web = web.clone();
         let host_ca = auth.authorities.tls_pem(CaKind::TlsHost);
         let auth2 = auth.clone();
-        let nodename = local_nodename(&cfg)?;
+        let nodename = local_nodename(cfg)?;
         // The local agent joins in the background, where a name auth refuses would only be a
         // log line: refuse it here, before the cluster claims to serve it.
         sallyport_core::names::validate_node(&nodename, &cluster, &auth.config.public_names)
@@ -394,40 +697,19 @@ pub async fn run(
     }
     if cfg.kube_service.enabled {
         // The local kube agent: joined like the local node, with a kube token.
-        lines.push(crate::kube_agent::start_local(
-            &cfg,
-            &auth,
-            connect_addr(web_addr),
-        )?);
-    }
-
-    let pin = auth
-        .authorities
-        .pins()?
-        .into_iter()
-        .next()
-        .unwrap_or_default();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "Sallyport {} started", env!("CARGO_PKG_VERSION"))?;
-    writeln!(out, "cluster  {cluster}")?;
-    for l in &lines {
-        writeln!(out, "{l}")?;
-    }
-    writeln!(out, "data     {}", dir.display())?;
-    writeln!(out, "CA pin   {pin}")?;
-    writeln!(out, "admin    sallyctl --data-dir {} status", dir.display())?;
-    out.flush()?;
-    drop(out);
-
-    shutdown_signal().await;
-    tracing::info!("shutting down");
-    // Failures counted in windows still open are audited now, not lost with the process.
-    auth.flush_all_failures().await;
-    // Anchor what was written since the last checkpoint rather than leave it to the next start.
-    if let Err(e) = auth.anchor_audit().await {
-        tracing::error!(error = %e, "no audit checkpoint signed at shutdown");
+        lines.push(crate::kube_agent::start_local(cfg, auth, web)?);
     }
     Ok(())
+}
+
+/// The address other hosts reach a door at: the first `public_addr` name with the door's
+/// port, else the address it listens on (loopback for 0.0.0.0).
+fn public_or(cfg: &Config, addr: SocketAddr) -> String {
+    match cfg.proxy_service.public_hosts().into_iter().next() {
+        Some((host, _)) if host.contains(':') => format!("[{host}]:{}", addr.port()),
+        Some((host, _)) => format!("{host}:{}", addr.port()),
+        None => connect_addr(addr),
+    }
 }
 
 fn default_data_dir() -> PathBuf {
@@ -607,6 +889,19 @@ pub(crate) fn local_nodename(cfg: &Config) -> Result<String> {
     sallyport_core::names::validate("node", &name)
         .map_err(|e| anyhow::anyhow!("{e}; pick one with --nodename"))?;
     Ok(name)
+}
+
+/// What the diagnostics listener checks for a process of agents only: each one's tunnel.
+fn agents(cfg: &Config) -> crate::diag::Serves {
+    use sallyport_core::metrics::TunnelKind;
+    let mut serves = crate::diag::Serves::default();
+    if cfg.ssh_service.enabled {
+        serves = serves.agent(TunnelKind::Node);
+    }
+    if cfg.kube_service.enabled {
+        serves = serves.agent(TunnelKind::Kube);
+    }
+    serves
 }
 
 /// `sallyport start --roles=node`: join once, then keep the tunnel to the proxy.

@@ -4,9 +4,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sallyport_core::api::{AuthFailure, ErrorBody, RefusalCode};
+use sallyport_core::metrics::{AuditQueue, RouteLabel, StatusClass, metrics};
+use sallyport_core::routes;
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
 use sallyport_core::x509::pem_to_ders;
 use serde::Serialize;
@@ -19,7 +21,9 @@ pub struct AuthClient {
     http: reqwest::Client,
     /// For answers read as they arrive ([`AuthClient::stream`]): no whole-request timeout.
     streaming: reqwest::Client,
-    base: String,
+    /// Auth's addresses (`https://HOST:PORT`): the one that answered last is tried first, the
+    /// others when it cannot be reached (auth instances share one database, so any will do).
+    bases: Arc<Bases>,
     /// The host CA auth's certificate must come from, for clients made as someone else
     /// ([`AuthClient::as_identity`]).
     host_ca_pem: Arc<String>,
@@ -88,8 +92,42 @@ pub enum ClientError {
     },
 }
 
+/// Several auth instances, and which one to try first.
+struct Bases {
+    urls: Vec<String>,
+    current: std::sync::atomic::AtomicUsize,
+}
+
+impl Bases {
+    /// Every base once, starting with the current one.
+    fn order(&self) -> impl Iterator<Item = (usize, &str)> {
+        let n = self.urls.len();
+        let first = self.current.load(Ordering::Relaxed) % n.max(1);
+        (0..n).map(move |i| {
+            let k = (first + i) % n;
+            (k, self.urls[k].as_str())
+        })
+    }
+}
+
+/// Whether a request that failed this way never reached auth (so another instance may be
+/// asked the same without doing it twice).
+fn not_sent(e: &reqwest::Error) -> bool {
+    e.is_connect()
+}
+
 impl AuthClient {
+    /// `auth_addr`: one `HOST:PORT`, or several separated by commas.
     pub fn new(auth_addr: &str, id: &ServiceIdentity) -> Result<Self, ClientError> {
+        let urls: Vec<String> = auth_addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| format!("https://{a}"))
+            .collect();
+        if urls.is_empty() {
+            return Err(ClientError::Setup("no auth address".into()));
+        }
         Ok(AuthClient {
             http: mtls_client(&id.host_ca_pem, &id.chain_pem, &id.key_pem, Timeouts::Whole)?,
             streaming: mtls_client(
@@ -98,7 +136,10 @@ impl AuthClient {
                 &id.key_pem,
                 Timeouts::Stream,
             )?,
-            base: format!("https://{auth_addr}"),
+            bases: Arc::new(Bases {
+                urls,
+                current: Default::default(),
+            }),
             host_ca_pem: Arc::new(id.host_ca_pem.clone()),
             failures: Arc::default(),
         })
@@ -111,7 +152,7 @@ impl AuthClient {
         Ok(AuthClient {
             http: mtls_client(&self.host_ca_pem, chain_pem, key_pem, Timeouts::Whole)?,
             streaming: mtls_client(&self.host_ca_pem, chain_pem, key_pem, Timeouts::Stream)?,
-            base: self.base.clone(),
+            bases: self.bases.clone(),
             host_ca_pem: self.host_ca_pem.clone(),
             failures: Arc::default(),
         })
@@ -129,12 +170,16 @@ impl AuthClient {
             }
             tx
         });
-        if let Err(e) = tx.try_send(failure) {
-            let failure = match e {
-                tokio::sync::mpsc::error::TrySendError::Full(f)
-                | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
-            };
-            self.failures.count_dropped(&failure.door);
+        match tx.try_send(failure) {
+            Ok(()) => metrics().audit_queued(AuditQueue::ProxyFailedAuth, 1),
+            Err(e) => {
+                let failure = match e {
+                    tokio::sync::mpsc::error::TrySendError::Full(f)
+                    | tokio::sync::mpsc::error::TrySendError::Closed(f) => f,
+                };
+                self.failures.count_dropped(&failure.door);
+                metrics().audit_dropped(AuditQueue::ProxyFailedAuth);
+            }
         }
     }
 
@@ -142,6 +187,7 @@ impl AuthClient {
     async fn send_failures(self, mut rx: tokio::sync::mpsc::Receiver<AuthFailure>) {
         let mut batch = Vec::with_capacity(FAILURE_BATCH);
         while rx.recv_many(&mut batch, FAILURE_BATCH).await > 0 {
+            let taken = batch.len();
             // Not queued themselves: a full queue cannot drop the count of what it dropped.
             let dropped = self.failures.take_dropped();
             if !dropped.is_empty() {
@@ -168,6 +214,7 @@ impl AuthClient {
                 ),
                 Err(e) => tracing::warn!(error = %e, "failed authentications not reported"),
             }
+            metrics().audit_dequeued(AuditQueue::ProxyFailedAuth, taken);
             batch.clear();
         }
     }
@@ -212,24 +259,49 @@ impl AuthClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), ClientError> {
-        let mut req = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(b) = body {
-            req = req.json(&b);
+        let route = RouteLabel::of(routes::AUTH, method.as_str(), path);
+        let mut last = None;
+        let mut resp = None;
+        for (k, base) in self.bases.order() {
+            let mut req = self.http.request(method.clone(), format!("{base}{path}"));
+            if let Some(b) = &body {
+                req = req.json(b);
+            }
+            let started = Instant::now();
+            let sent = req.send().await;
+            observe(route, &sent, started);
+            match sent {
+                Ok(r) => {
+                    self.bases.current.store(k, Ordering::Relaxed);
+                    resp = Some((base, r));
+                    break;
+                }
+                Err(e) if not_sent(&e) => last = Some((base, e)),
+                Err(source) => {
+                    return Err(ClientError::Unreachable {
+                        addr: base.to_string(),
+                        source,
+                    });
+                }
+            }
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                addr: self.base.clone(),
-                source,
-            })?;
+        let (base, resp) = match (resp, last) {
+            (Some(r), _) => r,
+            (None, Some((base, source))) => {
+                return Err(ClientError::Unreachable {
+                    addr: base.to_string(),
+                    source,
+                });
+            }
+            (None, None) => return Err(ClientError::Setup("no auth address".into())),
+        };
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let body = resp
             .bytes()
             .await
             .map_err(|source| ClientError::Unreachable {
-                addr: self.base.clone(),
+                addr: base.to_string(),
                 source,
             })?;
         Ok((status, headers, body.to_vec()))
@@ -240,22 +312,53 @@ impl AuthClient {
     /// [`HEADERS_TIMEOUT`], then each read within [`STALL_TIMEOUT`], never the whole body. An
     /// error status becomes [`ClientError::Refused`] with auth's message.
     pub async fn stream(&self, path: &str) -> Result<reqwest::Response, ClientError> {
-        let unreachable = |source| ClientError::Unreachable {
-            addr: self.base.clone(),
-            source,
+        let timed_out = || ClientError::Refused {
+            status: 504,
+            message: format!(
+                "auth did not answer within {} s; try again shortly",
+                HEADERS_TIMEOUT.as_secs()
+            ),
+            code: None,
         };
-        let send = self.streaming.get(format!("{}{path}", self.base)).send();
-        let resp = tokio::time::timeout(HEADERS_TIMEOUT, send)
-            .await
-            .map_err(|_| ClientError::Refused {
-                status: 504,
-                message: format!(
-                    "auth did not answer within {} s; try again shortly",
-                    HEADERS_TIMEOUT.as_secs()
-                ),
-                code: None,
-            })?
-            .map_err(unreachable)?;
+        let mut last = None;
+        let mut got = None;
+        let route = RouteLabel::of(routes::AUTH, "GET", path);
+        for (k, base) in self.bases.order() {
+            let started = Instant::now();
+            let send = self.streaming.get(format!("{base}{path}")).send();
+            let sent = tokio::time::timeout(HEADERS_TIMEOUT, send).await;
+            match &sent {
+                Ok(r) => observe(route, r, started),
+                Err(_) => {
+                    metrics().auth_client_request(route, StatusClass::NoAnswer, started.elapsed())
+                }
+            }
+            match sent {
+                Err(_) => return Err(timed_out()),
+                Ok(Ok(r)) => {
+                    self.bases.current.store(k, Ordering::Relaxed);
+                    got = Some(r);
+                    break;
+                }
+                Ok(Err(e)) if not_sent(&e) => last = Some((base, e)),
+                Ok(Err(source)) => {
+                    return Err(ClientError::Unreachable {
+                        addr: base.to_string(),
+                        source,
+                    });
+                }
+            }
+        }
+        let resp = match (got, last) {
+            (Some(r), _) => r,
+            (None, Some((base, source))) => {
+                return Err(ClientError::Unreachable {
+                    addr: base.to_string(),
+                    source,
+                });
+            }
+            (None, None) => return Err(ClientError::Setup("no auth address".into())),
+        };
         let status = resp.status().as_u16();
         if (200..300).contains(&status) {
             return Ok(resp);
@@ -287,6 +390,15 @@ impl AuthClient {
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Setup(format!("unreadable answer from auth: {e}")))
     }
+}
+
+/// Counts a request to auth in its route's latency, to the answer's headers.
+fn observe(route: RouteLabel, resp: &Result<reqwest::Response, reqwest::Error>, started: Instant) {
+    let status = match resp {
+        Ok(r) => StatusClass::of(r.status().as_u16()),
+        Err(_) => StatusClass::NoAnswer,
+    };
+    metrics().auth_client_request(route, status, started.elapsed());
 }
 
 /// Auth's error answer as a [`ClientError::Refused`].
@@ -327,7 +439,12 @@ fn mtls_client(
     let roots = pem_to_ders(host_ca_pem).map_err(|e| setup(&e))?;
     let chain = pem_to_ders(chain_pem).map_err(|e| setup(&e))?;
     let key = private_key_from_pem(key_pem).map_err(|e| setup(&e))?;
-    let tls = client_config(Trust::Roots(roots), Some((chain, key))).map_err(|e| setup(&e))?;
+    // Auth is checked by its own name, whatever address it is dialed at.
+    let trust = Trust::As(
+        Box::new(Trust::Roots(roots)),
+        sallyport_core::api::AUTH_SERVER_NAME.into(),
+    );
+    let tls = client_config(trust, Some((chain, key))).map_err(|e| setup(&e))?;
     let builder = reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .redirect(reqwest::redirect::Policy::none())

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sallyport_core::api::Presence;
+use sallyport_core::metrics::{TunnelKind, metrics};
 use sallyport_core::names::MAX_HEARTBEAT_LINE;
 use sallyport_core::tunnel::{self, Opener, Side, TunnelStream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -25,13 +26,25 @@ pub enum AgentKind {
     Kube,
 }
 
+impl AgentKind {
+    fn label(self) -> TunnelKind {
+        match self {
+            AgentKind::Node => TunnelKind::Node,
+            AgentKind::Kube => TunnelKind::Kube,
+        }
+    }
+}
+
 /// A live tunnel: the generation that registered it, its opener, and what it serves.
 type Entry = (u64, Opener, AgentKind);
 
-/// Live tunnels by node id. A newer tunnel from the same node replaces the older one.
+/// Live tunnels by node id, newest last: sessions take the newest that is still open. An agent
+/// normally holds one tunnel to each proxy; a second one to the same proxy (a reconnect that
+/// raced the old one's end, a load balancer sending it back here) is kept until it closes.
 #[derive(Clone, Default)]
 pub struct Tunnels {
-    inner: Arc<Mutex<HashMap<String, Entry>>>,
+    inner: Arc<Mutex<HashMap<String, Vec<Entry>>>>,
+    set: crate::registry::ProxySet,
 }
 
 impl Tunnels {
@@ -49,26 +62,50 @@ impl Tunnels {
         self.inner
             .lock()
             .ok()?
-            .get(id)
-            .filter(|(_, _, k)| *k == kind)
+            .get(id)?
+            .iter()
+            .rev()
+            .filter(|(_, o, k)| *k == kind && !o.is_closed())
             .map(|(_, o, _)| o.clone())
-            .filter(|o| !o.is_closed())
+            .next()
+    }
+
+    /// The cluster's proxy set, as this proxy's agents hear it.
+    pub fn with_proxy_set(mut self, set: crate::registry::ProxySet) -> Self {
+        self.set = set;
+        self
+    }
+
+    /// How many agents have a tunnel here now.
+    pub fn count(&self) -> usize {
+        self.inner.lock().map(|m| m.len()).unwrap_or(0)
     }
 
     fn insert(&self, node_id: &str, opener: Opener, kind: AgentKind) -> u64 {
         let generation = rand::random::<u64>();
         if let Ok(mut m) = self.inner.lock() {
-            m.insert(node_id.to_string(), (generation, opener, kind));
+            m.entry(node_id.to_string())
+                .or_default()
+                .push((generation, opener, kind));
+            metrics().tunnel_connected(kind.label(), None);
         }
         generation
     }
 
-    /// Removes the tunnel only if it is still the one registered under `generation`.
+    /// Removes the tunnel registered under `generation`; true when it was the node's last here.
     fn remove(&self, node_id: &str, generation: u64) -> bool {
         let Ok(mut m) = self.inner.lock() else {
             return false;
         };
-        if m.get(node_id).is_some_and(|(g, _, _)| *g == generation) {
+        let Some(list) = m.get_mut(node_id) else {
+            return false;
+        };
+        let Some(i) = list.iter().position(|(g, _, _)| *g == generation) else {
+            return false;
+        };
+        let (_, _, kind) = list.remove(i);
+        metrics().tunnel_disconnected(kind.label());
+        if list.is_empty() {
             m.remove(node_id);
             true
         } else {
@@ -92,7 +129,12 @@ struct Heartbeat {
 /// presence and answering `ok`. A line over [`MAX_HEARTBEAT_LINE`], one that is not a heartbeat,
 /// or labels auth refuses (built-in or oversized) is answered `error: <why>` and ends the
 /// tunnel: the agent logs why, and is not online under labels it was refused.
-async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
+async fn heartbeats(
+    hb: TunnelStream,
+    node_id: &str,
+    auth: &AuthClient,
+    set: &crate::registry::ProxySet,
+) {
     let (r, mut w) = tokio::io::split(hb);
     let mut r = BufReader::new(r);
     let mut line = Vec::new();
@@ -123,8 +165,9 @@ async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
                         .await
                     {
                         Ok(_) => None,
+                        // Labels refused, or the node removed: its tunnel ends now.
                         Err(ClientError::Refused {
-                            status: 400,
+                            status: 400 | 404,
                             message,
                             ..
                         }) => Some(message),
@@ -144,7 +187,13 @@ async fn heartbeats(hb: TunnelStream, node_id: &str, auth: &AuthClient) {
             let _ = w.flush().await;
             return;
         }
-        if w.write_all(b"ok\n").await.is_err() {
+        let proxies = set.line();
+        let answer = if proxies.is_empty() {
+            "ok\n".to_string()
+        } else {
+            format!("ok {proxies}\n")
+        };
+        if w.write_all(answer.as_bytes()).await.is_err() {
             return;
         }
     }
@@ -242,7 +291,7 @@ pub async fn serve(
             tracing::info!(node = %node_id, peer = %addr, "agent tunnel up");
             // The agent's first stream is its heartbeat: labels in, "ok" out.
             if let Some(hb) = inbound.recv().await {
-                heartbeats(hb, &node_id, &auth).await;
+                heartbeats(hb, &node_id, &auth, &tunnels.set).await;
             }
             if tunnels.remove(&node_id, generation) {
                 let p = Presence {

@@ -43,6 +43,7 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+pub mod ha;
 pub mod kube;
 pub mod oidc;
 pub mod s3;
@@ -298,6 +299,9 @@ pub struct Options {
     pub recordings: Option<String>,
     /// Environment variables for the daemon (`AWS_ACCESS_KEY_ID`, ...).
     pub env: Vec<(String, String)>,
+    /// `sallyport.diag_addr` (`127.0.0.1:0`: the kernel picks the port, read from the banner
+    /// into [`Cluster::diag`]); none: the diagnostics listener stays off.
+    pub diag_addr: Option<String>,
 }
 
 impl Default for Options {
@@ -312,6 +316,7 @@ impl Default for Options {
             ssh_service: vec![],
             recordings: None,
             env: vec![],
+            diag_addr: None,
         }
     }
 }
@@ -332,6 +337,8 @@ pub struct Cluster {
     pub tunnel: String,
     /// The proxy's Kubernetes door (kubectl), `127.0.0.1:PORT`.
     pub kube: String,
+    /// The diagnostics listener, `127.0.0.1:PORT`, when [`Options::diag_addr`] set one.
+    pub diag: Option<String>,
     pub pin: String,
     pub stdout: String,
     child: Option<Child>,
@@ -364,7 +371,7 @@ sallyport:
   nodename: local1
   log: {{severity: info, format: text}}
   storage: {storage}
-auth_service:
+{diag}auth_service:
   enabled: true
   listen_addr: 127.0.0.1:0
   cluster_name: {cluster}
@@ -399,6 +406,11 @@ auth_service:
                     .as_ref()
                     .map(|r| format!("recordings: {r}\n"))
                     .unwrap_or_default(),
+                diag = o
+                    .diag_addr
+                    .as_ref()
+                    .map(|a| format!("  diag_addr: {a}\n"))
+                    .unwrap_or_default(),
                 data = dir.path().join("data").display(),
                 cluster = o.cluster_name,
                 sf = if o.second_factor { "otp" } else { "off" },
@@ -414,6 +426,7 @@ auth_service:
             ssh_port: 0,
             tunnel: String::new(),
             kube: String::new(),
+            diag: None,
             pin: String::new(),
             stdout: String::new(),
             child: None,
@@ -463,6 +476,10 @@ auth_service:
         self.proxy = addr("web");
         self.tunnel = addr("tunnel");
         self.kube = addr("kube");
+        self.diag = banner
+            .lines()
+            .find_map(|l| l.strip_prefix("diag")?.trim().strip_prefix("http://"))
+            .map(str::to_string);
         let ssh = addr("ssh");
         self.ssh_port = ssh
             .rsplit_once(':')
@@ -480,6 +497,7 @@ auth_service:
                     ("kube_listen_addr", &self.kube),
                 ]
                 .into_iter()
+                .chain(self.diag.as_ref().map(|d| ("diag_addr", d)))
                 .find(|(key, _)| line.trim() == format!("{key}: 127.0.0.1:0"));
                 match bound {
                     Some((key, addr)) => out.push_str(&format!("  {key}: {addr}\n")),
@@ -759,6 +777,23 @@ auth_service:
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A plain HTTP `GET` of `path` at `addr` (the diagnostics listener): its status and body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, body.to_string())
 }
 
 /// A node agent (`sallyport start --roles=node`) in its own process, killed when dropped.

@@ -172,8 +172,22 @@ fn a_recording_left_by_a_killed_proxy_is_uploaded_when_it_starts_again() {
 #[test]
 fn an_unreachable_store_keeps_the_recording_and_takes_it_once_back() {
     let port = free_port();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let c = cluster(&endpoint, "later", credentials());
+    let c = Cluster::start_with(Options {
+        recordings: Some(format!(
+            "{{uri: 's3://{BUCKET}/later', endpoint: 'http://127.0.0.1:{port}'}}"
+        )),
+        env: credentials(),
+        diag_addr: Some("127.0.0.1:0".into()),
+        ..Options::default()
+    });
+    let metrics = || {
+        let diag = c.diag.clone().expect("the diagnostics listener");
+        let out = Command::new("curl")
+            .args(["-sS", &format!("http://{diag}/metrics")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
     c.wait_online("local1");
     let home = c.user("lee", "access", "root");
     c.ssh(
@@ -205,8 +219,20 @@ fn an_unreachable_store_keeps_the_recording_and_takes_it_once_back() {
         "{log}"
     );
     assert!(!log.contains("sallyport-test-secret-never-logged"), "{log}");
-    // Nothing lost: the recording stays on disk and replays from there.
+    // Nothing lost: the recording stays on disk, counted in the backlog, and replays from there.
     assert!(local(&c, &id).exists());
+    let size = std::fs::metadata(local(&c, &id)).unwrap().len();
+    let m = metrics();
+    assert!(
+        m.contains("sallyport_recording_upload_backlog_files 1\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "sallyport_recording_upload_backlog_bytes {size}\n"
+        )),
+        "{m}"
+    );
     assert_eq!(play_text(&c, &home, &id), "kept-on-disk\n");
     // The store comes back: a later try uploads it and the local copy goes.
     let moto = Moto::start_on(port);
@@ -221,6 +247,8 @@ fn an_unreachable_store_keeps_the_recording_and_takes_it_once_back() {
         "not uploaded once the store was back"
     );
     assert_eq!(play_text(&c, &home, &id), "kept-on-disk\n");
+    assert!(eventually(Duration::from_secs(5), || metrics()
+        .contains("sallyport_recording_upload_backlog_files 0\n")));
 }
 
 #[test]

@@ -71,7 +71,11 @@ export async function render(node, login) {
 
   const term = new Terminal({
     scrollback: 10000,
-    cursorBlink: true,
+    // A steady cursor. xterm.js blinks its DOM cursor with an endless CSS animation, which keeps
+    // a frame always pending; Chromium then holds every task after a keystroke (the echo's
+    // WebSocket message included) until that frame is drawn: up to 16.7 ms on each key, about
+    // 10 ms at the median (bench/RESULTS.md, bench/web.sh). It also redraws 60 times a second.
+    cursorBlink: false,
     fontFamily: 'ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace',
     fontSize: 14,
   });

@@ -108,6 +108,8 @@ pub mod rule {
         ConnectorDelete: "connector" "delete",
         NodeCreate: "node" "create",
         NodeDelete: "node" "delete",
+        ProxyList: "proxy" "list",
+        ProxyDelete: "proxy" "delete",
         TokenList: "token" "list",
         TokenCreate: "token" "create",
         LockCreate: "lock" "create",
@@ -143,10 +145,20 @@ impl AuthServer {
                     traits: u.traits,
                 })
             }
-            TLS_HOST_CA_CN => Ok(Caller::Service {
-                name: s.common_name,
-                role: s.organizations.into_iter().next().unwrap_or_default(),
-            }),
+            TLS_HOST_CA_CN => {
+                let role = s.organizations.into_iter().next().unwrap_or_default();
+                // A removed proxy's certificate is refused at once, not at its expiry.
+                if role == PROXY_ROLE && !self.proxy_registered(&s.common_name).await? {
+                    return Err(AuthError::Unauthenticated(format!(
+                        "proxy {} is not registered in this cluster (removed?); join it again with a token from `sallyctl tokens add --type=proxy`",
+                        s.common_name
+                    )));
+                }
+                Ok(Caller::Service {
+                    name: s.common_name,
+                    role,
+                })
+            }
             other => Err(AuthError::Unauthenticated(format!(
                 "certificate from an unknown CA {other:?}"
             ))),

@@ -19,6 +19,7 @@ mod kube;
 mod locks;
 mod login;
 mod nodes;
+mod proxies;
 mod roles;
 mod sessions;
 mod tokens;
@@ -88,6 +89,11 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Get, p::TOKENS, tokens::list),
         on(Post, p::JOIN_TOKENS, tokens::add_join_token),
         on(Post, p::JOIN, nodes::join),
+        on(Get, p::PROXIES, proxies::list),
+        on(Delete, p::PROXY, proxies::remove),
+        on(Post, p::PROXY_JOIN, proxies::join),
+        on(Post, p::PROXY_HEARTBEAT, proxies::heartbeat),
+        on(Post, p::PROXY_RENEW, proxies::renew),
         on(Get, p::NODES, nodes::list),
         on(Post, p::NODES, nodes::add),
         on(Delete, p::NODE, nodes::remove),
@@ -144,7 +150,24 @@ pub fn router(auth: Arc<AuthServer>) -> Router {
             audit_refusals,
         ))
         .layer(Extension(verifier))
+        .layer(axum::middleware::from_fn(request_latency))
         .with_state(auth)
+}
+
+/// Each request's time to its answer's headers, in `sallyport_auth_request_duration_seconds`
+/// under its route's pattern (never the concrete path: a name in it is no label).
+async fn request_latency(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use sallyport_core::metrics::{RouteLabel, StatusClass, metrics};
+    let route = RouteLabel::of(
+        sallyport_core::routes::AUTH,
+        req.method().as_str(),
+        req.uri().path(),
+    );
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let status = StatusClass::of(resp.status().as_u16());
+    metrics().auth_request(route, status, started.elapsed());
+    resp
 }
 
 impl IntoResponse for AuthError {

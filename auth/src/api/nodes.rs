@@ -81,11 +81,11 @@ pub(super) async fn join(
 
 pub(super) async fn presence(
     State(auth): Auth,
-    _proxy: Proxy,
+    proxy: Proxy,
     Path(id): Path<String>,
     Json(p): Json<Presence>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.presence(&id, &p).await?;
+    auth.presence(&id, &proxy.name, &p).await?;
     Ok(done())
 }
 

@@ -14,10 +14,10 @@ use crate::{AuthError, AuthServer};
 
 pub(super) async fn grant(
     State(auth): Auth,
-    _proxy: Proxy,
+    proxy: Proxy,
     Json(req): Json<SessionRequest>,
 ) -> Result<Json<SessionGrant>, AuthError> {
-    Ok(Json(auth.session_grant(&req).await?))
+    Ok(Json(auth.session_grant(&req, &proxy.name).await?))
 }
 
 pub(super) async fn end(

@@ -101,6 +101,11 @@ enum Command {
         #[command(subcommand)]
         command: nodes::NodesCommand,
     },
+    /// Proxies: list, remove (a removed proxy's certificate is refused at once).
+    Proxies {
+        #[command(subcommand)]
+        command: nodes::ProxiesCommand,
+    },
     /// Lock a user now: no login, no new session, no API call, and their live SSH connections
     /// are ended. `sallyctl get locks` lists locks; `sallyctl rm lock/ID` lifts one.
     Lock {
@@ -187,6 +192,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Access { command } => return access::access(&api, command).await,
         Command::Nodes { command } => nodes::nodes(&api, command).await?,
         Command::Tokens { command } => tokens::tokens(&api, command).await?,
+        Command::Proxies { command } => nodes::proxies(&api, command).await?,
         Command::Lock {
             user,
             message,

@@ -60,3 +60,45 @@ pub(super) async fn nodes(api: &Api, cmd: &NodesCommand) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Subcommand)]
+pub(super) enum ProxiesCommand {
+    /// The cluster's proxies: name, id, addresses, online (heard from within 30 s).
+    Ls {
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Remove a proxy: its certificate is refused at once; it must join again with a new token.
+    Rm { name: String },
+}
+
+pub(super) async fn proxies(api: &Api, cmd: &ProxiesCommand) -> Result<()> {
+    match cmd {
+        ProxiesCommand::Ls { format } => {
+            let proxies: Vec<ProxyInfo> = api.get(routes::auth::PROXIES).await?;
+            if *format == Format::Json {
+                println!("{}", serde_json::to_string_pretty(&proxies)?);
+            } else {
+                println!(
+                    "{:<24} {:<36} {:<8} {:<22} TUNNEL",
+                    "NAME", "ID", "STATUS", "WEB"
+                );
+                for p in &proxies {
+                    println!(
+                        "{:<24} {:<36} {:<8} {:<22} {}",
+                        p.name,
+                        p.id,
+                        if p.online { "online" } else { "offline" },
+                        p.addrs.web,
+                        p.addrs.tunnel
+                    );
+                }
+            }
+        }
+        ProxiesCommand::Rm { name } => {
+            let _: serde_json::Value = api.delete(&routes::auth::proxy(name)).await?;
+            println!("proxy {name} removed: its certificate is refused from now on");
+        }
+    }
+    Ok(())
+}

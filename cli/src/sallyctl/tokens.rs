@@ -13,8 +13,9 @@ use crate::println;
 pub(super) enum TokensCommand {
     /// A one-time token an agent joins with, and the command to run on the server.
     Add {
-        /// node: an SSH node's agent; kube: a Kubernetes cluster's kube agent.
-        #[arg(long = "type", value_parser = ["node", "kube"])]
+        /// node: an SSH node's agent; kube: a Kubernetes cluster's kube agent; proxy: a proxy
+        /// service on a host of its own.
+        #[arg(long = "type", value_parser = ["node", "kube", "proxy"])]
         kind: String,
         #[arg(long, default_value = "30m")]
         ttl: String,
@@ -54,6 +55,15 @@ pub(super) async fn tokens(api: &Api, command: &TokensCommand) -> Result<()> {
                     "The join token {} expires at {} and works once.",
                     t.token, t.expires
                 );
+                if kind == "proxy" {
+                    println!("Run this on the proxy's host:\n");
+                    println!(
+                        "  sallyport start --roles=proxy --auth-server=AUTH:3025 --token={} --ca-pin={pin} --data-dir /var/lib/sallyport\n",
+                        t.token
+                    );
+                    println!("AUTH is the auth service's address as the proxy reaches it.");
+                    return Ok(());
+                }
                 if kind == "kube" {
                     println!(
                         "Run this where the Kubernetes API is reachable (in the cluster, leave out --kubeconfig: the pod's service account is used):\n"

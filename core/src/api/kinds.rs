@@ -110,6 +110,8 @@ wire_enum! {
         Node = "node",
         /// A kube agent joining as a Kubernetes cluster (`sallyctl tokens add --type=kube`).
         Kube = "kube",
+        /// A proxy service joining the cluster (`sallyctl tokens add --type=proxy`).
+        Proxy = "proxy",
     }
 }
 
@@ -175,7 +177,7 @@ mod tests {
             &["ssh", "shell", "exec", "sftp", "forward"],
         );
         words(SessionStatus::ALL, &["running", "complete", "incomplete"]);
-        words(TokenKind::ALL, &["signup", "node", "kube"]);
+        words(TokenKind::ALL, &["signup", "node", "kube", "proxy"]);
         words(ConnectorKind::ALL, &["oidc"]);
         words(RecordMode::ALL, &["best_effort", "strict"]);
         for m in RecordMode::ALL {

@@ -249,6 +249,23 @@ catalogue! {
         "reason": "failure: why",
         "count": "failure: how many failures this record stands for",
     }
+    /// A proxy service joined with a `proxy` token, or was refused (aggregated per address and
+    /// reason a minute). `user` is null.
+    ProxyJoin = "proxy.join", by Auth {
+        "success": "whether it joined",
+        "proxy_id": "success: the id given to the proxy (its certificate's CN)",
+        "name": "the name the proxy asked for (clipped when refused)",
+        "remote_addr": "the proxy's address",
+        "error": "failure: the answer the proxy got",
+        "door": "failure: `join`",
+        "reason": "failure: why",
+        "count": "failure: how many failures this record stands for",
+    }
+    /// An admin removed a proxy (`sallyctl proxies rm`): its certificate is refused from now
+    /// on. `user` is the admin.
+    ProxyDelete = "proxy.delete", by Auth {
+        "name": "the proxy's name or id, as given",
+    }
     /// Auth refused a session (`POST /v1/sessions`): no such user, locked, roles deny,
     /// `max_sessions` or `max_connections` reached, node unknown. `user` is the person.
     SessionReject = "session.reject", was "session.rejected", by Auth {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use sallyport_core::api::{KubePortForwardRecord, KubeRecord, KubeRequestRecord};
+use sallyport_core::metrics::{AuditQueue, metrics};
 use tokio::sync::mpsc;
 
 use crate::AuthClient;
@@ -40,6 +41,8 @@ impl RequestAudit {
     async fn send(&self, r: KubeRecord) {
         if self.tx.send(r).await.is_err() {
             tracing::error!("the kube request audit queue is gone");
+        } else {
+            metrics().audit_queued(AuditQueue::ProxyKubeRequests, 1);
         }
     }
 }
@@ -76,6 +79,7 @@ async fn post(auth: AuthClient, mut rx: mpsc::Receiver<KubeRecord>) {
                 }
             }
         }
+        metrics().audit_dequeued(AuditQueue::ProxyKubeRequests, batch.len());
         batch.clear();
     }
 }

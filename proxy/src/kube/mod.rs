@@ -563,6 +563,7 @@ async fn open_exec(
         older_connections: door.state.older_connections(&counted, &snap.user),
         credential_refusal: None,
         kube: Some(kube.clone()),
+        door: sallyport_core::metrics::SessionDoor::Kube,
     };
     enum Upgrade {
         WebSocket(axum::extract::ws::WebSocketUpgrade),

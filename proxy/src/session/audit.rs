@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use sallyport_core::api::{SessionEnd, SessionEvent, SessionKind};
 use sallyport_core::audit::EventType;
+use sallyport_core::metrics::{AuditQueue, metrics};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::state::ProxyState;
@@ -58,6 +59,8 @@ impl Audit {
         };
         if self.tx.send(Report::Event(e)).await.is_err() {
             tracing::error!(%event, session = %self.session_id, "session event queue closed");
+        } else {
+            queued();
         }
     }
 
@@ -75,7 +78,9 @@ impl Audit {
             command: command.map(str::to_string),
             ..Default::default()
         };
-        let _ = self.tx.send(Report::Update(body)).await;
+        if self.tx.send(Report::Update(body)).await.is_ok() {
+            queued();
+        }
     }
 
     /// The session ended: posted after everything queued before it; returns once auth has it
@@ -83,9 +88,19 @@ impl Audit {
     pub async fn end(&self, end: SessionEnd) {
         let (done, posted) = oneshot::channel();
         if self.tx.send(Report::End(end, done)).await.is_ok() {
+            queued();
             let _ = posted.await;
         }
     }
+}
+
+/// Reports wait in every session's queue together: one gauge.
+fn queued() {
+    metrics().audit_queued(AuditQueue::ProxySessionEvents, 1);
+}
+
+fn posted(n: usize) {
+    metrics().audit_dequeued(AuditQueue::ProxySessionEvents, n);
 }
 
 /// Ends a session that never got an [`Audit`] (its node could not be reached, say).
@@ -135,6 +150,7 @@ async fn post(state: Arc<ProxyState>, session_id: String, mut rx: mpsc::Receiver
                 {
                     tracing::error!(session = %session_id, error = %e, lost = batch.len(), "session events not recorded");
                 }
+                posted(batch.len());
             }
             Report::Update(body) => {
                 if let Err(e) = state
@@ -144,10 +160,19 @@ async fn post(state: Arc<ProxyState>, session_id: String, mut rx: mpsc::Receiver
                 {
                     tracing::warn!(session = %session_id, error = %e, "session kind not recorded");
                 }
+                posted(1);
             }
             Report::End(end, done) => {
                 end_now(&state, &session_id, end).await;
+                posted(1);
                 let _ = done.send(());
+                // Nothing is taken after the end: what still waits is let go, and uncounted.
+                rx.close();
+                let mut left = 0;
+                while rx.try_recv().is_ok() {
+                    left += 1;
+                }
+                posted(left);
                 return;
             }
         }

@@ -36,6 +36,8 @@ pub struct Target {
     pub credential_refusal: Option<String>,
     /// A `kubectl exec` or `attach` (the node is then a Kubernetes cluster).
     pub kube: Option<sallyport_core::kube::KubeExec>,
+    /// The door the person came through, for the metrics.
+    pub door: sallyport_core::metrics::SessionDoor,
 }
 
 /// Asks auth for a session for `target`.

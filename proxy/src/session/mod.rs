@@ -70,6 +70,22 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+impl Refusal {
+    /// The kind of refusal, as `sallyport_sessions_rejected_total` counts it.
+    pub fn class(&self) -> sallyport_core::metrics::RejectReason {
+        use sallyport_core::metrics::RejectReason as R;
+        match self {
+            Refusal::Offline(_) => R::Offline,
+            Refusal::Denied { .. } => R::Denied,
+            Refusal::HostKey(_) => R::HostKey,
+            Refusal::Locked(_) => R::Locked,
+            Refusal::Expired(_) => R::Expired,
+            Refusal::Limit(_) => R::Limit,
+            Refusal::Failed(_) => R::Failed,
+        }
+    }
+}
+
 impl From<String> for Refusal {
     fn from(s: String) -> Self {
         Refusal::Failed(s)

@@ -15,6 +15,7 @@ use russh::{Channel, ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
 use sallyport_core::api::{NodeKind, SessionEnd, SessionGrant, SessionKind, SessionStatus};
 use sallyport_core::audit::EventType;
 use sallyport_core::audit::catalogue::Source;
+use sallyport_core::metrics::{ActiveSession, metrics};
 use sallyport_core::scp::Direction;
 use tokio::sync::mpsc;
 
@@ -38,6 +39,18 @@ pub struct Opened {
 /// Authorizes `target` with auth, dials its node and opens a session channel there. A session
 /// that cannot be opened is ended in auth before the refusal is returned.
 pub async fn open(
+    state: Arc<ProxyState>,
+    target: &Target,
+    toward: Option<Toward>,
+) -> Result<Opened, Refusal> {
+    let opened = open_session(state, target, toward).await;
+    if let Err(why) = &opened {
+        metrics().session_rejected(target.door, why.class());
+    }
+    opened
+}
+
+async fn open_session(
     state: Arc<ProxyState>,
     target: &Target,
     toward: Option<Toward>,
@@ -154,6 +167,8 @@ pub(super) struct Live<D> {
     pub(super) input_ended: AtomicBool,
     /// The answers owed to the person's requests, in their order (`reply`).
     pub(super) replies: Replies,
+    /// Counted in `sallyport_sessions_active` while both tasks hold the session.
+    _active: ActiveSession,
 }
 
 impl<D: Door> Live<D> {
@@ -225,6 +240,7 @@ pub fn start<D: Door>(
         closed: AtomicBool::new(false),
         input_ended: AtomicBool::new(false),
         replies: Replies::default(),
+        _active: metrics().session_started(target.door),
     });
     let limit = live
         .door

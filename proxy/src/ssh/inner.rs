@@ -155,6 +155,7 @@ impl Inner {
             older_connections,
             credential_refusal: self.refusal.clone(),
             kube: None,
+            door: sallyport_core::metrics::SessionDoor::Ssh,
         })
     }
 

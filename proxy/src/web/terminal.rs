@@ -392,6 +392,7 @@ async fn run(
             )
         }),
         kube: None,
+        door: sallyport_core::metrics::SessionDoor::Web,
     };
     let opened = match crate::session::relay::open(state.clone(), &target, None).await {
         Ok(o) => o,

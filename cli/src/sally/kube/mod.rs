@@ -113,7 +113,7 @@ async fn login(cluster: &str) -> Result<()> {
         name: name.clone(),
         server: format!(
             "https://{}:{kube_port}/kube/{}",
-            proxy_host(&p.proxy)?,
+            proxy_host(&p.addr())?,
             path_segment(cluster)
         ),
         ca_pem: p.tls_host_ca_pem.clone(),

@@ -104,6 +104,7 @@ impl Uploads {
                 return;
             }
             pending.insert(id.to_string(), meta.len());
+            export(&pending);
         }
         let me = self.clone();
         let id = id.to_string();
@@ -133,6 +134,7 @@ impl Uploads {
         }
         if let Ok(mut pending) = self.pending.lock() {
             pending.remove(id);
+            export(&pending);
         }
     }
 
@@ -177,6 +179,12 @@ impl Uploads {
             })
             .unwrap_or_default()
     }
+}
+
+/// The backlog to the metrics (`sallyport_recording_upload_backlog_files`, `_bytes`).
+fn export(pending: &HashMap<String, u64>) {
+    sallyport_core::metrics::metrics()
+        .set_recording_upload_backlog(pending.len() as u64, pending.values().sum());
 }
 
 /// `pause` give or take a fifth, so that a proxy's many failed uploads do not all come back

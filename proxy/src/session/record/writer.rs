@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sallyport_core::asciicast::{escape_lossy_into, incomplete_tail};
+use sallyport_core::metrics::metrics;
 
 use super::{Header, PER_BYTE, RESIZE, Shared, bound};
 
@@ -94,6 +95,7 @@ impl<S: Sink> Writer<S> {
         let header = format!("{header}\n");
         sink.write_all(header.as_bytes())?;
         sink.flush()?;
+        metrics().recording_written(header.len() as u64);
         shared
             .accounted
             .store(header.len() as u64, Ordering::Relaxed);
@@ -160,6 +162,7 @@ impl<S: Sink> Writer<S> {
         if !self.check(r) {
             return 0;
         }
+        metrics().recording_written(len as u64);
         self.dirty = true;
         if self.last_flush.elapsed() >= Duration::from_millis(500) {
             self.flush();

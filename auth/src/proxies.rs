@@ -1,0 +1,361 @@
+//! Proxy services. A proxy on its own host joins with a one-time `proxy` token, straight to auth
+//! (`POST /v1/proxies/join`, the one route a caller without a certificate may use), and gets its
+//! own TLS and SSH host certificates: it never holds a CA key. The all-in-one's own proxy is
+//! registered when it starts. Every proxy heartbeats its addresses; agents learn the proxy set
+//! from those heartbeats and keep a tunnel to each.
+//!
+//! A proxy certificate is honoured only while its proxy is registered: removing one
+//! (`sallyctl proxies rm`) refuses it at once, on every auth instance (the registry is in the
+//! database), not at the certificate's expiry.
+
+use base64::Engine;
+use russh::keys::ssh_key::PublicKey;
+use sallyport_core::api::{
+    NodeKind, PROXY_TTL_SECS, ProxyAddrs, ProxyHeartbeat, ProxyInfo, ProxyJoinRequest, ProxyJoined,
+    SessionStatus, TokenKind,
+};
+use sallyport_core::audit::{Event, EventType};
+use sallyport_core::ca::CaKind;
+use sallyport_core::sshcert;
+use sqlx::Row;
+
+use crate::ssh_access::HOST_CERT_TTL;
+use crate::users::token_hash;
+use crate::{AuthError, AuthServer};
+
+/// The id (and certificate CN) of the all-in-one's own proxy.
+pub const LOCAL_PROXY_ID: &str = "proxy";
+
+/// Most addresses a proxy may name for itself, and their length.
+const MAX_DNS_NAMES: usize = 32;
+
+impl AuthServer {
+    /// Is `id` a proxy of this cluster now? The proxy extractor asks on every request.
+    pub async fn proxy_registered(&self, id: &str) -> Result<bool, AuthError> {
+        Ok(sqlx::query("SELECT 1 AS one FROM proxies WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .is_some())
+    }
+
+    /// The all-in-one's own proxy: registered (under [`LOCAL_PROXY_ID`]) when it starts.
+    pub async fn register_local_proxy(&self, addrs: &ProxyAddrs) -> Result<(), AuthError> {
+        let now = sallyport_core::unix_now();
+        sqlx::query(
+            "INSERT INTO proxies (id, name, addrs, created, last_seen) VALUES ($1, $1, $2, $3, $3)
+             ON CONFLICT (id) DO UPDATE SET addrs = excluded.addrs, last_seen = excluded.last_seen",
+        )
+        .bind(LOCAL_PROXY_ID)
+        .bind(serde_json::to_string(addrs)?)
+        .bind(now)
+        .execute(&self.backend.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A proxy joins: the token is checked first (a caller without one learns nothing), then the
+    /// name and keys, then the token is spent and the proxy registered and certified.
+    pub async fn join_proxy(
+        &self,
+        req: &ProxyJoinRequest,
+        remote: &str,
+    ) -> Result<ProxyJoined, AuthError> {
+        let now = sallyport_core::unix_now();
+        let hash = token_hash(&req.token);
+        let valid = sqlx::query(
+            "SELECT 1 AS one FROM join_tokens WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3",
+        )
+        .bind(&hash)
+        .bind(now)
+        .bind(TokenKind::Proxy.as_str())
+        .fetch_optional(&self.backend.pool)
+        .await?
+        .is_some();
+        if !valid {
+            return Err(self.proxy_join_refused(req, remote).await);
+        }
+        if let Err(e) = sallyport_core::names::validate("proxy", &req.name) {
+            self.proxy_join_failed(req, remote, &e.to_string()).await;
+            return Err(AuthError::BadRequest(e.to_string()));
+        }
+        let dns_names = check_dns_names(&req.dns_names)?;
+        let (spki, host_key) = keys(req)?;
+        if sqlx::query("SELECT id FROM proxies WHERE name = $1")
+            .bind(&req.name)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .is_some()
+        {
+            let why = format!(
+                "proxy name {} is already taken; remove it first (`sallyctl proxies rm {}`) or start this proxy with another --nodename",
+                req.name, req.name
+            );
+            self.proxy_join_failed(req, remote, &why).await;
+            return Err(AuthError::Conflict(why));
+        }
+        let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3")
+            .bind(&hash)
+            .bind(now)
+            .bind(TokenKind::Proxy.as_str())
+            .execute(&self.backend.pool)
+            .await?;
+        if claimed.rows_affected() != 1 {
+            return Err(self.proxy_join_refused(req, remote).await);
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        sqlx::query(
+            "INSERT INTO proxies (id, name, addrs, created, last_seen) VALUES ($1, $2, $3, $4, 0)",
+        )
+        .bind(&id)
+        .bind(&req.name)
+        .bind(serde_json::to_string(&ProxyAddrs::default())?)
+        .bind(now)
+        .execute(&self.backend.pool)
+        .await
+        .map_err(|_| AuthError::Conflict(format!("proxy name {} is already taken", req.name)))?;
+        let joined = self.proxy_certs(&id, &spki, &host_key, dns_names)?;
+        self.emit(
+            Event::new(EventType::ProxyJoin, None)
+                .with("success", true)
+                .with("proxy_id", id.clone())
+                .with("name", req.name.clone())
+                .with("remote_addr", remote),
+        )
+        .await?;
+        Ok(joined)
+    }
+
+    /// A registered proxy's new keys certified (the request's token is not used): what it
+    /// runs on when its certificates near their end.
+    pub async fn renew_proxy(
+        &self,
+        id: &str,
+        req: &ProxyJoinRequest,
+    ) -> Result<ProxyJoined, AuthError> {
+        if !self.proxy_registered(id).await? {
+            return Err(AuthError::NotFound(format!("proxy {id} is not registered")));
+        }
+        let dns_names = check_dns_names(&req.dns_names)?;
+        let (spki, host_key) = keys(req)?;
+        self.proxy_certs(id, &spki, &host_key, dns_names)
+    }
+
+    fn proxy_certs(
+        &self,
+        id: &str,
+        spki: &[u8],
+        host_key: &PublicKey,
+        mut names: Vec<String>,
+    ) -> Result<ProxyJoined, AuthError> {
+        let internal = |e: &dyn std::fmt::Display| AuthError::Internal(e.to_string());
+        names.push(self.config.cluster_name.clone());
+        let ssh_host_cert = sshcert::issue_host(
+            &self.authorities.host_signer().key,
+            host_key,
+            id,
+            &names,
+            HOST_CERT_TTL,
+        )
+        .map_err(|e| internal(&e))?
+        .to_openssh()
+        .map_err(|e| internal(&e))?;
+        names.pop();
+        let cert = self.issue_service_cert(
+            spki,
+            id,
+            crate::api::PROXY_ROLE,
+            names,
+            HOST_CERT_TTL,
+            false,
+        )?;
+        let openssh = |kind| -> Result<Vec<String>, AuthError> {
+            self.authorities
+                .ssh_public_keys(kind)
+                .iter()
+                .map(|k| k.to_openssh().map_err(|e| internal(&e)))
+                .collect()
+        };
+        Ok(ProxyJoined {
+            proxy_id: id.to_string(),
+            cluster_name: self.config.cluster_name.clone(),
+            tls_chain_pem: format!("{cert}{}", self.authorities.tls_host_signer().cert_pem),
+            host_ca_pem: self.authorities.tls_pem(CaKind::TlsHost),
+            user_ca_pem: self.authorities.tls_pem(CaKind::TlsUser),
+            ssh_host_cert,
+            user_ca_keys: openssh(CaKind::User)?,
+            host_ca_keys: openssh(CaKind::Host)?,
+            not_after: sallyport_core::unix_now() + HOST_CERT_TTL.as_secs() as i64,
+        })
+    }
+
+    /// A proxy's heartbeat: its addresses now. Its first after a start drops what it held before
+    /// (its agents' presence, its running sessions, marked incomplete), and nobody else's.
+    /// Answers the proxy set, which the proxy passes on to its agents.
+    pub async fn proxy_heartbeat(
+        &self,
+        id: &str,
+        hb: &ProxyHeartbeat,
+    ) -> Result<Vec<ProxyInfo>, AuthError> {
+        let now = sallyport_core::unix_now();
+        let r = sqlx::query("UPDATE proxies SET addrs = $1, last_seen = $2 WHERE id = $3")
+            .bind(serde_json::to_string(&hb.addrs)?)
+            .bind(now)
+            .bind(id)
+            .execute(&self.backend.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(AuthError::NotFound(format!("proxy {id} is not registered")));
+        }
+        if hb.started {
+            let interrupted = self.proxy_started(id).await?;
+            if interrupted > 0 {
+                tracing::warn!(
+                    proxy = %id,
+                    sessions = interrupted,
+                    "sessions interrupted by the proxy's last stop are marked incomplete"
+                );
+            }
+        }
+        self.list_proxies().await
+    }
+
+    /// Proxy `id` started again: the tunnels it held are gone (each node's presence is what
+    /// other proxies still hold) and its running sessions ended incomplete. Returns how many.
+    pub async fn proxy_started(&self, id: &str) -> Result<u64, AuthError> {
+        self.drop_proxy_presence(id).await?;
+        // Sessions from before proxies were recorded (`''`) were the all-in-one's.
+        let r = sqlx::query("UPDATE sessions SET status = $1 WHERE status = $2 AND (proxy = $3 OR ($3 = 'proxy' AND proxy = ''))")
+            .bind(SessionStatus::Incomplete.as_str())
+            .bind(SessionStatus::Running.as_str())
+            .bind(id)
+            .execute(&self.backend.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn drop_proxy_presence(&self, id: &str) -> Result<(), AuthError> {
+        let mut tx = self.backend.pool.begin().await?;
+        sqlx::query("DELETE FROM node_tunnels WHERE proxy_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE nodes SET last_seen = COALESCE((SELECT MAX(t.last_seen) FROM node_tunnels t WHERE t.node_id = nodes.id), 0)
+             WHERE kind IN ($1, $2)",
+        )
+        .bind(NodeKind::Agent.as_str())
+        .bind(NodeKind::Kube.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn list_proxies(&self) -> Result<Vec<ProxyInfo>, AuthError> {
+        let now = sallyport_core::unix_now();
+        let rows = sqlx::query("SELECT id, name, addrs, last_seen FROM proxies ORDER BY name")
+            .fetch_all(&self.backend.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let addrs: String = r.try_get("addrs")?;
+                let last_seen: i64 = r.try_get("last_seen")?;
+                Ok(ProxyInfo {
+                    id: r.try_get("id")?,
+                    name: r.try_get("name")?,
+                    addrs: serde_json::from_str(&addrs).unwrap_or_default(),
+                    online: last_seen > now - PROXY_TTL_SECS,
+                    last_seen,
+                })
+            })
+            .collect()
+    }
+
+    /// Removes a proxy (by name or id): its certificate is refused from this moment, and the
+    /// agent tunnels it reported no longer count.
+    pub async fn remove_proxy(&self, name_or_id: &str, by: &str) -> Result<(), AuthError> {
+        let row = sqlx::query("SELECT id FROM proxies WHERE name = $1 OR id = $1")
+            .bind(name_or_id)
+            .fetch_optional(&self.backend.pool)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("proxy {name_or_id} does not exist")))?;
+        let id: String = row.try_get("id")?;
+        sqlx::query("DELETE FROM proxies WHERE id = $1")
+            .bind(&id)
+            .execute(&self.backend.pool)
+            .await?;
+        self.proxy_started(&id).await?;
+        self.emit(Event::new(EventType::ProxyDelete, Some(by)).with("name", name_or_id))
+            .await?;
+        Ok(())
+    }
+
+    async fn proxy_join_refused(&self, req: &ProxyJoinRequest, remote: &str) -> AuthError {
+        let why = "invalid join token: it is unknown, expired or already used; create a new one with `sallyctl tokens add --type=proxy`";
+        self.proxy_join_failed(req, remote, why).await;
+        AuthError::Unauthenticated(why.into())
+    }
+
+    async fn proxy_join_failed(&self, req: &ProxyJoinRequest, remote: &str, why: &str) {
+        let name: String = req
+            .name
+            .chars()
+            .take(sallyport_core::names::MAX_NAME + 1)
+            .collect();
+        self.auth_failed(crate::failures::Failure {
+            event: EventType::ProxyJoin,
+            door: "join".into(),
+            remote_addr: remote.into(),
+            reason: why.into(),
+            user: None,
+            user_exists: false,
+            event_fields: vec![
+                ("success".into(), false.into()),
+                ("name".into(), name.into()),
+                ("error".into(), why.into()),
+            ],
+        })
+        .await;
+    }
+}
+
+fn keys(req: &ProxyJoinRequest) -> Result<(Vec<u8>, PublicKey), AuthError> {
+    let host_key = PublicKey::from_openssh(req.ssh_host_key.trim()).map_err(|e| {
+        AuthError::BadRequest(format!("the host key is not an OpenSSH public key: {e}"))
+    })?;
+    let spki = base64::engine::general_purpose::STANDARD
+        .decode(&req.tls_spki)
+        .map_err(|_| AuthError::BadRequest("the TLS key is not base64".into()))?;
+    Ok((spki, host_key))
+}
+
+/// The names a proxy's certificates are for: host names or addresses, few and short.
+fn check_dns_names(names: &[String]) -> Result<Vec<String>, AuthError> {
+    if names.len() > MAX_DNS_NAMES {
+        return Err(AuthError::BadRequest(format!(
+            "at most {MAX_DNS_NAMES} names for a proxy's certificates"
+        )));
+    }
+    for n in names {
+        if n.eq_ignore_ascii_case(sallyport_core::api::AUTH_SERVER_NAME) {
+            return Err(AuthError::BadRequest(format!(
+                "{n} is auth's own name: no proxy certificate may carry it"
+            )));
+        }
+        let ok = !n.is_empty()
+            && n.len() <= 253
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'*'));
+        if !ok {
+            return Err(AuthError::BadRequest(format!(
+                "{:?} is not a host name or address",
+                n.chars().take(64).collect::<String>()
+            )));
+        }
+    }
+    let mut out = names.to_vec();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}

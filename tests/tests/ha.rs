@@ -1,0 +1,296 @@
+//! Scale-out and failure: two auth instances on one PostgreSQL, two proxies joined with
+//! `proxy` tokens, three node agents that each keep a tunnel to both proxies — all processes on
+//! loopback (`sallyport_tests::ha::Topology`). While sessions run through both proxies, one
+//! proxy is killed (`kill -9`): its sessions end, the other proxy's go on, and new sessions
+//! (`sally ssh` and OpenSSH `-J`) work through the other within seconds; one auth is killed:
+//! logins and sessions go on through the other; everything restarts: no audit event is lost and
+//! no node is shown online that is not.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sallyport_tests::ha::Topology;
+use sallyport_tests::{bin, eventually};
+
+/// `sally ssh LOGIN@NODE -- CMD` as the user under `home`; its stdout when it succeeded.
+fn sally_ssh(
+    t: &Topology,
+    home: &std::path::Path,
+    node: &str,
+    cmd: &str,
+) -> Result<String, String> {
+    let r = t.sally(home, &["ssh", &format!("root@{node}"), "--", cmd], "");
+    if r.code == 0 {
+        Ok(r.stdout)
+    } else {
+        Err(r.stderr)
+    }
+}
+
+/// Tries `f` until it succeeds or `within` passes; how long it took.
+fn within(within: Duration, mut f: impl FnMut() -> Result<String, String>) -> (Duration, String) {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < within {
+        match f() {
+            Ok(out) => return (start.elapsed(), out),
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("still failing after {within:?}: {last}");
+}
+
+#[test]
+fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
+    let mut t = Topology::start(2, 2, 3);
+    let mut sessions = 0usize;
+
+    // Both proxies registered and online; each node has a tunnel to both.
+    let ls = t.sallyctl(&["proxies", "ls", "--format", "json"]).ok();
+    let proxies: serde_json::Value = serde_json::from_str(&ls.stdout).unwrap();
+    let proxies = proxies.as_array().unwrap();
+    assert_eq!(proxies.len(), 2, "{proxies:?}");
+    assert!(proxies.iter().all(|p| p["online"] == true), "{proxies:?}");
+    let proxy1_id = proxies.iter().find(|p| p["name"] == "proxy1").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            t.query("SELECT COUNT(*) FROM node_tunnels") == "6"
+        }),
+        "every node keeps a tunnel to both proxies: {}",
+        t.query("SELECT node_id || ' ' || proxy_id FROM node_tunnels")
+    );
+
+    // One person, logged in through each proxy.
+    let via1 = t.user("alice", "access", "root", 0);
+    let via2 = t.dir.path().join("home-alice-2");
+    t.login(&via2, "alice", 1).ok();
+    // And one profile naming both proxies, as a client given a list (not a load balancer).
+    let both = t.dir.path().join("home-alice-both");
+    let list = format!("{},{}", t.proxy_addrs[0].web, t.proxy_addrs[1].web);
+    t.sally(
+        &both,
+        &[
+            "login", "--proxy", &list, "--user", "alice", "--ca-pin", &t.pin,
+        ],
+        "correct horse battery\n",
+    )
+    .ok();
+    for node in ["node1", "node2", "node3"] {
+        for home in [&via1, &via2] {
+            let out = sally_ssh(
+                &t,
+                home,
+                node,
+                "echo hello from $(cat /proc/sys/kernel/hostname)",
+            )
+            .unwrap_or_else(|e| panic!("{node}: {e}"));
+            assert!(out.contains("hello from"), "{out}");
+            sessions += 1;
+        }
+    }
+
+    // Sessions running through both proxies (OpenSSH -J), printing every 200 ms.
+    let ticking = "for i in $(seq 1 150); do echo tick$i; sleep 0.2; done";
+    let start_ssh = |via: usize, home: &std::path::Path, node: &str| {
+        let cfg = t.ssh_config(home, "alice", via, via);
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&cfg)
+            .args(["-J", "proxy", &format!("root@{node}"), ticking])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let why = |c: &mut std::process::Child| {
+        let mut e = String::new();
+        if let Some(mut s) = c.stderr.take() {
+            let _ = s.read_to_string(&mut e);
+        }
+        e
+    };
+    // OpenSSH -J checks the nodes' host certificates against the CA `sally login` saved.
+    let mut on1 = start_ssh(0, &via1, "node1");
+    let mut on2 = start_ssh(1, &via2, "node2");
+    sessions += 2;
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        on1.try_wait().unwrap().is_none(),
+        "the session through proxy1 runs: {}",
+        why(&mut on1)
+    );
+    assert!(
+        on2.try_wait().unwrap().is_none(),
+        "the session through proxy2 runs: {}",
+        why(&mut on2)
+    );
+
+    // kill -9 proxy1: its session ends; proxy2's goes on to its end.
+    t.proxies[0].kill();
+    let ended = eventually(Duration::from_secs(15), || {
+        on1.try_wait().unwrap().is_some()
+    });
+    assert!(ended, "the session through the killed proxy ended");
+    let mut out1 = String::new();
+    on1.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out1)
+        .unwrap();
+    assert!(
+        out1.contains("tick1") && !out1.contains("tick150"),
+        "{out1}"
+    );
+    assert!(
+        on2.try_wait().unwrap().is_none(),
+        "the session through the other proxy is not disturbed"
+    );
+
+    // A client given both proxies goes on at once: one refused connect, then the other.
+    let out = sally_ssh(&t, &both, "node1", "echo listed").expect("the listed proxy that is up");
+    assert!(out.contains("listed"), "{out}");
+    sessions += 1;
+    let r = t.sally(&both, &["ls"], "").ok();
+    assert!(r.stdout.contains("node3"), "{r:?}");
+
+    // New sessions through proxy2 within seconds: sally ssh, and OpenSSH -J.
+    for node in ["node1", "node2", "node3"] {
+        let (took, out) = within(Duration::from_secs(10), || {
+            sally_ssh(&t, &via2, node, "echo after-kill")
+        });
+        assert!(out.contains("after-kill"), "{out}");
+        assert!(took < Duration::from_secs(10), "{node} took {took:?}");
+        sessions += 1;
+    }
+    let cfg2 = t.ssh_config(&via2, "alice", 1, 1);
+    let r = sallyport_tests::run(
+        Command::new("ssh").arg("-F").arg(&cfg2).args([
+            "-J",
+            "proxy",
+            "root@node3",
+            "echo openssh-after-kill",
+        ]),
+        "",
+    );
+    assert!(r.stdout.contains("openssh-after-kill"), "{r:?}");
+    sessions += 1;
+    // Agents stay reachable, and shown online (their tunnels to proxy2 hold).
+    assert!(
+        t.nodes_online().iter().all(|(_, up)| *up),
+        "{:?}",
+        t.nodes_online()
+    );
+
+    // proxy1 back: its interrupted session is marked incomplete, proxy2's running one is not.
+    t.proxies[0].start();
+    let statuses = t.query(&format!(
+        "SELECT proxy || ':' || status FROM sessions WHERE status = 'running' OR (status = 'incomplete' AND proxy = '{proxy1_id}')"
+    ));
+    assert!(
+        statuses.contains(&format!("{proxy1_id}:incomplete")),
+        "the killed proxy's session: {statuses}"
+    );
+    assert!(
+        !statuses.contains(&format!("{proxy1_id}:running")),
+        "{statuses}"
+    );
+    assert!(
+        statuses
+            .lines()
+            .any(|l| l.ends_with(":running") && !l.starts_with(&proxy1_id)),
+        "proxy2's session still runs: {statuses}"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            t.query("SELECT COUNT(*) FROM node_tunnels") == "6"
+        }),
+        "the agents came back to proxy1"
+    );
+
+    // kill -9 auth1: logins and sessions go on through auth2.
+    t.auths[0].kill();
+    let (_, out) = within(Duration::from_secs(10), || {
+        let r = t.login(&via1, "alice", 1);
+        if r.code == 0 {
+            Ok(r.stdout)
+        } else {
+            Err(r.stderr)
+        }
+    });
+    assert!(!out.is_empty());
+    let (_, out) = within(Duration::from_secs(10), || {
+        sally_ssh(&t, &via2, "node2", "echo auth2")
+    });
+    assert!(out.contains("auth2"), "{out}");
+    sessions += 1;
+
+    let status = on2.wait().unwrap();
+    let mut out2 = String::new();
+    on2.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out2)
+        .unwrap();
+    assert!(
+        status.success() && out2.contains("tick150"),
+        "{status}: {out2}"
+    );
+
+    // node3 goes away for good; then everything restarts.
+    t.nodes[2].kill();
+    for s in t.proxies.iter_mut() {
+        s.terminate();
+    }
+    t.auths[1].terminate();
+    t.auths[0].start();
+    t.auths[1].start();
+    t.proxies[0].start();
+    t.proxies[1].start();
+    // No node is shown online that is not: node3 at once, the others once back.
+    let online = t.nodes_online();
+    assert!(
+        online.iter().any(|(n, up)| n == "node3" && !up),
+        "node3 is down: {online:?}"
+    );
+    for node in ["node1", "node2"] {
+        t.wait_online(node);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        t.nodes_online().iter().any(|(n, up)| n == "node3" && !up),
+        "{:?}",
+        t.nodes_online()
+    );
+
+    // No audit event lost: the chain is intact, and it holds every session the clients ran.
+    let verify = t.sallyctl(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{verify:?}");
+    assert!(verify.stdout.contains("intact"), "{verify:?}");
+    let started = t
+        .sallyctl(&[
+            "audit",
+            "search",
+            "--type",
+            "session.start",
+            "--limit",
+            "1000",
+        ])
+        .ok()
+        .stdout
+        .lines()
+        .filter(|l| l.contains("session.start"))
+        .count();
+    assert_eq!(
+        started, sessions,
+        "session.start records against sessions run"
+    );
+    let _ = bin("sallyport");
+}
