@@ -90,8 +90,12 @@ pub struct AuthConfig {
     pub lockout_duration: Duration,
     /// Names the services answer to, for their TLS certificates.
     pub public_names: Vec<String>,
-    /// Where the proxy in this process writes session recordings (`<id>.cast`).
+    /// Where the proxy in this process writes session recordings (`<id>.cast`): read first,
+    /// for a running session's and one not yet uploaded.
     pub recordings_dir: Option<std::path::PathBuf>,
+    /// Where finished recordings are kept (`recordings:` in the config); none: only
+    /// `recordings_dir`.
+    pub recording_store: Option<sallyport_recordings::RecordingStore>,
     /// The Ed25519 key that signs audit checkpoints (OpenSSH format, 0600, made at first
     /// start), outside the database; none: the chain is not anchored.
     pub audit_checkpoint_key: Option<std::path::PathBuf>,
@@ -114,6 +118,7 @@ impl AuthConfig {
             lockout_duration: Duration::from_secs(30 * 60),
             public_names: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             recordings_dir: None,
+            recording_store: None,
             audit_checkpoint_key: None,
             audit_checkpoint_every: 100,
             audit_checkpoint_interval: Duration::from_secs(60),

@@ -23,6 +23,33 @@ pub struct Config {
     pub ssh_service: SshService,
     #[serde(default)]
     pub kube_service: KubeService,
+    /// Where finished recordings are kept; absent: the data dir's `recordings/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recordings: Option<Recordings>,
+}
+
+/// `recordings:` — the recording store. Credentials come from the environment
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), never from this file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recordings {
+    /// `s3://bucket[/prefix]` or `file:///path`.
+    pub uri: String,
+    /// An S3-compatible service's URL (`http://127.0.0.1:9000`); absent: AWS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+impl Recordings {
+    pub fn store_config(&self) -> sallyport_recordings::StoreConfig {
+        sallyport_recordings::StoreConfig {
+            uri: self.uri.clone(),
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -630,6 +657,7 @@ impl Config {
             proxy_service: ProxyService::default(),
             ssh_service: SshService::default(),
             kube_service: KubeService::default(),
+            recordings: None,
         }
     }
 
@@ -699,6 +727,10 @@ impl Config {
         }
         sallyport_core::names::validate_labels(&k.labels)
             .map_err(|e| format!("kube_service.labels: {e}"))?;
+        // The store's shape now; its credentials and reachability at start.
+        if let Some(r) = &cfg.recordings {
+            r.store_config().check().map_err(|e| e.to_string())?;
+        }
         let service = &cfg.ssh_service.pam.service_name;
         if service.is_empty()
             || service.starts_with('.')
@@ -815,6 +847,14 @@ ssh_service:
   # pam:
   #   enabled: true
   #   service_name: sallyport
+
+# Where finished session recordings are kept. Absent: <data_dir>/recordings. The proxy writes
+# each one there while its session runs and uploads it whole when the session ends. The key
+# comes from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never from this file.
+# recordings:
+#   uri: s3://my-bucket/sallyport     # s3://BUCKET[/PREFIX] | file:///PATH
+#   endpoint: http://127.0.0.1:9000   # an S3-compatible service (MinIO); absent: AWS
+#   region: us-east-1                 # default: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1
 
 # A Kubernetes cluster served through the proxy's kube_listen_addr by a kube agent: in this
 # process when auth and proxy run here, or alone with --roles=kube. Off by default.
@@ -1120,6 +1160,81 @@ mod kube_tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.kube_service.commands.len(), 1);
         assert_eq!(c.kube_service.kubeconfig_file, None);
+    }
+}
+
+#[cfg(test)]
+mod recordings_tests {
+    use super::*;
+
+    #[test]
+    fn recordings_default_to_the_data_dir_and_name_s3_or_a_directory() {
+        let base = "version: v1\n";
+        let plain = Config::parse(base).unwrap_or_else(|e| panic!("{e}"));
+        assert!(plain.recordings.is_none());
+        let c = Config::parse(&format!(
+            "{base}recordings: {{uri: s3://bucket/prefix, endpoint: http://127.0.0.1:9000, region: us-east-1}}\n"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Some(r) = c.recordings else {
+            panic!("no recordings section")
+        };
+        assert_eq!(r.uri, "s3://bucket/prefix");
+        assert_eq!(r.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        Config::parse(&format!(
+            "{base}recordings: {{uri: 'file:///srv/recordings'}}\n"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        // The commented example in `sallyport configure`, uncommented, is valid.
+        let start = DEFAULT_CONFIG
+            .find("# recordings:")
+            .unwrap_or_else(|| panic!("no recordings example"));
+        let end = DEFAULT_CONFIG
+            .find("# A Kubernetes cluster")
+            .unwrap_or_else(|| panic!("no kube_service example"));
+        let example: String = DEFAULT_CONFIG[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = Config::parse(&format!("{base}{example}\n"))
+            .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        assert_eq!(
+            c.recordings.map(|r| r.uri),
+            Some("s3://my-bucket/sallyport".into())
+        );
+        for (yaml, said) in [
+            (
+                "recordings: {uri: 'gs://b'}",
+                "recordings: uri \"gs://b\": unknown scheme",
+            ),
+            ("recordings: {uri: 's3://'}", "no bucket"),
+            (
+                "recordings: {uri: 's3://AKID:secret@b'}",
+                "credentials do not go in the uri",
+            ),
+            (
+                "recordings: {uri: 's3://b', endpoint: '127.0.0.1:9000'}",
+                "use http(s)://HOST:PORT",
+            ),
+            (
+                "recordings: {uri: 'file:///x', region: eu-west-1}",
+                "for an s3:// store only",
+            ),
+            (
+                "recordings: {uri: 's3://b', bucket: b}",
+                "unknown field `bucket`",
+            ),
+            (
+                "recordings: {endpoint: 'http://x:1'}",
+                "missing field `uri`",
+            ),
+        ] {
+            let Err(e) = Config::parse(&format!("{base}{yaml}\n")) else {
+                panic!("{yaml} parsed")
+            };
+            assert!(e.contains(said), "{yaml}: {e}");
+        }
     }
 }
 

@@ -284,6 +284,15 @@ fn service_names(cfg: &Config) -> Vec<String> {
     names
 }
 
+/// Where finished recordings are kept: the data dir's `recordings/` unless `recordings:` says.
+fn recording_store(cfg: &Config, dir: &Path) -> Result<sallyport_recordings::RecordingStore> {
+    match &cfg.recordings {
+        Some(r) => sallyport_recordings::RecordingStore::from_config(&r.store_config()),
+        None => sallyport_recordings::RecordingStore::local(&dir.join("recordings")),
+    }
+    .map_err(anyhow::Error::msg)
+}
+
 async fn start_auth(
     cfg: &Config,
     dir: &Path,
@@ -292,7 +301,12 @@ async fn start_auth(
 ) -> Result<LocalAuth> {
     let a = &cfg.auth_service;
     let mut auth_cfg = AuthConfig::new(&a.cluster_name, &cfg.storage_url());
-    auth_cfg.recordings_dir = Some(dir.join("recordings"));
+    // The proxy in this process (all-in-one) writes recordings here while they run; auth on a
+    // host of its own has only the store.
+    if cfg.proxy_service.enabled {
+        auth_cfg.recordings_dir = Some(dir.join("recordings"));
+    }
+    auth_cfg.recording_store = Some(recording_store(cfg, dir)?);
     // No node may join under a name clients use for the proxy.
     auth_cfg.public_names.extend(
         cfg.proxy_service
@@ -589,6 +603,10 @@ async fn start_proxy(
         dir.join("recordings"),
     )
     .with_max_recording_size(p.max_recording_size.0)
+    .with_uploads(sallyport_proxy::session::record::Uploads::start(
+        recording_store(cfg, dir)?,
+        dir.join("recordings"),
+    ))
     .with_max_jumps_per_connection(p.max_jumps_per_connection);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));

@@ -44,6 +44,9 @@ pub struct ProxyState {
     pub host_cas: Vec<PublicKey>,
     pub tunnels: Tunnels,
     pub recordings: PathBuf,
+    /// Finished recordings on their way to the recording store; none when the store is
+    /// `recordings` itself.
+    pub uploads: Option<Arc<crate::session::record::Uploads>>,
     /// `max_recording_size`: the largest a recording may grow.
     pub max_recording_size: u64,
     /// Users under a lock, with its message (polled from auth).
@@ -92,11 +95,21 @@ impl ProxyState {
             host_cas,
             tunnels,
             recordings,
+            uploads: None,
             max_recording_size: crate::session::record::DEFAULT_MAX_RECORDING_SIZE,
             locked: RwLock::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             open: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Recordings waiting for their upload to the recording store (none when the store is
+    /// the proxy's own directory), for the metrics.
+    pub fn recording_backlog(&self) -> crate::session::record::Backlog {
+        self.uploads
+            .as_ref()
+            .map(|u| u.backlog())
+            .unwrap_or_default()
     }
 
     /// The proxy's public SSH key, as auth certifies it.

@@ -46,6 +46,7 @@ pub fn bin(name: &str) -> PathBuf {
 pub mod ha;
 pub mod kube;
 pub mod oidc;
+pub mod s3;
 pub mod web;
 
 /// Building the binaries from a test: `cargo test -p sallyport-tests` compiles only this
@@ -293,6 +294,11 @@ pub struct Options {
     pub auth_service: Vec<String>,
     /// More `ssh_service` keys (the local agent's), the same way (`pam: {enabled: true}`).
     pub ssh_service: Vec<String>,
+    /// The top-level `recordings:` section, as a YAML flow mapping
+    /// (`{uri: s3://bucket/prefix, endpoint: http://127.0.0.1:PORT}`); none: the data dir.
+    pub recordings: Option<String>,
+    /// Environment variables for the daemon (`AWS_ACCESS_KEY_ID`, ...).
+    pub env: Vec<(String, String)>,
     /// `sallyport.diag_addr` (`127.0.0.1:0`: the kernel picks the port, read from the banner
     /// into [`Cluster::diag`]); none: the diagnostics listener stays off.
     pub diag_addr: Option<String>,
@@ -308,6 +314,8 @@ impl Default for Options {
             proxy_service: vec![],
             auth_service: vec![],
             ssh_service: vec![],
+            recordings: None,
+            env: vec![],
             diag_addr: None,
         }
     }
@@ -336,6 +344,10 @@ pub struct Cluster {
     child: Option<Child>,
     /// `SALLY_HOME` for the clients this test runs.
     pub home: PathBuf,
+    /// The daemon's environment beyond the test's (`Options::env`).
+    env: Vec<(String, String)>,
+    /// What the daemon wrote to stderr (its log), since it started; see [`Cluster::log`].
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Cluster {
@@ -373,7 +385,7 @@ sallyport:
 {proxy_extra}ssh_service:
   enabled: true
   labels: {{env: dev}}
-{ssh_extra}",
+{ssh_extra}{recordings}",
                 auth_extra = o
                     .auth_service
                     .iter()
@@ -389,6 +401,11 @@ sallyport:
                     .iter()
                     .map(|l| format!("  {l}\n"))
                     .collect::<String>(),
+                recordings = o
+                    .recordings
+                    .as_ref()
+                    .map(|r| format!("recordings: {r}\n"))
+                    .unwrap_or_default(),
                 diag = o
                     .diag_addr
                     .as_ref()
@@ -414,6 +431,8 @@ sallyport:
             stdout: String::new(),
             child: None,
             home,
+            env: o.env.clone(),
+            log: Default::default(),
             dir,
         };
         c.boot();
@@ -505,6 +524,7 @@ sallyport:
             .args(["start", "--config"])
             .arg(&self.config)
             .env("SALLYPORT_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -526,6 +546,7 @@ sallyport:
         let stderr = child.stderr.take().unwrap();
         let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let said2 = said.clone();
+        let log = self.log.clone();
         let errors = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -534,6 +555,11 @@ sallyport:
                 if s.len() < 64 * 1024 {
                     s.push_str(&line);
                     s.push('\n');
+                }
+                let mut l = log.lock().unwrap();
+                if l.len() < 1024 * 1024 {
+                    l.push_str(&line);
+                    l.push('\n');
                 }
             }
         });
@@ -584,6 +610,11 @@ sallyport:
             let status = c.wait().unwrap();
             assert!(status.success(), "sallyport exited with {status}");
         }
+    }
+
+    /// What the daemon logged (at `warn` and above) in all its runs so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 
     /// The daemon's process id, while it runs.

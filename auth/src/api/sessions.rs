@@ -99,11 +99,10 @@ pub(super) async fn recording(
     Path(id): Path<String>,
 ) -> Result<Response, AuthError> {
     let scope = scope(&auth, &caller).await?;
-    let file = auth.open_recording(&id, scope.as_deref()).await?;
+    let stream = auth.open_recording(&id, scope.as_deref()).await?;
     // Streamed as it is read: a recording may be as large as `max_recording_size` (a GiB by
     // default), and auth must not hold one, let alone several, in memory.
-    let body =
-        axum::body::Body::from_stream(tokio_util::io::ReaderStream::with_capacity(file, 64 * 1024));
+    let body = axum::body::Body::from_stream(stream);
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/x-asciicast")],
         body,

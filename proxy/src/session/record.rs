@@ -28,7 +28,10 @@
 mod ended;
 #[cfg(test)]
 mod tests;
+pub mod upload;
 mod writer;
+
+pub use upload::{Backlog, Uploads};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -109,6 +109,15 @@ impl SshState {
         self
     }
 
+    /// Uploads finished recordings to the recording store (see
+    /// `session::record::Uploads::start`; set before the state is shared).
+    pub fn with_uploads(mut self, uploads: Option<Arc<crate::session::record::Uploads>>) -> Self {
+        if let Some(p) = Arc::get_mut(&mut self.proxy) {
+            p.uploads = uploads;
+        }
+        self
+    }
+
     /// `max_jumps_per_connection` from the configuration.
     pub fn with_max_jumps_per_connection(mut self, n: usize) -> Self {
         self.max_jumps_per_connection = n;

@@ -38,11 +38,15 @@ impl<D: Door> Live<D> {
     }
 
     /// At the session's end: the recording is complete on disk before the person sees the end
-    /// (and a stop the writer met only now is audited).
+    /// (and a stop the writer met only now is audited), then handed to the uploads when the
+    /// store is elsewhere.
     pub(in crate::session) async fn finish_recording(&self) {
         let finished = self.rec.lock().ok().and_then(|mut r| r.take());
         if let Some(stop) = finished.and_then(|r| r.finish()) {
             self.recording_ended(stop).await;
+        }
+        if let Some(uploads) = &self.state.uploads {
+            uploads.finished(&self.grant.session_id);
         }
     }
 
