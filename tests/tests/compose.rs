@@ -256,6 +256,12 @@ fn compose_topology_runs_from_its_own_configs_and_bootstrap() {
     let dir = tempfile::tempdir().unwrap();
     let d = |n: &str| dir.path().join(n);
     let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+    // MinIO's bucket becomes a directory: the same shared store, through `file://`.
+    let store = s(
+        r#"recordings: {uri: "s3://recordings", endpoint: "http://minio:9000", region: us-east-1}"#,
+        &format!("recordings: {{uri: \"file://{}\"}}", d("store").display()),
+    );
+    std::fs::create_dir_all(d("store")).unwrap();
     let auth_subs = vec![
         s(
             "postgres://sallyport:sallyport@postgres:5432/sallyport",
@@ -268,6 +274,7 @@ fn compose_topology_runs_from_its_own_configs_and_bootstrap() {
             "  cluster_name: compose\n",
             "  cluster_name: compose\n  audit: {checkpoint_every: 1}\n",
         ),
+        store.clone(),
     ];
     let auth1 = Service::start(&rewrite("auth.yaml", &d("auth1"), &auth_subs), &[]);
 
@@ -347,6 +354,7 @@ fn compose_topology_runs_from_its_own_configs_and_bootstrap() {
         let mut subs = vec![
             s(r#""auth1:3025,auth2:3025""#, &auths),
             s("diag_addr: 0.0.0.0:3000", "diag_addr: 127.0.0.1:0"),
+            store.clone(),
         ];
         let tunnel = free_port();
         for p in ports {
