@@ -102,8 +102,11 @@ fn uuid() -> String {
 }
 
 async fn two_instances() -> (Instance, Instance, Option<tempfile::TempDir>) {
-    match std::env::var("SALLYPORT_TEST_POSTGRES") {
-        Ok(base) => {
+    match std::env::var("SALLYPORT_TEST_POSTGRES")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        Some(base) => {
             // A database of its own on the shared server.
             let db = format!("ws_{}", sallyport_core::random_hex(6));
             let admin = format!("{base}/postgres");
@@ -118,7 +121,7 @@ async fn two_instances() -> (Instance, Instance, Option<tempfile::TempDir>) {
             let b = Instance::open(&url).await;
             (a, b, None)
         }
-        Err(_) => {
+        None => {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite:{}?mode=rwc", dir.path().join("ws.db").display());
             let a = Instance::open(&url).await;
