@@ -19,6 +19,7 @@ pub mod recordings;
 pub mod roles;
 pub mod ssh_access;
 pub mod users;
+pub mod web_sessions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,8 +142,6 @@ pub struct AuthServer {
     pub(crate) failures: failures::Failures,
     /// Password checks (argon2: ~19 MiB each) run at most this many at a time.
     pub(crate) password_checks: login::PasswordChecks,
-    /// SSO logins started and not yet called back, bounded per client address and in all.
-    pub(crate) oidc_pending: oidc::PendingStarts,
 }
 
 impl AuthServer {
@@ -172,7 +171,6 @@ impl AuthServer {
             dummy_hash,
             failures: failures::Failures::default(),
             password_checks: login::PasswordChecks::new(),
-            oidc_pending: oidc::PendingStarts::default(),
         });
         auth.check_checkpoint_key().await?;
         failures::spawn_flusher(Arc::downgrade(&auth));

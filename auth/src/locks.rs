@@ -49,6 +49,15 @@ impl AuthServer {
             .bind(now)
             .execute(&self.backend.pool)
             .await?;
+        // The user's web sessions end with it, on every proxy (and stay ended when it lifts).
+        self.end_web_sessions_of(
+            &req.user,
+            &sallyport_core::api::WebSessionEnding {
+                code: sallyport_core::api::WEB_CLOSE_LOCKED,
+                message: format!("user {} is locked: {message}", req.user),
+            },
+        )
+        .await?;
         self.emit(
             Event::new(EventType::LockCreate, Some(by))
                 .with("lock_id", id.clone())

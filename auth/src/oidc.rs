@@ -18,7 +18,7 @@
 //! `method: oidc`. Anyone can start a login and call back with its state, an error or a made-up
 //! code, so the failures before an ID token verifies (nobody's identity is claimed yet) go
 //! through `failures` (one record per address and reason a minute, with a count), and logins
-//! waiting at the provider are bounded ([`PendingStarts`]): a start is one row and, at most,
+//! waiting at the provider are bounded ([`pending_place`], counted in the database): a start is one row and, at most,
 //! one code exchange with the provider.
 
 use std::collections::{BTreeMap, HashMap};
@@ -97,47 +97,39 @@ fn next_location(client_redirect: &str, pairs: &[(&str, &str)]) -> Result<String
     with_query(client_redirect, pairs)
 }
 
-/// Logins started and not yet called back, by hashed state: the client address each came from
-/// and when it expires. A start beyond [`MAX_PENDING_PER_ADDRESS`] for its address, or beyond
-/// [`MAX_PENDING`] in all, is refused before anything is stored, so a loop of starts cannot
-/// grow `oidc_requests` (whose rows also expire after [`REQUEST_TTL`]).
-#[derive(Default)]
-pub struct PendingStarts {
-    by_state: Mutex<HashMap<String, (String, i64)>>,
-}
-
-impl PendingStarts {
-    /// Takes a place for a start from `addr` (without its port), or says why there is none.
-    fn reserve(&self, state_hash: &str, addr: &str, now: i64) -> Result<(), AuthError> {
-        let mut pending = self
-            .by_state
-            .lock()
-            .map_err(|_| AuthError::Internal("pending SSO logins: lock poisoned".into()))?;
-        pending.retain(|_, (_, expires)| *expires > now);
-        let from_addr = pending.values().filter(|(a, _)| a == addr).count();
-        if from_addr >= MAX_PENDING_PER_ADDRESS {
-            return Err(AuthError::Locked(format!(
-                "too many SSO logins started from {addr} are waiting for the identity provider ({from_addr}, at most {MAX_PENDING_PER_ADDRESS}); finish one, or try again when they expire (10 minutes)"
-            )));
-        }
-        if pending.len() >= MAX_PENDING {
-            return Err(AuthError::Busy(
-                "too many SSO logins are in progress; try again in a few minutes".into(),
-            ));
-        }
-        pending.insert(
-            state_hash.to_string(),
-            (addr.to_string(), now + REQUEST_TTL),
-        );
-        Ok(())
+/// Takes a place for a start from source `addr` (its address without the port, an IPv6 /64 as
+/// one), or says why there is none. The places are the rows of `oidc_requests` not yet called
+/// back nor expired, counted in the database, so every auth instance on it enforces one cap: a
+/// start beyond [`MAX_PENDING_PER_ADDRESS`] for its source, or beyond [`MAX_PENDING`] in all, is
+/// refused before anything is stored, so a loop of starts cannot grow `oidc_requests` (whose rows
+/// also expire after [`REQUEST_TTL`]). Two instances counting at the same moment may each admit
+/// one more: the cap holds within the number of concurrent starts.
+async fn pending_place(pool: &sqlx::AnyPool, addr: &str, now: i64) -> Result<(), AuthError> {
+    let from_addr: i64 = sqlx::query(
+        "SELECT COUNT(*) FROM oidc_requests WHERE used = 0 AND expires > $1 AND source = $2",
+    )
+    .bind(now)
+    .bind(addr)
+    .fetch_one(pool)
+    .await?
+    .try_get(0)?;
+    if from_addr >= MAX_PENDING_PER_ADDRESS as i64 {
+        return Err(AuthError::Locked(format!(
+            "too many SSO logins started from {addr} are waiting for the identity provider ({from_addr}, at most {MAX_PENDING_PER_ADDRESS}); finish one, or try again when they expire (10 minutes)"
+        )));
     }
-
-    /// The login was called back (or never stored): its place is free.
-    fn release(&self, state_hash: &str) {
-        if let Ok(mut pending) = self.by_state.lock() {
-            pending.remove(state_hash);
-        }
+    let all: i64 =
+        sqlx::query("SELECT COUNT(*) FROM oidc_requests WHERE used = 0 AND expires > $1")
+            .bind(now)
+            .fetch_one(pool)
+            .await?
+            .try_get(0)?;
+    if all >= MAX_PENDING as i64 {
+        return Err(AuthError::Busy(
+            "too many SSO logins are in progress; try again in a few minutes".into(),
+        ));
     }
+    Ok(())
 }
 
 /// A login that failed before any identity was verified: `reason` keys its aggregation (a
@@ -586,10 +578,10 @@ impl AuthServer {
         // Counted by source as the doors count (an IPv6 /64 as one): a client that changes its
         // address within its /64 is still one client.
         let addr = crate::failures::source_key(req.remote_addr.as_deref().unwrap_or_default());
-        self.oidc_pending.reserve(&state_hash, &addr, now)?;
-        let stored = sqlx::query(
-            "INSERT INTO oidc_requests (state_hash, connector, nonce, pkce_verifier, client_redirect, client_key_hash, ssh_public_key, ttl_secs, expires)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        pending_place(&self.backend.pool, &addr, now).await?;
+        sqlx::query(
+            "INSERT INTO oidc_requests (state_hash, connector, nonce, pkce_verifier, client_redirect, client_key_hash, ssh_public_key, ttl_secs, expires, source)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(&state_hash)
         .bind(c.name())
@@ -600,12 +592,9 @@ impl AuthServer {
         .bind(req.ssh_public_key.trim())
         .bind(req.ttl_secs.map(|t| i64::try_from(t).unwrap_or(i64::MAX)))
         .bind(now + REQUEST_TTL)
+        .bind(&addr)
         .execute(&self.backend.pool)
-        .await;
-        if let Err(e) = stored {
-            self.oidc_pending.release(&state_hash);
-            return Err(e.into());
-        }
+        .await?;
         let auth_url = with_query(
             &d.authorization_endpoint,
             &[
@@ -638,7 +627,6 @@ impl AuthServer {
         .bind(now)
         .execute(&self.backend.pool)
         .await?;
-        self.oidc_pending.release(&token_hash(state));
         if claimed.rows_affected() != 1 {
             // No identity is claimed here, so anyone can send these: aggregated, not one each.
             self.auth_failed(crate::failures::Failure {

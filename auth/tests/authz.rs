@@ -169,6 +169,15 @@ fn rows() -> Vec<Row> {
         row(Post, p::KUBE_CERTS, p::KUBE_CERTS, Some(r#"{"cluster":"nowhere"}"#), Who::Only(&[Access, Auditor, Editor]), FORBIDDEN),
         row(Post, p::KUBE_ACCESS, p::KUBE_ACCESS, Some(r#"{"user":"nobody","cluster":"nowhere"}"#), PROXY, MISSING),
         row(Post, p::KUBE_REQUESTS, p::KUBE_REQUESTS, Some("[]"), PROXY, OK),
+        // Browsers' web sessions and SSO sign-ins, for any proxy: hashes that name nothing.
+        row(Post, p::WEB_SESSIONS, p::WEB_SESSIONS, Some(r#"{"id_hash":"not hex"}"#), PROXY, UNPARSED),
+        row(Get, "/v1/web-sessions/0000000000000000000000000000000000000000000000000000000000000000", p::WEB_SESSION, None, PROXY, MISSING),
+        row(Post, "/v1/web-sessions/0000000000000000000000000000000000000000000000000000000000000000/touch", p::WEB_SESSION_TOUCH, Some(r#"{"last_input_ms":1}"#), PROXY, MISSING),
+        row(Post, "/v1/web-sessions/0000000000000000000000000000000000000000000000000000000000000000/end", p::WEB_SESSION_END, Some(r#"{"code":4401,"message":"x"}"#), PROXY, MISSING),
+        row(Post, p::WEB_SESSIONS_CHECK, p::WEB_SESSIONS_CHECK, Some(r#"{"id_hashes":["00"]}"#), PROXY, BAD),
+        row(Post, p::WEB_SSO, p::WEB_SSO, Some(r#"{"binding_hash":"x","client_key":"k","key_pem":"k"}"#), PROXY, BAD),
+        row(Get, "/v1/web-sso/0000000000000000000000000000000000000000000000000000000000000000", p::WEB_SSO_ONE, None, PROXY, MISSING),
+        row(Delete, "/v1/web-sso/0000000000000000000000000000000000000000000000000000000000000000", p::WEB_SSO_ONE, None, PROXY, MISSING),
     ]
 }
 

@@ -782,6 +782,89 @@ pub struct AuthFailure {
     pub count: Option<u64>,
 }
 
+/// A browser's web session as auth keeps it for every proxy (`POST /v1/web-sessions`): the
+/// proxy that signed the browser in made the key and the cookie's id, and sends the id's
+/// SHA-256 (hex), never the id. Any proxy behind the same load balancer looks it up by that hash.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebSessionRecord {
+    /// Hex SHA-256 of the cookie's id.
+    pub id_hash: String,
+    pub user: String,
+    pub roles: Vec<String>,
+    pub logins: Vec<String>,
+    /// The session's user TLS certificate (PEM), and its private key (PKCS#8 PEM).
+    pub cert_chain_pem: String,
+    pub key_pem: String,
+    pub csrf_token: String,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+    pub last_input_ms: u64,
+    /// The certificate's expiry (Unix seconds) and the same as RFC 3339.
+    pub expires: u64,
+    pub valid_until: String,
+    /// `web_idle_timeout` of the proxy that opened it, in milliseconds: every proxy ends the
+    /// session after this long without input.
+    pub idle_ms: u64,
+}
+
+/// Auth's answer to a new web session: the sessions it ended to make room (`MAX_PER_USER`,
+/// `MAX_SESSIONS`), by hash, so the proxy that asked ends their terminals at once.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WebSessionCreated {
+    pub evicted: Vec<String>,
+}
+
+/// Web sessions one user may hold at once, and the cluster: signing in past either ends the
+/// oldest.
+pub const MAX_WEB_SESSIONS_PER_USER: usize = 32;
+pub const MAX_WEB_SESSIONS: usize = 10_000;
+
+/// A web session's terminals close with 4401 when it is signed out, idle, evicted or expired,
+/// and with 4409 when its user is locked.
+pub const WEB_CLOSE_SIGNED_OUT: u16 = 4401;
+pub const WEB_CLOSE_LOCKED: u16 = 4409;
+
+/// Why a web session ended, as its terminals are closed: a WebSocket close code and words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebSessionEnding {
+    pub code: u16,
+    pub message: String,
+}
+
+/// A proxy's input on a web session (`POST /v1/web-sessions/{hash}/touch`): the latest wins.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebSessionTouch {
+    pub last_input_ms: u64,
+}
+
+/// Which of these web sessions still exist (`POST /v1/web-sessions/check`), asked by a proxy
+/// for the ones it holds every ~2 s.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WebSessionCheck {
+    pub id_hashes: Vec<String>,
+}
+
+/// One asked session that auth still knows: live (`ended` none) with its latest input, or
+/// ended a moment ago and why. A session asked and not answered is gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebSessionState {
+    pub id_hash: String,
+    pub last_input_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<WebSessionEnding>,
+}
+
+/// A browser's SSO sign-in waiting for the browser to come back (`POST /v1/web-sso`): under the
+/// hash of its binding cookie, the secret its response is redeemed with and the key its web
+/// session will hold. Any proxy may finish it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebSsoPending {
+    /// Hex SHA-256 of the binding cookie's value.
+    pub binding_hash: String,
+    pub client_key: String,
+    pub key_pem: String,
+}
+
 #[cfg(test)]
 mod path_segment_tests {
     use super::path_segment;

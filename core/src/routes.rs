@@ -112,6 +112,18 @@ pub mod auth {
 
     pub const AUTH_FAILURES: &str = "/v1/auth-failures";
 
+    /// Browsers' web sessions, kept for every proxy (proxies only): a new one, one looked up,
+    /// its input, its end, and which of a set still exist.
+    pub const WEB_SESSIONS: &str = "/v1/web-sessions";
+    pub const WEB_SESSION: &str = "/v1/web-sessions/{hash}";
+    pub const WEB_SESSION_TOUCH: &str = "/v1/web-sessions/{hash}/touch";
+    pub const WEB_SESSION_END: &str = "/v1/web-sessions/{hash}/end";
+    pub const WEB_SESSIONS_CHECK: &str = "/v1/web-sessions/check";
+    /// Browsers' SSO sign-ins waiting for the browser to come back (proxies only): put, read
+    /// (left in place), removed once it opened its session.
+    pub const WEB_SSO: &str = "/v1/web-sso";
+    pub const WEB_SSO_ONE: &str = "/v1/web-sso/{hash}";
+
     pub const KUBE_CLUSTERS: &str = "/v1/kube/clusters";
     pub const KUBE_CERTS: &str = "/v1/kube/certs";
     pub const KUBE_ACCESS: &str = "/v1/kube/access";
@@ -190,6 +202,18 @@ pub mod auth {
     }
     pub fn lock(id: &str) -> String {
         fill(LOCK, id)
+    }
+    pub fn web_session(hash: &str) -> String {
+        fill(WEB_SESSION, hash)
+    }
+    pub fn web_session_touch(hash: &str) -> String {
+        fill(WEB_SESSION_TOUCH, hash)
+    }
+    pub fn web_session_end(hash: &str) -> String {
+        fill(WEB_SESSION_END, hash)
+    }
+    pub fn web_sso(hash: &str) -> String {
+        fill(WEB_SSO_ONE, hash)
     }
 }
 
@@ -303,6 +327,14 @@ pub const AUTH: &[Route] = &[
     r(Post, auth::LOCKS),
     r(Delete, auth::LOCK),
     r(Post, auth::AUTH_FAILURES),
+    r(Post, auth::WEB_SESSIONS),
+    r(Get, auth::WEB_SESSION),
+    r(Post, auth::WEB_SESSION_TOUCH),
+    r(Post, auth::WEB_SESSION_END),
+    r(Post, auth::WEB_SESSIONS_CHECK),
+    r(Post, auth::WEB_SSO),
+    r(Get, auth::WEB_SSO_ONE),
+    r(Delete, auth::WEB_SSO_ONE),
     r(Get, auth::KUBE_CLUSTERS),
     r(Post, auth::KUBE_CERTS),
     r(Post, auth::KUBE_ACCESS),

@@ -161,6 +161,19 @@ pub fn ed25519_pkcs8(seed: &[u8; 32]) -> Vec<u8> {
     der
 }
 
+/// The Ed25519 seed in a PKCS#8 PEM of the shape [`ed25519_pkcs8`] makes; none for anything
+/// else.
+pub fn ed25519_seed_from_pkcs8_pem(pem: &str) -> Option<[u8; 32]> {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).ok()?;
+    let der = der.secret_pkcs8_der();
+    let header = ed25519_pkcs8(&[0; 32]);
+    if der.len() != header.len() || der[..16] != header[..16] {
+        return None;
+    }
+    der[16..].try_into().ok()
+}
+
 /// PEM-armours DER bytes.
 pub fn to_pem(label: &str, der: &[u8]) -> String {
     use base64::Engine;

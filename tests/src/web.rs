@@ -45,6 +45,12 @@ pub struct Browser {
 
 impl Browser {
     pub fn new(c: &Cluster) -> Self {
+        Self::at(c, &c.proxy)
+    }
+
+    /// A browser that reaches the proxy at `addr` (`127.0.0.1:PORT`, one of several behind a
+    /// load balancer), its origin the same until changed.
+    pub fn at(c: &Cluster, addr: &str) -> Self {
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls(c, &[b"h2", b"http/1.1"]))
             .redirect(reqwest::redirect::Policy::none())
@@ -52,9 +58,9 @@ impl Browser {
             .unwrap();
         Browser {
             http,
-            base: format!("https://{}", c.proxy),
-            origin: format!("https://{}", c.proxy),
-            addr: c.proxy.clone(),
+            base: format!("https://{addr}"),
+            origin: format!("https://{addr}"),
+            addr: addr.to_string(),
             tls: Arc::new(tls(c, &[b"http/1.1"])),
             cookie: None,
             csrf: None,

@@ -24,6 +24,7 @@ mod roles;
 mod sessions;
 mod tokens;
 mod users;
+mod web_sessions;
 
 use std::sync::Arc;
 
@@ -116,6 +117,14 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Post, p::KUBE_CERTS, kube::cert),
         on(Post, p::KUBE_ACCESS, kube::access),
         on(Post, p::KUBE_REQUESTS, kube::requests),
+        on(Post, p::WEB_SESSIONS, web_sessions::create),
+        on(Get, p::WEB_SESSION, web_sessions::get),
+        on(Post, p::WEB_SESSION_TOUCH, web_sessions::touch),
+        on(Post, p::WEB_SESSION_END, web_sessions::end),
+        on(Post, p::WEB_SESSIONS_CHECK, web_sessions::check),
+        on(Post, p::WEB_SSO, web_sessions::put_sso),
+        on(Get, p::WEB_SSO_ONE, web_sessions::get_sso),
+        on(Delete, p::WEB_SSO_ONE, web_sessions::remove_sso),
     ]
 }
 

@@ -67,7 +67,7 @@ fn ttl(name: &str, text: Option<&str>) -> Result<Option<u64>, ApiError> {
 /// message, expires}], login_locked_until}]` — `locked` when a lock or too many failed logins
 /// keep the user out.
 pub(crate) async fn users(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let users: Vec<UserInfo> = get(&s, auth::USERS).await?;
     let locks: Vec<LockInfo> = get(&s, auth::LOCKS).await?;
     let mut by_user: BTreeMap<&str, Vec<serde_json::Value>> = BTreeMap::new();
@@ -121,7 +121,7 @@ pub(crate) async fn add_user(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let new: NewUser = json_body(&headers, body).await?;
     let t: SignupToken = send(
         &s,
@@ -144,7 +144,7 @@ pub(crate) async fn reset_user(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let t: SignupToken =
         send::<(), _>(&s, reqwest::Method::POST, &auth::user_reset(&name), None).await?;
     Ok(signup_link(&headers, &t))
@@ -168,7 +168,7 @@ pub(crate) async fn add_lock(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let new: NewLock = json_body(&headers, body).await?;
     let lock: LockInfo = send(
         &s,
@@ -190,7 +190,7 @@ pub(crate) async fn remove_lock(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let _: serde_json::Value =
         send::<(), _>(&s, reqwest::Method::DELETE, &auth::lock(&id), None).await?;
     Ok(Json(serde_json::json!({})).into_response())
@@ -198,7 +198,7 @@ pub(crate) async fn remove_lock(
 
 /// `GET /v1/webapi/tokens`: the pending tokens (`[{type, user, expires}]`, never a secret).
 pub(crate) async fn tokens(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let list: Vec<TokenInfo> = get(&s, auth::TOKENS).await?;
     Ok(Json(list).into_response())
 }
@@ -220,7 +220,7 @@ pub(crate) async fn add_token(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let new: NewToken = json_body(&headers, body).await?;
     if new.kind == TokenKind::Signup {
         return Err(ApiError::new(

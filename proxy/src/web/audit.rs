@@ -197,7 +197,7 @@ pub(crate) async fn page(
     headers: HeaderMap,
     f: Result<Query<Filters>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let f = filters(f)?;
     let limit = f.limit()?;
     let mut q = f.query()?;
@@ -232,7 +232,7 @@ pub(crate) async fn download(
     headers: HeaderMap,
     f: Result<Query<Filters>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let f = filters(f)?;
     let base = f.query()?;
     // The newest match fixes the range's end; asked before answering so that a refusal (no

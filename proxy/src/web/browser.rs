@@ -87,19 +87,25 @@ impl Browser {
         ))
     }
 
-    /// The web session the request's cookie names.
-    pub fn signed_in(&self, headers: &HeaderMap) -> Result<Arc<WebSession>, ApiError> {
-        sessions::cookie_value(headers)
-            .and_then(|id| self.sessions.find(&id))
+    /// The web session the request's cookie names (this proxy's cache, or auth's: another
+    /// proxy may have opened it).
+    pub async fn signed_in(&self, headers: &HeaderMap) -> Result<Arc<WebSession>, ApiError> {
+        let Some(id) = sessions::cookie_value(headers) else {
+            return Err(ApiError::new(StatusCode::UNAUTHORIZED, NOT_SIGNED_IN));
+        };
+        self.sessions
+            .find(&id)
+            .await
+            .map_err(from_auth)?
             .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, NOT_SIGNED_IN))
     }
 
     /// What every request that changes something passes: the exact origin, a session, and
     /// that session's CSRF token. A request that passes is the person's activity
     /// (`web_idle_timeout`).
-    pub fn changing(&self, headers: &HeaderMap) -> Result<Arc<WebSession>, ApiError> {
+    pub async fn changing(&self, headers: &HeaderMap) -> Result<Arc<WebSession>, ApiError> {
         self.same_origin(headers)?;
-        let session = self.signed_in(headers)?;
+        let session = self.signed_in(headers).await?;
         let token = headers
             .get(CSRF_HEADER)
             .and_then(|t| t.to_str().ok())
@@ -171,13 +177,13 @@ struct WebLogin {
 }
 
 /// What the browser learns of its session (`GET /v1/webapi/web/session`, and sign-in's answer).
-fn session_json(s: &WebSession, sessions: &WebSessions) -> serde_json::Value {
+fn session_json(s: &WebSession) -> serde_json::Value {
     serde_json::json!({
         "user": s.user,
         "roles": s.roles,
         "logins": s.logins,
         "expires": s.valid_until,
-        "idle_timeout_secs": sessions.idle_timeout().as_secs(),
+        "idle_timeout_secs": s.idle.as_secs(),
         "csrf_token": s.csrf_token(),
     })
 }
@@ -218,8 +224,8 @@ pub(crate) async fn login(
         .json(reqwest::Method::POST, auth::LOGIN, Some(&req))
         .await
         .map_err(from_auth)?;
-    let (session, id) = open_session(&web.auth, &web.browser.sessions, certs, &key)?;
-    let mut resp = Json(session_json(&session, &web.browser.sessions)).into_response();
+    let (session, id) = open_session(&web.browser.sessions, certs, &key).await?;
+    let mut resp = Json(session_json(&session)).into_response();
     if let Ok(v) = header::HeaderValue::from_str(&sessions::set_cookie(&id)) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
     }
@@ -227,9 +233,9 @@ pub(crate) async fn login(
 }
 
 /// A web session for the certificates auth issued over `key` (the proxy's own, made for this
-/// sign-in): auth is called as them from now on. Returns the session and the id for the cookie.
-pub(crate) fn open_session(
-    client: &crate::AuthClient,
+/// sign-in), kept by auth for every proxy: auth is called as them from now on. Returns the
+/// session and the id for the cookie.
+pub(crate) async fn open_session(
     sessions: &Arc<WebSessions>,
     certs: Certs,
     key: &russh::keys::PrivateKey,
@@ -248,37 +254,42 @@ pub(crate) fn open_session(
         .ok_or_else(|| internal(&"not Ed25519"))?;
     let key_pem =
         sallyport_core::x509::to_pem("PRIVATE KEY", &sallyport_core::x509::ed25519_pkcs8(&seed));
-    let as_user = client
-        .as_identity(&certs.tls_cert_pem, &key_pem)
-        .map_err(|e| internal(&e))?;
     let expires = time::OffsetDateTime::parse(
         &certs.valid_until,
         &time::format_description::well_known::Rfc3339,
     )
     .map(|t| t.unix_timestamp().max(0) as u64)
     .map_err(|e| internal(&e))?;
-    Ok(sessions.create(Earned {
-        user: certs.user,
-        roles: certs.roles,
-        logins: certs.logins,
-        expires,
-        valid_until: certs.valid_until,
-        auth: as_user,
-    }))
+    sessions
+        .create(Earned {
+            user: certs.user,
+            roles: certs.roles,
+            logins: certs.logins,
+            expires,
+            valid_until: certs.valid_until,
+            cert_chain_pem: certs.tls_cert_pem,
+            key_pem,
+        })
+        .await
+        .map_err(|e| match e {
+            ClientError::Setup(_) => internal(&e),
+            e => from_auth(e),
+        })
 }
 
 /// `GET /v1/webapi/web/session`: who is signed in, until when, and the CSRF token. Reading it
 /// is not activity (a page polling it does not keep the session alive).
 pub(crate) async fn session(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
-    Ok(Json(session_json(&s, &web.browser.sessions)).into_response())
+    let s = web.browser.signed_in(&headers).await?;
+    Ok(Json(session_json(&s)).into_response())
 }
 
 /// `DELETE /v1/webapi/web/session`: signs out; the session is forgotten and its terminals end.
-/// A session this proxy does not know (gone already, or kept by another proxy: web sessions
-/// live in one proxy's memory) is 401 with the cookie removed, and the page says so.
+/// Every proxy's terminals of the session end within seconds (they ask auth every 2 s). A
+/// session auth does not know (gone already) is 401 with the cookie removed, and the page says
+/// so; auth out of reach is 502 and the session lives on (try again).
 pub(crate) async fn logout(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = match web.browser.changing(&headers) {
+    let s = match web.browser.changing(&headers).await {
         Ok(s) => s,
         Err(e) if e.status == StatusCode::UNAUTHORIZED => {
             let mut resp = e.into_response();
@@ -289,7 +300,7 @@ pub(crate) async fn logout(State(web): Web, headers: HeaderMap) -> Result<Respon
         }
         Err(e) => return Err(e),
     };
-    web.browser.sessions.sign_out(&s);
+    web.browser.sessions.sign_out(&s).await.map_err(from_auth)?;
     let mut resp = Json(serde_json::json!({})).into_response();
     if let Ok(v) = header::HeaderValue::from_str(&sessions::clear_cookie()) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
@@ -312,7 +323,7 @@ struct WebNode {
 /// `GET /v1/webapi/nodes`: the nodes the user's current roles reach, asked of auth as the web
 /// session's certificate.
 pub(crate) async fn nodes(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let nodes = user_nodes(&s).await.map_err(from_auth)?;
     let mut out: Vec<WebNode> = nodes
         .into_iter()

@@ -87,7 +87,6 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
             auth,
             doors,
             browser: Arc::new(browser),
-            sso: sso::Pending::default(),
         }))
         // The UI's pages and files, after the API's layers: they carry their own headers
         // (cacheable with ETags, the CSP), not the API's no-store.
@@ -112,8 +111,6 @@ pub(crate) struct Web {
     auth: AuthClient,
     doors: Doors,
     browser: Arc<browser::Browser>,
-    /// Browsers' SSO sign-ins waiting for the provider.
-    sso: sso::Pending,
 }
 
 type Auth = State<Arc<Web>>;

@@ -25,7 +25,7 @@ pub const ASCIICAST: &str = "application/x-asciicast";
 
 /// `GET /v1/webapi/recordings`: the sessions the user may replay, oldest first.
 pub(crate) async fn list(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let list: Vec<SessionInfo> = s
         .auth
         .json::<(), _>(reqwest::Method::GET, auth::SESSIONS, None)
@@ -40,7 +40,7 @@ pub(crate) async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let detail: SessionDetail = s
         .auth
         .json::<(), _>(reqwest::Method::GET, &auth::session(&id), None)
@@ -57,7 +57,7 @@ pub(crate) async fn cast(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let upstream = s
         .auth
         .stream(&auth::session_recording(&id))

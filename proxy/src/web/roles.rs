@@ -26,7 +26,7 @@ type Web = State<Arc<super::Web>>;
 
 /// `GET /v1/webapi/roles`: `[{name, description}]`, by name.
 pub(crate) async fn list(State(web): Web, headers: HeaderMap) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let mut roles: Vec<Role> = s
         .auth
         .json::<(), _>(reqwest::Method::GET, auth::ROLES, None)
@@ -56,7 +56,7 @@ pub(crate) async fn get(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.signed_in(&headers)?;
+    let s = web.browser.signed_in(&headers).await?;
     let role: Role = s
         .auth
         .json::<(), _>(reqwest::Method::GET, &auth::role(&name), None)
@@ -105,7 +105,7 @@ pub(crate) async fn validate(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    web.browser.changing(&headers)?;
+    web.browser.changing(&headers).await?;
     let text: Text = json_body(&headers, body).await?;
     let errors: Vec<Problem> = sallyport_core::resource::parse_role(&text.yaml)
         .err()
@@ -123,7 +123,7 @@ pub(crate) async fn put(
     Path(name): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let save: Save = json_body(&headers, body).await?;
     let role = match sallyport_core::resource::parse_role(&save.yaml) {
         Ok(r) => r,
@@ -166,7 +166,7 @@ pub(crate) async fn delete(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = web.browser.changing(&headers)?;
+    let s = web.browser.changing(&headers).await?;
     let _: serde_json::Value = s
         .auth
         .json::<(), _>(reqwest::Method::DELETE, &auth::role(&name), None)

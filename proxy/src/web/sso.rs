@@ -1,8 +1,9 @@
 //! A browser's SSO sign-in (OpenID Connect), the web session at its end.
 //!
 //! 1. `GET /v1/webapi/oidc/web/start?connector=NAME` (the sign-in page's button, a plain link):
-//!    the proxy makes the session's key and a random binding, keeps them under the binding's
-//!    hash, sets the binding as a `SameSite=Lax` cookie and sends the browser to the provider
+//!    the proxy makes the session's key and a random binding, has auth keep them under the
+//!    binding's hash (`POST /v1/web-sso`: behind a load balancer the browser may come back to
+//!    another proxy, which finishes it), sets the binding as a `SameSite=Lax` cookie and sends the browser to the provider
 //!    (auth's `oidc_start` with `web`: it comes back to the proxy, not to a loopback listener).
 //! 2. The provider sends the browser to the callback (`super::oidc_callback`), auth verifies the
 //!    login and sends it on to:
@@ -17,15 +18,13 @@
 //! session's `Strict` cookie, set by 3, would not go with a redirect from 3; a page of our own
 //! that moves on (a same-site navigation) carries it.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use sallyport_core::api::Certs;
+use sallyport_core::api::{Certs, WebSsoPending};
 use sallyport_core::https::RemoteAddr;
 use sallyport_core::routes::auth;
 
@@ -35,56 +34,74 @@ use super::{Auth, sessions};
 pub const BINDING_COOKIE: &str = "__Host-sallyport_sso";
 /// How long a started sign-in waits for the browser to come back (auth's own limit too).
 const PENDING_TTL: Duration = Duration::from_secs(600);
-/// Sign-ins started and not finished, at most; past it the oldest is forgotten.
-const MAX_PENDING: usize = 10_000;
 
-/// Sign-ins waiting for their browser, by the hash of its binding.
-#[derive(Default)]
-pub struct Pending {
-    by_binding: Mutex<HashMap<[u8; 32], Started>>,
+fn hash(binding: &str) -> String {
+    hex::encode(sallyport_core::sha256(binding.as_bytes()))
 }
 
-struct Started {
-    /// The secret auth's response is redeemed with.
+/// Has auth keep the sign-in this browser started, for whichever proxy it comes back to.
+async fn put(
+    auth: &crate::AuthClient,
+    binding: &str,
     client_key: String,
-    /// The web session's key, certified at the end.
-    key: russh::keys::PrivateKey,
-    at: Instant,
+    key: &russh::keys::PrivateKey,
+) -> Result<(), String> {
+    let key_pem = key_pem(key).ok_or("not an Ed25519 key")?;
+    let p = WebSsoPending {
+        binding_hash: hash(binding),
+        client_key,
+        key_pem,
+    };
+    auth.json::<_, serde_json::Value>(reqwest::Method::POST, auth::WEB_SSO, Some(&p))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
-fn hash(binding: &str) -> [u8; 32] {
-    sallyport_core::sha256(binding.as_bytes())
+/// The session key's PKCS#8 PEM.
+fn key_pem(key: &russh::keys::PrivateKey) -> Option<String> {
+    let seed = key.key_data().ed25519()?.private.to_bytes();
+    Some(sallyport_core::x509::to_pem(
+        "PRIVATE KEY",
+        &sallyport_core::x509::ed25519_pkcs8(&seed),
+    ))
 }
 
-impl Pending {
-    fn put(&self, binding: &str, s: Started) {
-        let Ok(mut m) = self.by_binding.lock() else {
-            return;
-        };
-        m.retain(|_, s| s.at.elapsed() < PENDING_TTL);
-        if m.len() >= MAX_PENDING
-            && let Some(oldest) = m.iter().min_by_key(|(_, s)| s.at).map(|(k, _)| *k)
-        {
-            m.remove(&oldest);
-        }
-        m.insert(hash(binding), s);
+/// The secret and key of the sign-in this browser started, left in place: a link to the
+/// finishing page with a made-up response, which any site can send the browser (the
+/// binding cookie is Lax), must not use up a sign-in in progress. `Ok(None)`: no such sign-in.
+async fn peek(
+    auth: &crate::AuthClient,
+    binding: &str,
+) -> Result<Option<(String, russh::keys::PrivateKey)>, crate::auth_client::ClientError> {
+    let found: Result<WebSsoPending, _> = auth
+        .json::<(), _>(reqwest::Method::GET, &auth::web_sso(&hash(binding)), None)
+        .await;
+    match found {
+        Ok(p) => Ok(key_from_pem(&p.key_pem).map(|k| (p.client_key, k))),
+        Err(crate::auth_client::ClientError::Refused { status: 404, .. }) => Ok(None),
+        Err(e) => Err(e),
     }
+}
 
-    /// The secret and key of the sign-in this browser started, left in place: a link to the
-    /// finishing page with a made-up response, which any site can send the browser (the
-    /// binding cookie is Lax), must not use up a sign-in in progress.
-    fn peek(&self, binding: &str) -> Option<(String, russh::keys::PrivateKey)> {
-        let m = self.by_binding.lock().ok()?;
-        m.get(&hash(binding))
-            .filter(|s| s.at.elapsed() < PENDING_TTL)
-            .map(|s| (s.client_key.clone(), s.key.clone()))
-    }
+fn key_from_pem(pem: &str) -> Option<russh::keys::PrivateKey> {
+    let seed = sallyport_core::x509::ed25519_seed_from_pkcs8_pem(pem)?;
+    Some(russh::keys::PrivateKey::from(
+        russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&seed),
+    ))
+}
 
-    /// Forgets the sign-in: it opened its session.
-    fn done(&self, binding: &str) {
-        if let Ok(mut m) = self.by_binding.lock() {
-            m.remove(&hash(binding));
-        }
+/// Forgets the sign-in: it opened its session.
+async fn done(auth: &crate::AuthClient, binding: &str) {
+    let r = auth
+        .json::<(), serde_json::Value>(
+            reqwest::Method::DELETE,
+            &auth::web_sso(&hash(binding)),
+            None,
+        )
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "a finished SSO sign-in not forgotten by auth");
     }
 }
 
@@ -214,14 +231,13 @@ pub(crate) async fn start(
         },
         Err(e) => return auth_refused(e, StatusCode::BAD_REQUEST),
     };
-    web.sso.put(
-        &binding,
-        Started {
-            client_key,
-            key,
-            at: Instant::now(),
-        },
-    );
+    if let Err(e) = put(&web.auth, &binding, client_key, &key).await {
+        tracing::error!(error = %e, "cannot keep a browser's SSO sign-in");
+        return failed(
+            StatusCode::BAD_GATEWAY,
+            "the auth service is unreachable; try again shortly",
+        );
+    }
     let mut resp = (StatusCode::FOUND, [(header::LOCATION, auth_url)]).into_response();
     if let Ok(v) = header::HeaderValue::from_str(&set_binding(&binding)) {
         resp.headers_mut().append(header::SET_COOKIE, v);
@@ -244,7 +260,15 @@ pub(crate) async fn finish(
     Query(q): Query<FinishQuery>,
 ) -> Response {
     let binding = binding_cookie(&headers).unwrap_or_default();
-    let Some((client_key, key)) = web.sso.peek(&binding) else {
+    let started = if binding.is_empty() {
+        Ok(None)
+    } else {
+        peek(&web.auth, &binding).await
+    };
+    let Some((client_key, key)) = (match started {
+        Ok(s) => s,
+        Err(e) => return auth_refused(e, StatusCode::BAD_GATEWAY),
+    }) else {
         return failed(
             StatusCode::FORBIDDEN,
             "this sign-in was not started in this browser, or it expired (10 minutes); sign in again",
@@ -271,9 +295,8 @@ pub(crate) async fn finish(
         Ok(c) => c,
         Err(e) => return auth_refused(e, StatusCode::UNAUTHORIZED),
     };
-    web.sso.done(&binding);
-    let (_, id) = match super::browser::open_session(&web.auth, &web.browser.sessions, certs, &key)
-    {
+    done(&web.auth, &binding).await;
+    let (_, id) = match super::browser::open_session(&web.browser.sessions, certs, &key).await {
         Ok(s) => s,
         Err(e) => return failed(e.status, &e.message),
     };
@@ -302,22 +325,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pending_sign_in_is_taken_once_and_only_with_its_binding() {
-        let p = Pending::default();
+    fn the_session_key_survives_its_trip_through_auth() {
         let key = sallyport_core::sshcert::generate_ed25519().unwrap();
-        p.put(
-            "b1",
-            Started {
-                client_key: "k".into(),
-                key,
-                at: Instant::now(),
-            },
-        );
-        assert!(p.peek("b2").is_none());
-        assert!(p.peek("b1").is_some());
-        assert!(p.peek("b1").is_some(), "a look uses nothing up");
-        p.done("b1");
-        assert!(p.peek("b1").is_none(), "one session");
+        let back = key_from_pem(&key_pem(&key).unwrap()).unwrap();
+        assert_eq!(back.public_key(), key.public_key());
+        assert!(key_from_pem("not a key").is_none());
     }
 
     #[test]

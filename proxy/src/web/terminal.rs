@@ -97,8 +97,10 @@ pub(crate) async fn upgrade(
         )
         .into_response();
     }
-    let session =
-        super::sessions::cookie_value(&headers).and_then(|id| web.browser.sessions.find(&id));
+    let session = match super::sessions::cookie_value(&headers) {
+        Some(id) => web.browser.sessions.find(&id).await,
+        None => Ok(None),
+    };
     let browser = web.browser.clone();
     // Frames up to twice the limit are read and refused with 1009 here; larger ones are
     // refused by the WebSocket layer before it reads them.
@@ -318,7 +320,7 @@ fn read_text(text: &str) -> TextFrame {
 
 async fn run(
     browser: Arc<Browser>,
-    session: Option<Arc<WebSession>>,
+    session: Result<Option<Arc<WebSession>>, crate::auth_client::ClientError>,
     query: HashMap<String, String>,
     remote: RemoteAddr,
     socket: WebSocket,
@@ -329,9 +331,18 @@ async fn run(
         closed: AtomicBool::new(false),
         finished: Notify::new(),
     });
-    let Some(session) = session else {
-        out.fail(CLOSE_SIGNED_OUT, NOT_SIGNED_IN).await;
-        return;
+    let session = match session {
+        Ok(Some(s)) => s,
+        Ok(None) => return out.fail(CLOSE_SIGNED_OUT, NOT_SIGNED_IN).await,
+        Err(e) => {
+            tracing::error!(error = %e, "auth unreachable");
+            return out
+                .fail(
+                    CLOSE_INTERNAL,
+                    "the auth service is unreachable; try again shortly",
+                )
+                .await;
+        }
     };
     let asked = match read_query(&query) {
         Ok(a) => a,
