@@ -20,6 +20,8 @@ pub struct Service {
     pub args: Vec<String>,
     /// Arguments for the first start only (`--token ...`).
     pub first_args: Vec<String>,
+    /// Its environment beyond the test's (the recording store's credentials).
+    pub env: Vec<(String, String)>,
     pub banner: String,
     child: Option<Child>,
     started: bool,
@@ -32,6 +34,7 @@ impl Service {
             .arg(&self.config)
             .args(&self.args)
             .env("SALLYPORT_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -166,6 +169,9 @@ pub struct Topology {
     pub proxy_addrs: Vec<ProxyAddrs>,
     pub nodes: Vec<Service>,
     pub pin: String,
+    /// The `recordings:` section of auth's and the proxies' configs, if any.
+    store: Option<String>,
+    store_env: Vec<(String, String)>,
 }
 
 /// Runs SQL as the test role on the server's `postgres` database.
@@ -187,6 +193,12 @@ impl Topology {
     /// `nodes` agents named node1.. joined through the first proxy. Returns once every node is
     /// online.
     pub fn start(auths: usize, proxies: usize, nodes: usize) -> Self {
+        Self::start_with(auths, proxies, nodes, None)
+    }
+
+    /// The same with recordings in S3: `store` is the `recordings:` section (the services get
+    /// the test credentials in their environment).
+    pub fn start_with(auths: usize, proxies: usize, nodes: usize, store: Option<String>) -> Self {
         let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
             "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
         );
@@ -206,6 +218,12 @@ impl Topology {
             proxy_addrs: vec![],
             nodes: vec![],
             pin: String::new(),
+            store_env: if store.is_some() {
+                crate::s3::credentials()
+            } else {
+                vec![]
+            },
+            store,
         };
         for i in 1..=auths {
             let (mut s, addr) = t.auth_service(&format!("auth{i}"));
@@ -261,9 +279,14 @@ proxy_service:
   enabled: false
 ssh_service:
   enabled: false
-",
+{store}",
                 data = data.display(),
                 db = self.db_url,
+                store = self
+                    .store
+                    .as_ref()
+                    .map(|s| format!("recordings: {s}\n"))
+                    .unwrap_or_default(),
             ),
         )
         .expect("config");
@@ -273,6 +296,7 @@ ssh_service:
             data,
             args: vec![],
             first_args: vec![],
+            env: self.store_env.clone(),
             banner: String::new(),
             child: None,
             started: false,
@@ -303,8 +327,13 @@ proxy_service:
   kube_listen_addr: 127.0.0.1:{kube}
 ssh_service:
   enabled: false
-",
+{store}",
                 data = data.display(),
+                store = self
+                    .store
+                    .as_ref()
+                    .map(|s| format!("recordings: {s}\n"))
+                    .unwrap_or_default(),
             ),
         )
         .expect("config");
@@ -315,6 +344,7 @@ ssh_service:
             data,
             args: vec!["--auth-server".into(), self.auth_addrs.join(",")],
             first_args: vec!["--token".into(), token, "--ca-pin".into(), self.pin.clone()],
+            env: self.store_env.clone(),
             banner: String::new(),
             child: None,
             started: false,
@@ -366,6 +396,7 @@ ssh_service:
                 "--ca-pin".into(),
                 self.pin.clone(),
             ],
+            env: vec![],
             banner: String::new(),
             child: None,
             started: false,

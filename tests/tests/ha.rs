@@ -46,7 +46,18 @@ fn within(within: Duration, mut f: impl FnMut() -> Result<String, String>) -> (D
 
 #[test]
 fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
-    let mut t = Topology::start(2, 2, 3);
+    // Recordings in S3 (a real S3 API: moto_server), shared by both proxies and both auths.
+    let moto = sallyport_tests::s3::Moto::start();
+    moto.bucket("recordings");
+    let mut t = Topology::start_with(
+        2,
+        2,
+        3,
+        Some(format!(
+            "{{uri: 's3://recordings/ha', endpoint: '{}', region: us-east-1}}",
+            moto.endpoint
+        )),
+    );
     let mut sessions = 0usize;
 
     // Both proxies registered and online; each node has a tunnel to both.
@@ -97,7 +108,7 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
     }
 
     // Sessions running through both proxies (OpenSSH -J), printing every 200 ms.
-    let ticking = "for i in $(seq 1 150); do echo tick$i; sleep 0.2; done";
+    let ticking = "for i in $(seq 1 150); do echo tick$i; sleep 0.2; done # ticking";
     let start_ssh = |via: usize, home: &std::path::Path, node: &str| {
         let cfg = t.ssh_config(home, "alice", via, via);
         Command::new("ssh")
@@ -149,6 +160,11 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
         out1.contains("tick1") && !out1.contains("tick150"),
         "{out1}"
     );
+    let last_tick: u32 = out1
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tick")?.parse().ok())
+        .max()
+        .unwrap();
     assert!(
         on2.try_wait().unwrap().is_none(),
         "the session through the other proxy is not disturbed"
@@ -189,8 +205,53 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
         t.nodes_online()
     );
 
-    // proxy1 back: its interrupted session is marked incomplete, proxy2's running one is not.
+    // proxy1 back: its interrupted session is marked incomplete, proxy2's running one is not;
+    // the recording it left on its disk reaches S3 and replays through the other proxy, up
+    // to the last second before the kill (the recorder flushes every second).
     t.proxies[0].start();
+    let killed = {
+        let on_node1: Vec<String> = serde_json::from_str::<serde_json::Value>(
+            &t.sally(&via2, &["recordings", "ls", "--format", "json"], "")
+                .ok()
+                .stdout,
+        )
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["node"] == "node1" && s["command"].as_str().is_some_and(|c| c.contains("ticking"))
+        })
+        .filter_map(|s| s["session_id"].as_str().map(str::to_string))
+        .collect();
+        assert_eq!(on_node1.len(), 1, "{on_node1:?}");
+        on_node1[0].clone()
+    };
+    let mut played = String::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let r = t.sally(&via2, &["play", &killed, "--format", "text"], "");
+            played = r.stdout;
+            r.code == 0
+        }),
+        "the killed proxy's recording never became readable: {played}"
+    );
+    let recorded: u32 = played
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tick")?.parse().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        recorded + 6 >= last_tick,
+        "recorded up to tick{recorded}, the client saw tick{last_tick}: more than a second lost"
+    );
+    assert!(
+        moto.list("recordings", "ha")
+            .iter()
+            .any(|(k, _)| k.contains(&killed)),
+        "{:?}",
+        moto.list("recordings", "ha")
+    );
     let statuses = t.query(&format!(
         "SELECT proxy || ':' || status FROM sessions WHERE status = 'running' OR (status = 'incomplete' AND proxy = '{proxy1_id}')"
     ));
@@ -292,7 +353,6 @@ fn sessions_logins_and_the_audit_survive_a_proxy_and_an_auth_dying() {
         started, sessions,
         "session.start records against sessions run"
     );
-    let _ = bin("sallyport");
 }
 
 /// A second auth instance that was not given the cluster's audit checkpoint key stops at start
