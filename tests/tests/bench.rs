@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::time::Duration;
+
 use sallyport_tests::*;
 
 fn json(r: &Run) -> serde_json::Value {
@@ -50,12 +52,17 @@ fn sally_bench_ssh_reports_sessions_errors_and_latency() {
         "{j}"
     );
     // Each session reached the node: eight session starts audited for bea.
-    let starts = c
-        .events("session.start")
-        .into_iter()
-        .filter(|e| e["user"] == "bea")
-        .count();
-    assert_eq!(starts, 8);
+    let starts = || {
+        c.events("session.start")
+            .into_iter()
+            .filter(|e| e["user"] == "bea")
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || starts() == 8),
+        "{} session starts audited, not 8",
+        starts()
+    );
 
     // The text report says the same.
     let r = c
