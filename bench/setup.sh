@@ -17,6 +17,8 @@ auth=$(port); web=$(port); sshp=$(port); tun=$(port); sshd_port=$(port)
 login=${BENCH_LOGIN:-root}
 # A bench login is made if missing, unlocked ('*': no password, which sshd's UsePAM no accepts).
 id "$login" >/dev/null 2>&1 || useradd -m -s /bin/bash -p '*' "$login"
+# PROXY_EXTRA: more proxy_service keys, `k: v, k2: v2` (bench/scale.sh raises the per-address
+# door caps: all its clients share one address).
 # PAM=1: both sides run PAM's account and session stacks (the agent with the shipped
 # config/pam.d/sallyport, sshd with UsePAM yes and Debian's /etc/pam.d/sshd).
 pam_cfg=""; use_pam=no
@@ -28,7 +30,7 @@ cat > "$dir/sallyport.yaml" <<CFG
 version: v1
 sallyport: {data_dir: $dir/data, nodename: node1, log: {severity: warn}}
 auth_service: {listen_addr: 127.0.0.1:$auth, cluster_name: bench, authentication: {second_factor: off}}
-proxy_service: {web_listen_addr: 127.0.0.1:$web, ssh_listen_addr: 127.0.0.1:$sshp, tunnel_listen_addr: 127.0.0.1:$tun, kube_listen_addr: 127.0.0.1:$(port)}
+proxy_service: {web_listen_addr: 127.0.0.1:$web, ssh_listen_addr: 127.0.0.1:$sshp, tunnel_listen_addr: 127.0.0.1:$tun, kube_listen_addr: 127.0.0.1:$(port)${PROXY_EXTRA:+, $PROXY_EXTRA}}
 ssh_service: {enabled: true, labels: {env: bench}$pam_cfg}
 CFG
 $B/sallyport start --config "$dir/sallyport.yaml" > "$dir/out" 2> "$dir/err" &
@@ -59,6 +61,8 @@ PasswordAuthentication no
 PermitRootLogin yes
 UsePAM $use_pam
 StrictModes no
+# Parallel clients (bench/scale.sh's xargs loop) beyond sshd's default 10:30:100.
+MaxStartups 200
 Subsystem sftp /usr/lib/openssh/sftp-server
 CFG
 /usr/sbin/sshd -f "$dir/sshd_config"

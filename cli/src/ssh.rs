@@ -299,6 +299,14 @@ pub async fn connect_proxy(p: &Profile, keys: &Keys, ssh_port: u16) -> Result<Pr
 }
 
 impl Proxy {
+    /// Ends the connection with a disconnect message rather than a reset.
+    pub async fn disconnect(&self) {
+        let _ = self
+            .handle
+            .disconnect(russh::Disconnect::ByApplication, "", "en")
+            .await;
+    }
+
     /// A byte stream to `target` (a node name, `name.cluster` or id) through the proxy.
     pub async fn open(&self, target: &str, port: u32) -> Result<ChannelStream<Msg>> {
         match self

@@ -4,6 +4,7 @@
 //! them: `login` (signup, login, status, logout), `nodes` (ls), `ssh`, `openssh` (config, scp,
 //! the ProxyCommand), `play` (recordings) and `kube` (kubectl through the proxy).
 
+mod bench;
 mod kube;
 mod login;
 mod nodes;
@@ -164,6 +165,11 @@ enum Command {
         #[arg(long, value_parser = ["asciicast", "text"])]
         format: Option<String>,
     },
+    /// Measure the proxy: sessions per second and their latency (`bench ssh`).
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
     /// Print a shell completion script, e.g. `source <(sally completion bash)`.
     Completion {
         #[arg(value_enum)]
@@ -183,10 +189,17 @@ enum Command {
 pub fn main() -> ExitCode {
     sallyport_core::install_crypto_provider();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // A benchmark keeps hundreds of connections busy at once: every core; the rest one thread.
+    let rt = if matches!(cli.command, Command::Bench { .. }) {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: {e}");
@@ -299,6 +312,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Bench { command } => bench::run(command).await,
         Command::Completion { shell } => crate::manual::completion(Cli::command(), shell),
         Command::Man { dir } => crate::manual::man(Cli::command(), dir.as_deref()),
     }
