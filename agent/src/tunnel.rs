@@ -87,6 +87,10 @@ pub type Keep = Arc<dyn Fn(&AgentIdentity) -> Result<(), AgentError> + Send + Sy
 struct Current {
     id: Arc<std::sync::RwLock<Arc<AgentIdentity>>>,
     keep: Keep,
+    /// When a renewal was asked for and not yet answered (0: none): one at a time, through one
+    /// tunnel, asked again after a minute without an answer; an answer nobody asked for is
+    /// refused.
+    asked: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Current {
@@ -111,6 +115,23 @@ impl Current {
         let tls = rcgen::KeyPair::from_pem(&id.tls_key_pem).ok()?;
         let host =
             russh::keys::ssh_key::PrivateKey::from_openssh(id.ssh_host_key.as_bytes()).ok()?;
+        let now = sallyport_core::unix_now();
+        let asked = self.asked.load(std::sync::atomic::Ordering::Acquire);
+        if asked != 0 && now - asked < 60 {
+            return None;
+        }
+        if self
+            .asked
+            .compare_exchange(
+                asked,
+                now,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return None;
+        }
         Some(sallyport_core::api::RenewRequest {
             tls_spki: base64::engine::general_purpose::STANDARD
                 .encode(tls.subject_public_key_info()),
@@ -118,29 +139,72 @@ impl Current {
         })
     }
 
-    /// Takes renewed certificates: checked against the agent's own keys, kept on disk, served.
+    /// Takes renewed certificates, only when it asked for them and only when they are what
+    /// auth issues: the TLS certificate chains to the cluster's host CA with the same name and
+    /// organization over the agent's own key, the SSH host certificate is over its own host key,
+    /// signed by the CA that signed the current one, for the same names. Then kept on disk and
+    /// served. A proxy cannot hand an agent certificates that would cut it off.
     fn renewed<S: StreamServer>(
         &self,
         r: sallyport_core::api::Renewed,
         server: &S,
     ) -> Result<(), AgentError> {
+        if self.asked.swap(0, std::sync::atomic::Ordering::AcqRel) == 0 {
+            return Err(err("renewed certificates this agent did not ask for"));
+        }
         let old = self.get();
-        let leaf = pem_to_ders(&r.tls_cert_pem)
-            .map_err(err)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| err("no certificate in the renewal"))?;
+        let first = |pem: &str| -> Result<rustls::pki_types::CertificateDer<'static>, AgentError> {
+            pem_to_ders(pem)
+                .map_err(err)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| err("no certificate"))
+        };
+        let leaf = first(&r.tls_cert_pem)?;
+        let old_leaf = first(&old.tls_cert_pem)?;
         let (spki, not_after) = sallyport_core::x509::spki_and_expiry(&leaf).map_err(err)?;
-        let old_leaf = pem_to_ders(&old.tls_cert_pem)
-            .map_err(err)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| err("no current certificate"))?;
         let (old_spki, _) = sallyport_core::x509::spki_and_expiry(&old_leaf).map_err(err)?;
         if spki != old_spki {
             return Err(err("the renewed certificate is not for this agent's key"));
         }
-        russh::keys::ssh_key::Certificate::from_openssh(r.ssh_host_cert.trim()).map_err(err)?;
+        let (new_s, old_s) = (
+            sallyport_core::x509::parse_subject(&leaf).map_err(err)?,
+            sallyport_core::x509::parse_subject(&old_leaf).map_err(err)?,
+        );
+        if new_s.common_name != old_s.common_name || new_s.organizations != old_s.organizations {
+            return Err(err("the renewed certificate names another node"));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in pem_to_ders(&old.host_ca_pem).map_err(err)? {
+            roots.add(ca).map_err(err)?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
+        )
+        .build()
+        .map_err(err)?;
+        verifier
+            .verify_client_cert(&leaf, &[], rustls::pki_types::UnixTime::now())
+            .map_err(|e| err(format!("the renewed certificate is not the cluster's: {e}")))?;
+        use russh::keys::ssh_key::{Certificate, HashAlg, PrivateKey};
+        let cert = Certificate::from_openssh(r.ssh_host_cert.trim()).map_err(err)?;
+        let old_cert = Certificate::from_openssh(old.ssh_host_cert.trim()).map_err(err)?;
+        let host = PrivateKey::from_openssh(old.ssh_host_key.as_bytes()).map_err(err)?;
+        let ca = old_cert.signature_key().fingerprint(HashAlg::Sha256);
+        if cert.public_key() != host.public_key().key_data()
+            || cert.valid_principals() != old_cert.valid_principals()
+        {
+            return Err(err(
+                "the renewed host certificate is not for this node's key and names",
+            ));
+        }
+        cert.validate_at(sallyport_core::unix_now() as u64, [&ca])
+            .map_err(|e| {
+                err(format!(
+                    "the renewed host certificate is not the cluster's: {e}"
+                ))
+            })?;
         let mut new = (*old).clone();
         new.tls_cert_pem = r.tls_cert_pem;
         new.ssh_host_cert = r.ssh_host_cert;
@@ -178,6 +242,7 @@ pub async fn run<S: StreamServer>(
     let current = Current {
         id: Arc::new(std::sync::RwLock::new(id.clone())),
         keep,
+        asked: Default::default(),
     };
     metrics().agent_runs(S::KIND);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -425,4 +490,134 @@ pub fn spawn_label_command(labels: Labels, name: String, command: Vec<String>, p
             tokio::time::sleep(period.max(Duration::from_secs(1))).await;
         }
     });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rcgen::PublicKeyData;
+    use sallyport_core::x509::{Subject, TlsCa};
+
+    struct Nothing;
+    impl StreamServer for Nothing {
+        const KIND: TunnelKind = TunnelKind::Node;
+        async fn serve(self: Arc<Self>, _: TunnelStream, _: Option<SocketAddr>) {}
+    }
+
+    fn subject(cn: &str) -> Subject {
+        let now = time::OffsetDateTime::now_utc();
+        Subject {
+            common_name: cn.into(),
+            organizations: vec!["node".into()],
+            dns_names: vec![],
+            server: true,
+            not_before: now - time::Duration::minutes(1),
+            not_after: now + time::Duration::hours(1),
+        }
+    }
+
+    /// An agent takes a renewal only when it asked, and only what the cluster's CAs issued for
+    /// its own keys and names: a proxy cannot hand it certificates that would cut it off.
+    #[test]
+    fn a_renewal_is_taken_only_when_asked_and_only_from_the_clusters_cas() {
+        sallyport_core::install_crypto_provider();
+        let ca = TlsCa::generate("host", "test").unwrap();
+        let ssh_ca = sallyport_core::sshcert::generate_ed25519().unwrap();
+        let tls_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let spki = tls_key.subject_public_key_info();
+        let host = sallyport_core::sshcert::generate_ed25519().unwrap();
+        let names = vec!["web1".to_string(), "node-1".to_string()];
+        let ssh_cert = |signer: &russh::keys::ssh_key::PrivateKey, names: &[String]| {
+            sallyport_core::sshcert::issue_host(
+                signer,
+                host.public_key(),
+                "node-1",
+                names,
+                std::time::Duration::from_secs(3600),
+            )
+            .unwrap()
+            .to_openssh()
+            .unwrap()
+        };
+        let id = AgentIdentity {
+            node_id: "node-1".into(),
+            nodename: "web1".into(),
+            cluster_name: "test".into(),
+            proxy: String::new(),
+            tunnel_addr: String::new(),
+            tls_key_pem: tls_key.serialize_pem(),
+            tls_cert_pem: ca.sign(&spki, &subject("node-1")).unwrap(),
+            host_ca_pem: ca.cert_pem.clone(),
+            ssh_host_key: host
+                .to_openssh(russh::keys::ssh_key::LineEnding::LF)
+                .unwrap()
+                .to_string(),
+            ssh_host_cert: ssh_cert(&ssh_ca, &names),
+            user_ca_keys: vec![],
+        };
+        let kept = Arc::new(std::sync::Mutex::new(0));
+        let k = kept.clone();
+        let current = Current {
+            id: Arc::new(std::sync::RwLock::new(Arc::new(id))),
+            keep: Arc::new(move |_| {
+                *k.lock().unwrap() += 1;
+                Ok(())
+            }),
+            asked: Default::default(),
+        };
+        let good = sallyport_core::api::Renewed {
+            tls_cert_pem: ca.sign(&spki, &subject("node-1")).unwrap(),
+            ssh_host_cert: ssh_cert(&ssh_ca, &names),
+        };
+        // Not asked: refused.
+        let e = current.renewed(good.clone(), &Nothing).unwrap_err();
+        assert!(e.to_string().contains("did not ask"), "{e}");
+        let ask = |c: &Current| {
+            c.asked.store(
+                sallyport_core::unix_now(),
+                std::sync::atomic::Ordering::Release,
+            )
+        };
+        // Another CA over the same key, another node's name, another SSH CA, other names.
+        let forger = TlsCa::generate("host", "test").unwrap();
+        let forged = [
+            (
+                forger.sign(&spki, &subject("node-1")).unwrap(),
+                ssh_cert(&ssh_ca, &names),
+                "not the cluster's",
+            ),
+            (
+                ca.sign(&spki, &subject("node-2")).unwrap(),
+                ssh_cert(&ssh_ca, &names),
+                "names another node",
+            ),
+            (
+                ca.sign(&spki, &subject("node-1")).unwrap(),
+                ssh_cert(
+                    &sallyport_core::sshcert::generate_ed25519().unwrap(),
+                    &names,
+                ),
+                "not the cluster's",
+            ),
+            (
+                ca.sign(&spki, &subject("node-1")).unwrap(),
+                ssh_cert(&ssh_ca, &["proxy".to_string()]),
+                "names",
+            ),
+        ];
+        for (tls, ssh, why) in forged {
+            ask(&current);
+            let r = sallyport_core::api::Renewed {
+                tls_cert_pem: tls,
+                ssh_host_cert: ssh,
+            };
+            let e = current.renewed(r, &Nothing).unwrap_err();
+            assert!(e.to_string().contains(why), "{why}: {e}");
+        }
+        assert_eq!(*kept.lock().unwrap(), 0, "nothing forged was kept");
+        ask(&current);
+        current.renewed(good, &Nothing).unwrap();
+        assert_eq!(*kept.lock().unwrap(), 1);
+    }
 }

@@ -226,26 +226,50 @@ impl AuthServer {
     /// another key already are, stops with what to do (its key removed again), rather than run
     /// and have every search and `audit verify` report the other's checkpoints as forged.
     pub(crate) async fn check_checkpoint_key(&self) -> Result<(), AuthError> {
-        let Some(a) = self.audit_anchor.as_ref().filter(|a| a.made) else {
+        let Some(a) = self.audit_anchor.as_ref() else {
             return Ok(());
         };
-        let row = sqlx::query(
-            "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints ORDER BY seq DESC LIMIT 1",
-        )
-        .fetch_optional(&self.backend.pool)
-        .await?;
-        let Some(row) = row else { return Ok(()) };
-        let cp = checkpoint_row(&row)?;
-        if cp.is_signed_by(a.key.public_key(), &self.config.cluster_name) {
-            return Ok(());
-        }
         let path = self.config.audit_checkpoint_key.clone().unwrap_or_default();
-        let _ = std::fs::remove_file(&path);
-        Err(AuthError::Internal(format!(
-            "the audit chain in this database is anchored by another auth instance's checkpoint key, and this one had none ({}): auth instances on one database share one key; copy audit-checkpoint.key from that instance's data dir to {} (mode 0600) and start again",
-            path.display(),
-            path.display()
-        )))
+        let refuse = || {
+            // Only a key this start made is removed: an operator's file is theirs.
+            if a.made {
+                let _ = std::fs::remove_file(&path);
+            }
+            AuthError::Internal(format!(
+                "the audit chain in this database is anchored by another auth instance's checkpoint key, not this one's ({}): auth instances on one database share one key; copy audit-checkpoint.key from that instance's data dir to {} (mode 0600) and start again",
+                path.display(),
+                path.display()
+            ))
+        };
+        // A database from before the key was recorded: its newest checkpoint names the key.
+        if a.made {
+            let row = sqlx::query(
+                "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints ORDER BY seq DESC LIMIT 1",
+            )
+            .fetch_optional(&self.backend.pool)
+            .await?;
+            if let Some(row) = row
+                && !checkpoint_row(&row)?
+                    .is_signed_by(a.key.public_key(), &self.config.cluster_name)
+            {
+                return Err(refuse());
+            }
+        }
+        // The first instance's key is the cluster's, recorded once (two instances starting
+        // together on an empty database agree on one): every start compares.
+        let ours = a
+            .key
+            .public_key()
+            .to_openssh()
+            .map_err(|e| AuthError::Internal(e.to_string()))?;
+        let cluster = self
+            .backend
+            .init_state("audit_checkpoint_key", &ours)
+            .await?;
+        if cluster != ours {
+            return Err(refuse());
+        }
+        Ok(())
     }
 }
 

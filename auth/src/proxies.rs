@@ -336,16 +336,30 @@ fn check_dns_names(names: &[String]) -> Result<Vec<String>, AuthError> {
             "at most {MAX_DNS_NAMES} names for a proxy's certificates"
         )));
     }
+    // Auth's name and the cluster-internal domain it is in are auth's alone; a wildcard
+    // would cover them (or every other proxy), so none is certified.
+    let internal = sallyport_core::api::AUTH_SERVER_NAME
+        .split_once('.')
+        .map_or("", |(_, domain)| domain);
     for n in names {
-        if n.eq_ignore_ascii_case(sallyport_core::api::AUTH_SERVER_NAME) {
+        let lower = n.to_ascii_lowercase();
+        if lower == sallyport_core::api::AUTH_SERVER_NAME
+            || lower == internal
+            || lower.ends_with(&format!(".{internal}"))
+        {
             return Err(AuthError::BadRequest(format!(
                 "{n} is auth's own name: no proxy certificate may carry it"
+            )));
+        }
+        if n.contains('*') {
+            return Err(AuthError::BadRequest(format!(
+                "{n}: a proxy's certificate names hosts, no wildcard"
             )));
         }
         let ok = !n.is_empty()
             && n.len() <= 253
             && n.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'*'));
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'));
         if !ok {
             return Err(AuthError::BadRequest(format!(
                 "{:?} is not a host name or address",
@@ -357,4 +371,31 @@ fn check_dns_names(names: &[String]) -> Result<Vec<String>, AuthError> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_certificate_never_names_auth_or_a_wildcard() {
+        for bad in [
+            "auth.sallyport.cluster.local",
+            "AUTH.sallyport.cluster.local",
+            "sallyport.cluster.local",
+            "x.sallyport.cluster.local",
+            "*.sallyport.cluster.local",
+            "*.cluster.local",
+            "*",
+            "*.example.com",
+            "proxy/evil",
+        ] {
+            assert!(
+                check_dns_names(&[bad.to_string()]).is_err(),
+                "{bad} was accepted"
+            );
+        }
+        let ok = check_dns_names(&["proxy.example.com".into(), "127.0.0.2".into(), "::1".into()]);
+        assert!(ok.is_ok(), "{ok:?}");
+    }
 }

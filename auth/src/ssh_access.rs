@@ -210,7 +210,33 @@ impl AuthServer {
     /// An agent's certificates renewed over its keys (asked through the proxy its tunnel is
     /// to, which vouches for the node id from the tunnel's certificate): the same names and
     /// organization as at join, a fresh validity. A removed node gets nothing.
-    pub async fn renew_node(&self, id: &str, req: &RenewRequest) -> Result<Renewed, AuthError> {
+    pub async fn renew_node(
+        &self,
+        id: &str,
+        proxy: &str,
+        req: &RenewRequest,
+    ) -> Result<Renewed, AuthError> {
+        // Only the proxy that holds the node's tunnel now speaks for it.
+        let holds = sqlx::query(
+            "SELECT 1 AS one FROM node_tunnels WHERE node_id = $1 AND proxy_id = $2 AND last_seen > $3",
+        )
+        .bind(id)
+        .bind(proxy)
+        .bind(sallyport_core::unix_now() - PRESENCE_TTL)
+        .fetch_optional(&self.backend.pool)
+        .await?
+        .is_some();
+        if !holds {
+            // A removed node reads as one.
+            let known = self.find_node(id).await?.is_some();
+            return Err(if known {
+                AuthError::AccessDenied(format!(
+                    "proxy {proxy} holds no tunnel of node {id}: only the proxy its tunnel is to may renew it"
+                ))
+            } else {
+                AuthError::NotFound(format!("node {id} is not registered"))
+            });
+        }
         let node =
             sqlx::query("SELECT hostname, kind FROM nodes WHERE id = $1 AND kind IN ($2, $3)")
                 .bind(id)
@@ -249,6 +275,13 @@ impl AuthServer {
         };
         let tls_cert_pem =
             self.issue_service_cert(&spki, id, role, vec![], self.config.host_cert_ttl, false)?;
+        self.emit(
+            Event::new(EventType::NodeRenew, None)
+                .with("node_id", id)
+                .with("nodename", hostname)
+                .with("proxy", proxy),
+        )
+        .await?;
         Ok(Renewed {
             tls_cert_pem,
             ssh_host_cert,

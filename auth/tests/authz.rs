@@ -556,3 +556,85 @@ async fn a_kubeconfig_certificate_is_no_caller() {
         "{body}"
     );
 }
+
+/// Only the proxy that holds a node's tunnel renews its certificates: another proxy (or the
+/// same one once the tunnel is gone) is refused, and a renewal is audited.
+#[tokio::test]
+async fn only_the_proxy_holding_a_nodes_tunnel_renews_it() {
+    use base64::Engine;
+    let f = fixture().await;
+    let token = f
+        .auth
+        .add_join_token(
+            &sallyport_core::api::AddJoinToken {
+                kind: sallyport_core::api::TokenKind::Node,
+                ttl_secs: 600,
+            },
+            "test",
+        )
+        .await
+        .unwrap();
+    let kp = russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&[42; 32]);
+    let spki = base64::engine::general_purpose::STANDARD.encode(ed25519_spki(&kp.public.0));
+    let host = sallyport_core::sshcert::generate_ed25519()
+        .unwrap()
+        .public_key()
+        .to_openssh()
+        .unwrap();
+    let joined = f
+        .auth
+        .join(
+            &sallyport_core::api::JoinRequest {
+                token: token.token,
+                nodename: "web7".into(),
+                labels: Default::default(),
+                tls_spki: spki.clone(),
+                ssh_host_key: host.clone(),
+                remote_addr: None,
+            },
+            "192.0.2.9",
+        )
+        .await
+        .unwrap();
+    let body = serde_json::json!({"tls_spki": spki, "ssh_host_key": host}).to_string();
+    let path = routes::auth::node_renew(&joined.node_id);
+    let renew = Row {
+        method: Method::Post,
+        path: Box::leak(path.into_boxed_str()),
+        pattern: routes::auth::NODE_RENEW,
+        body: Some(Box::leak(body.into_boxed_str())),
+        who: PROXY,
+        allowed: OK,
+    };
+    let cert = |k: Kind| f.certs.iter().find(|(c, _)| *c == k).unwrap().1.clone();
+    // No tunnel of web7 on this proxy: refused.
+    let (got, body) = call(&f, &renew, &cert(Proxy)).await;
+    assert_eq!(got, FORBIDDEN, "{body}");
+    assert!(body.contains("holds no tunnel of node"), "{body}");
+    // Its tunnel reported here: renewed, and audited.
+    f.auth
+        .presence(
+            &joined.node_id,
+            "proxy",
+            &sallyport_core::api::Presence {
+                online: true,
+                labels: None,
+            },
+        )
+        .await
+        .unwrap();
+    let (got, body) = call(&f, &renew, &cert(Proxy)).await;
+    assert_eq!(got, OK, "{body}");
+    let events = f
+        .auth
+        .audit_search(&Default::default())
+        .await
+        .unwrap()
+        .records;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "node.renew" && e["nodename"] == "web7"),
+        "{events:?}"
+    );
+}

@@ -120,13 +120,14 @@ impl Serves {
     }
 }
 
-/// Auth answers the proxy's ping (which reads its database, so a broken auth is not ready
-/// either).
+/// Auth answers the proxy as itself (the locks it polls: a route that checks the proxy's
+/// certificate and registration and reads the database), so a removed proxy, an expired
+/// certificate or a broken auth is not ready.
 async fn auth_answers(client: &AuthClient) -> Result<(), String> {
     match client
         .call(
             reqwest::Method::GET,
-            sallyport_core::routes::auth::PING,
+            sallyport_core::routes::auth::LOCKS,
             None,
         )
         .await

@@ -559,12 +559,23 @@ async fn start_proxy(
         }
         None => sallyport_proxy::registry::announce(&client, &boot.id, &addrs, &set).await?,
     }
-    tokio::spawn(sallyport_proxy::registry::heartbeat(
+    let beating = tokio::spawn(sallyport_proxy::registry::heartbeat(
         client.clone(),
         boot.id.clone(),
         addrs,
         set.clone(),
     ));
+    // The heartbeat ends only when auth no longer knows this proxy (`sallyctl proxies rm`):
+    // everything it would serve is refused by auth from now on, so it stops, saying why,
+    // rather than look healthy to a load balancer.
+    tokio::spawn(async move {
+        if beating.await.is_ok() {
+            tracing::error!(
+                "this proxy was removed from the cluster (sallyctl proxies rm); stopping: join it again with a token from `sallyctl tokens add --type=proxy`"
+            );
+            std::process::exit(1);
+        }
+    });
     let tunnels = sallyport_proxy::tunnels::Tunnels::default().with_proxy_set(set);
     tokio::spawn(sallyport_proxy::tunnels::serve(
         tunnel_listener,

@@ -272,9 +272,24 @@ impl AuthClient {
             observe(route, &sent, started);
             match sent {
                 Ok(r) => {
-                    self.bases.current.store(k, Ordering::Relaxed);
+                    // An instance that answers 5xx (its database away) is asked last next time.
+                    let next = if r.status().is_server_error() {
+                        k + 1
+                    } else {
+                        k
+                    };
+                    self.bases.current.store(next, Ordering::Relaxed);
                     resp = Some((base, r));
                     break;
+                }
+                // One that does not answer in time is asked last next time too (the request may
+                // have reached it, so it is not sent again).
+                Err(e) if e.is_timeout() => {
+                    self.bases.current.store(k + 1, Ordering::Relaxed);
+                    return Err(ClientError::Unreachable {
+                        addr: base.to_string(),
+                        source: e,
+                    });
                 }
                 Err(e) if not_sent(&e) => last = Some((base, e)),
                 Err(source) => {

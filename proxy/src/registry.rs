@@ -91,7 +91,14 @@ pub async fn announce(
                 set.set(&proxies);
                 return Ok(());
             }
-            Err(e @ crate::auth_client::ClientError::Refused { .. }) => return Err(e),
+            // Not registered (removed) or not this cluster's: retrying will not help.
+            Err(
+                e @ crate::auth_client::ClientError::Refused {
+                    status: 400..=499, ..
+                },
+            ) => {
+                return Err(e);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "auth unreachable; retrying");
                 tokio::time::sleep(wait).await;

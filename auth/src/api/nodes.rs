@@ -129,9 +129,9 @@ pub(super) async fn pin_host_key(
 /// An agent's certificates renewed, asked by the proxy its tunnel is to.
 pub(super) async fn renew(
     State(auth): Auth,
-    _proxy: Proxy,
+    proxy: Proxy,
     Path(id): Path<String>,
     Json(req): Json<sallyport_core::api::RenewRequest>,
 ) -> Result<Json<sallyport_core::api::Renewed>, AuthError> {
-    Ok(Json(auth.renew_node(&id, &req).await?))
+    Ok(Json(auth.renew_node(&id, &proxy.name, &req).await?))
 }

@@ -249,6 +249,13 @@ catalogue! {
         "reason": "failure: why",
         "count": "failure: how many failures this record stands for",
     }
+    /// An agent's certificates were renewed, asked through the proxy its tunnel is to.
+    /// `user` is null.
+    NodeRenew = "node.renew", by Auth {
+        "node_id": "the node",
+        "nodename": "its name",
+        "proxy": "the proxy that asked for it (the one holding its tunnel)",
+    }
     /// A proxy service joined with a `proxy` token, or was refused (aggregated per address and
     /// reason a minute). `user` is null.
     ProxyJoin = "proxy.join", by Auth {
