@@ -34,6 +34,7 @@
 import { spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
 import { createRequire } from 'node:module';
@@ -81,6 +82,40 @@ function spkiSha256(x509) {
   return crypto.createHash('sha256')
     .update(x509.publicKey.export({ type: 'spki', format: 'der' }))
     .digest();
+}
+
+/** Another origin on the proxy's own site: an HTTPS server on another port of the proxy's
+ * host, with a certificate of its own (made here with openssl; Chromium is told to trust its
+ * key as it trusts the proxy's). SameSite=Strict cookies go with its requests to the proxy
+ * (same site), so only the proxy's exact-Origin check stands between it and the session. Its
+ * one page, in a signed-in browser, tries a POST and a terminal WebSocket at the proxy. */
+async function otherOrigin() {
+  const dir = fs.mkdtempSync(path.join(SHOTS, 'other-origin-'));
+  const key = path.join(dir, 'key.pem');
+  const crt = path.join(dir, 'cert.pem');
+  const { hostname } = new URL(BASE);
+  const made = spawnSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256',
+    '-nodes', '-keyout', key, '-out', crt, '-days', '1', '-subj', `/CN=${hostname}`,
+    '-addext', `subjectAltName=IP:${hostname}`], { encoding: 'utf8' });
+  check(made.status === 0, `openssl: ${made.stderr}`);
+  const cert = fs.readFileSync(crt);
+  const spki = spkiSha256(new crypto.X509Certificate(cert)).toString('base64');
+  const wss = BASE.replace(/^https/, 'wss');
+  const page = `<!doctype html><title>elsewhere</title><script>
+window.tried = {};
+fetch(${JSON.stringify(`${BASE}/v1/webapi/roles/validate`)}, { method: 'POST', mode: 'no-cors',
+  credentials: 'include', headers: { 'Content-Type': 'text/plain' }, body: '{"yaml":"kind: role"}' })
+  .then(() => { window.tried.post = 'sent'; }, (e) => { window.tried.post = 'error ' + e; });
+const ws = new WebSocket(${JSON.stringify(`${wss}/v1/webapi/terminal?node=local1&login=root&cols=80&rows=24`)}, 'sallyport.term.v1');
+ws.onopen = () => { window.tried.ws = 'open'; };
+ws.onclose = (e) => { if (!window.tried.ws) window.tried.ws = 'closed ' + e.code; };
+</script>`;
+  const server = https.createServer({ key: fs.readFileSync(key), cert }, (req, res) => {
+    res.writeHead(200, { 'Content-Type': 'text/html' });
+    res.end(page);
+  });
+  await new Promise((resolve) => server.listen(0, hostname, resolve));
+  return { url: `https://${hostname}:${server.address().port}/`, spki, close: () => server.close() };
 }
 
 async function proxyKeyHash() {
@@ -520,6 +555,30 @@ async function local(browser, results) {
       check(total - cast <= BUDGET.player, `the player page weighs ${total - cast} bytes plus the cast, over its ${BUDGET.player}`);
       check(dcl < BUDGET.domContentLoadedMs, `player DOMContentLoaded ${dcl} ms, over ${BUDGET.domContentLoadedMs}`);
       await cold.close();
+    }
+
+    // 11b. Another origin of the same site (another port of the proxy's host), in this
+    // signed-in browser: its POST and its terminal WebSocket upgrade are refused 403 by the
+    // Origin check (the Strict cookie went with them: 403, not 401), and the session is
+    // untouched.
+    {
+      const evil = await ctx.newPage();
+      const refused = [];
+      let postStatus = null;
+      evil.on('response', (r) => { if (r.url().endsWith('/v1/webapi/roles/validate')) postStatus = r.status(); });
+      evil.on('console', (m) => { if (/Unexpected response code: 403/.test(m.text())) refused.push(m.text()); });
+      await evil.goto(OTHER_ORIGIN.url);
+      await evil.waitForFunction(() => window.tried.ws && window.tried.post, null, { timeout: 20000 });
+      const tried = await evil.evaluate(() => window.tried);
+      check(tried.ws !== 'open', `a WebSocket from ${OTHER_ORIGIN.url} opened a terminal`);
+      check(refused.length > 0, `the cross-origin upgrade was not refused with 403: ${JSON.stringify(tried)}`);
+      // (Its body is opaque to the page and to DevTools; tests/web_terminal.rs reads the
+      // refusal's words. The upgrade carries no CSRF token: only the Origin check refuses it.)
+      check(postStatus === 403, `the cross-origin POST got ${postStatus}, not 403`);
+      await step(evil, 'cross-origin-refused');
+      await evil.close();
+      const still = await page.evaluate(async () => (await fetch('/v1/webapi/web/session')).status);
+      check(still === 200, `the session answers ${still} after the cross-origin tries`);
     }
 
     // 12. Sign-out in one tab ends the session and the terminal open in another.
@@ -1014,12 +1073,19 @@ async function wsEcho(cookie, leafKey, node, login, keys, warmup) {
   return ms.slice(warmup);
 }
 
+let OTHER_ORIGIN = null;
+
 async function main() {
   fs.mkdirSync(SHOTS, { recursive: true });
   const leafKey = await proxyKeyHash();
+  const trusted = [leafKey];
+  if (MODE === 'local') {
+    OTHER_ORIGIN = await otherOrigin();
+    trusted.push(OTHER_ORIGIN.spki);
+  }
   const browser = await chromium.launch({
     executablePath: CHROMIUM,
-    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${leafKey}`],
+    args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${trusted.join(',')}`],
   });
   const results = {};
   try {
@@ -1029,6 +1095,7 @@ async function main() {
     else throw new Error(`unknown mode ${MODE}: local, sso or bench`);
   } finally {
     await browser.close();
+    if (OTHER_ORIGIN) OTHER_ORIGIN.close();
   }
   console.log(`results: ${JSON.stringify(results)}`);
 }
