@@ -297,25 +297,8 @@ impl AuthServer {
     }
 
     async fn proxy_join_failed(&self, req: &ProxyJoinRequest, remote: &str, why: &str) {
-        let name: String = req
-            .name
-            .chars()
-            .take(sallyport_core::names::MAX_NAME + 1)
-            .collect();
-        self.auth_failed(crate::failures::Failure {
-            event: EventType::ProxyJoin,
-            door: "join".into(),
-            remote_addr: remote.into(),
-            reason: why.into(),
-            user: None,
-            user_exists: false,
-            event_fields: vec![
-                ("success".into(), false.into()),
-                ("name".into(), name.into()),
-                ("error".into(), why.into()),
-            ],
-        })
-        .await;
+        self.join_refusal(EventType::ProxyJoin, ("name", &req.name), remote, why)
+            .await;
     }
 }
 

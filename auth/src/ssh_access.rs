@@ -299,13 +299,30 @@ impl AuthServer {
     /// reason like every failed authentication: anyone can send joins, so a flood of them must
     /// not flood the log. The name is the caller's, unchecked: clipped.
     async fn join_failed(&self, req: &JoinRequest, remote: &str, why: &str) {
-        let nodename: String = req
-            .nodename
+        self.join_refusal(
+            EventType::NodeJoin,
+            ("nodename", &req.nodename),
+            remote,
+            why,
+        )
+        .await;
+    }
+
+    /// A refused join of any kind (`node.join`, `proxy.join`) as one aggregated failure, with
+    /// the name the caller asked for (`field`), clipped: it is unchecked.
+    pub(crate) async fn join_refusal(
+        &self,
+        event: EventType,
+        (field, name): (&str, &str),
+        remote: &str,
+        why: &str,
+    ) {
+        let name: String = name
             .chars()
             .take(sallyport_core::names::MAX_NAME + 1)
             .collect();
         self.auth_failed(crate::failures::Failure {
-            event: EventType::NodeJoin,
+            event,
             door: "join".into(),
             remote_addr: remote.into(),
             reason: why.into(),
@@ -313,7 +330,7 @@ impl AuthServer {
             user_exists: false,
             event_fields: vec![
                 ("success".into(), false.into()),
-                ("nodename".into(), nodename.into()),
+                (field.into(), name.into()),
                 ("error".into(), why.into()),
             ],
         })

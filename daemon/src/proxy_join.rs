@@ -77,6 +77,16 @@ fn fresh(
     Ok((tls, ssh, req))
 }
 
+/// HTTPS to auth with `tls`, redirects off.
+fn client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .build()?)
+}
+
 async fn post(
     http: &reqwest::Client,
     auth_addrs: &[String],
@@ -149,13 +159,7 @@ pub async fn identity(
         Trust::Insecure => Trust::Insecure,
         t => Trust::As(Box::new(t), sallyport_core::api::AUTH_SERVER_NAME.into()),
     };
-    let tls = client_config(trust, None)?;
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let http = client(client_config(trust, None)?)?;
     let (tls_key, ssh_key, req) = fresh(token, name, dns)?;
     let joined = post(
         &http,
@@ -189,13 +193,7 @@ async fn renew(
         Box::new(Trust::Roots(roots)),
         sallyport_core::api::AUTH_SERVER_NAME.into(),
     );
-    let tls = client_config(trust, Some((chain, key)))?;
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let http = client(client_config(trust, Some((chain, key)))?)?;
     let (tls_key, ssh_key, req) = fresh("", name, dns)?;
     let path = sallyport_core::routes::auth::proxy_renew(&id.joined.proxy_id);
     let joined = post(&http, auth_addrs, &path, &req).await?;
