@@ -37,7 +37,7 @@ impl AuthServer {
         sallyport_core::names::validate_node(
             &req.name,
             &self.config.cluster_name,
-            &self.config.public_names,
+            &self.reserved_names().await?,
         )
         .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         sallyport_core::names::validate_labels(&req.labels).map_err(AuthError::BadRequest)?;

@@ -38,6 +38,25 @@ impl AuthServer {
             .is_some())
     }
 
+    /// Names no node may take: the configured public names and, in a cluster of separate
+    /// services, every registered proxy's name and the hosts it is reached at.
+    pub async fn reserved_names(&self) -> Result<Vec<String>, AuthError> {
+        let mut names = self.config.public_names.clone();
+        for p in self.list_proxies().await? {
+            names.push(p.name.clone());
+            for addr in [&p.addrs.web, &p.addrs.ssh, &p.addrs.tunnel, &p.addrs.kube] {
+                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                if !host.is_empty() {
+                    names.push(host.to_string());
+                }
+            }
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     /// The all-in-one's own proxy: registered (under [`LOCAL_PROXY_ID`]) when it starts.
     pub async fn register_local_proxy(&self, addrs: &ProxyAddrs) -> Result<(), AuthError> {
         let now = sallyport_core::unix_now();

@@ -114,7 +114,7 @@ impl AuthServer {
         if let Err(e) = sallyport_core::names::validate_node(
             &req.nodename,
             &self.config.cluster_name,
-            &self.config.public_names,
+            &self.reserved_names().await?,
         )
         .map_err(|e| e.to_string())
         .and_then(|()| sallyport_core::names::validate_labels(&req.labels))
@@ -426,7 +426,7 @@ impl AuthServer {
         sallyport_core::names::validate_node(
             &n.hostname,
             &self.config.cluster_name,
-            &self.config.public_names,
+            &self.reserved_names().await?,
         )
         .map_err(|e| {
             AuthError::AccessDenied(format!(

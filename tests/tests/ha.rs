@@ -388,3 +388,25 @@ fn an_auth_without_the_shared_checkpoint_key_says_so_and_stops() {
     );
     assert!(r.code == 0 && r.stdout.contains("intact"), "{r:?}");
 }
+
+/// In a cluster of separate services, no node joins under a proxy's name or the address it is
+/// reached at (its host certificate would then name the proxy): auth knows them from the proxy
+/// registry, not from a proxy config it does not have.
+#[test]
+fn a_node_cannot_join_under_a_proxys_name() {
+    let t = Topology::start(1, 1, 0);
+    for name in ["proxy1", "127.0.0.1"] {
+        let token = t.token("node");
+        let r = sallyport_tests::run(
+            Command::new(bin("sallyport"))
+                .args(["start", "--roles=node", "--proxy", &t.proxy_addrs[0].web])
+                .args(["--token", &token, "--ca-pin", &t.pin, "--nodename", name])
+                .arg("--data-dir")
+                .arg(t.dir.path().join(format!("impostor-{name}"))),
+            "",
+        );
+        assert_ne!(r.code, 0, "{name} joined: {r:?}");
+        assert!(r.stderr.contains(name), "{name}: {r:?}");
+    }
+    assert!(t.nodes_online().is_empty(), "{:?}", t.nodes_online());
+}
