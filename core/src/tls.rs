@@ -49,8 +49,27 @@ pub fn server_config(
     key: PrivateKeyDer<'static>,
     client_auth: ClientAuth,
 ) -> Result<ServerConfig, TlsError> {
+    let mut cfg = server_builder(client_auth)?.with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// A server config that presents `live`'s certificate as it is at each handshake: renewing
+/// it ([`LiveCert::replace`]) changes what the next connection gets, without a restart.
+pub fn server_config_live(
+    live: Arc<LiveCert>,
+    client_auth: ClientAuth,
+) -> Result<ServerConfig, TlsError> {
+    let mut cfg = server_builder(client_auth)?.with_cert_resolver(live);
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+fn server_builder(
+    client_auth: ClientAuth,
+) -> Result<rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>, TlsError> {
     let builder = ServerConfig::builder();
-    let builder = match client_auth {
+    Ok(match client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
         ClientAuth::Optional(cas) => builder.with_client_cert_verifier(
             WebPkiClientVerifier::builder(Arc::new(roots(&cas)?))
@@ -63,10 +82,63 @@ pub fn server_config(
                 .build()
                 .map_err(|e| TlsError::Verifier(e.to_string()))?,
         ),
-    };
-    let mut cfg = builder.with_single_cert(chain, key)?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(cfg)
+    })
+}
+
+/// A service's certificate and key, replaced in place when it is renewed: every server config
+/// made over it ([`server_config_live`]) presents the current one from the next handshake on;
+/// connections already open keep theirs.
+#[derive(Debug)]
+pub struct LiveCert(std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+impl LiveCert {
+    pub fn new(
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<Arc<Self>, TlsError> {
+        Ok(Arc::new(LiveCert(std::sync::RwLock::new(certified(
+            chain, key,
+        )?))))
+    }
+
+    /// The renewed certificate, for every handshake from now on.
+    pub fn replace(
+        &self,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<(), TlsError> {
+        let next = certified(chain, key)?;
+        match self.0.write() {
+            Ok(mut c) => *c = next,
+            Err(p) => *p.into_inner() = next,
+        }
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<rustls::sign::CertifiedKey> {
+        match self.0.read() {
+            Ok(c) => c.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+fn certified(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+    let signer = rustls::crypto::aws_lc_rs::sign::any_supported_type(&key)
+        .map_err(|e| TlsError::Key(e.to_string()))?;
+    Ok(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)))
+}
+
+impl rustls::server::ResolvesServerCert for LiveCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
 }
 
 /// How a client decides to trust the server.

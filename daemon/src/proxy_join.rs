@@ -44,7 +44,7 @@ impl ProxyIdentity {
         }
     }
 
-    fn save(&self, dir: &Path) -> Result<()> {
+    pub fn save(&self, dir: &Path) -> Result<()> {
         crate::start::write_secret(&Self::path(dir), serde_json::to_string(self)?.as_bytes())
     }
 
@@ -179,7 +179,8 @@ pub async fn identity(
     Ok(id)
 }
 
-/// New keys certified over the current certificate (mutual TLS to auth).
+/// The proxy's keys certified again (mutual TLS to auth, as the current certificate): the
+/// same keys, so what is running can take the new certificates in place.
 async fn renew(
     id: &ProxyIdentity,
     auth_addrs: &[String],
@@ -194,13 +195,65 @@ async fn renew(
         sallyport_core::api::AUTH_SERVER_NAME.into(),
     );
     let http = client(client_config(trust, Some((chain, key)))?)?;
-    let (tls_key, ssh_key, req) = fresh("", name, dns)?;
+    let tls_key = KeyPair::from_pem(&id.tls_key_pem)?;
+    let ssh_key = id.ssh_key()?;
+    let req = ProxyJoinRequest {
+        token: String::new(),
+        name: name.to_string(),
+        tls_spki: base64::engine::general_purpose::STANDARD
+            .encode(tls_key.subject_public_key_info()),
+        ssh_host_key: ssh_key.public_key().to_openssh()?,
+        dns_names: dns.to_vec(),
+    };
     let path = sallyport_core::routes::auth::proxy_renew(&id.joined.proxy_id);
     let joined = post(&http, auth_addrs, &path, &req).await?;
     Ok(ProxyIdentity {
         joined,
-        tls_key_pem: tls_key.serialize_pem(),
-        ssh_host_key: ssh_key.to_openssh(LineEnding::LF)?.to_string(),
+        tls_key_pem: id.tls_key_pem.clone(),
+        ssh_host_key: id.ssh_host_key.clone(),
         issued: sallyport_core::unix_now(),
     })
+}
+
+/// Renews the proxy's certificates while it runs: at two thirds of their life (again a minute
+/// after a failure), kept in `proxy-identity.json` and handed to `renewed`, which puts them in
+/// place (the doors' TLS, the client to auth, the SSH door's host certificate).
+pub async fn keep_renewed(
+    dir: PathBuf,
+    auth_addrs: Vec<String>,
+    name: String,
+    dns: Vec<String>,
+    renewed: impl Fn(&ProxyIdentity) -> Result<()>,
+) {
+    loop {
+        let id = match ProxyIdentity::load(&dir) {
+            Ok(Some(id)) => id,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "the proxy's identity cannot be read; not renewing");
+                return;
+            }
+        };
+        let life = (id.joined.not_after - id.issued).max(1);
+        let due = id.issued + life * 2 / 3;
+        let wait = (due - sallyport_core::unix_now()).max(0) as u64;
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        let result = async {
+            let new = renew(&id, &auth_addrs, &name, &dns).await?;
+            new.save(&dir)?;
+            renewed(&new)?;
+            anyhow::Ok(new)
+        }
+        .await;
+        match result {
+            Ok(new) => tracing::info!(
+                until = %sallyport_core::rfc3339(new.joined.not_after),
+                "the proxy's certificates were renewed"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "the proxy's certificates were not renewed; trying again in a minute");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+        }
+    }
 }

@@ -387,6 +387,9 @@ struct ProxyBoot {
     host_ca_keys: Vec<russh::keys::ssh_key::PublicKey>,
     /// Auth's addresses, comma-separated.
     auth_addr: String,
+    /// A joined proxy renews its certificates while it runs: its data dir, auth's addresses,
+    /// its name and the names its certificates are for.
+    renews: Option<(PathBuf, Vec<String>, String, Vec<String>)>,
 }
 
 /// The all-in-one's proxy: certified by the auth in this process.
@@ -417,6 +420,8 @@ fn local_proxy(a: &LocalAuth, names: &[String]) -> Result<ProxyBoot> {
         user_ca_keys: auth.authorities.ssh_public_keys(CaKind::User),
         host_ca_keys: auth.authorities.ssh_public_keys(CaKind::Host),
         auth_addr: connect_addr(a.addr),
+        // The all-in-one's own certificates are made at every start.
+        renews: None,
     })
 }
 
@@ -456,6 +461,12 @@ async fn joined_proxy(
         user_ca_keys: parse_keys(&id.joined.user_ca_keys)?,
         host_ca_keys: parse_keys(&id.joined.host_ca_keys)?,
         auth_addr: auth_servers.join(","),
+        renews: Some((
+            dir.to_path_buf(),
+            auth_servers.to_vec(),
+            name.clone(),
+            names.to_vec(),
+        )),
     })
 }
 
@@ -475,11 +486,10 @@ async fn start_proxy(
     let chain = pem_to_ders(&proxy_id.chain_pem)?;
     let user_roots = pem_to_ders(&proxy_id.user_ca_pem)?;
     let host_roots = pem_to_ders(&proxy_id.host_ca_pem)?;
-    let web_tls = server_config(
-        chain.clone(),
-        private_key_from_pem(&proxy_id.key_pem)?,
-        ClientAuth::None,
-    )?;
+    // Every door presents the proxy's certificate as it is at each handshake: a renewal
+    // (below) takes effect without a restart.
+    let live = sallyport_core::tls::LiveCert::new(chain, private_key_from_pem(&proxy_id.key_pem)?)?;
+    let web_tls = sallyport_core::tls::server_config_live(live.clone(), ClientAuth::None)?;
     // Browsers' certificates (`https_keypairs`): read now, a mistake stops the start; read
     // again as the files change. The names they are for are origins the web UI accepts.
     let public = if p.https_keypairs.is_empty() {
@@ -525,9 +535,8 @@ async fn start_proxy(
         kube_port: Some(kube_addr.port()),
     };
     // Agents' door: only a node certificate from the host CA opens a tunnel.
-    let mut tunnel_tls = server_config(
-        chain,
-        private_key_from_pem(&proxy_id.key_pem)?,
+    let mut tunnel_tls = sallyport_core::tls::server_config_live(
+        live.clone(),
         ClientAuth::Required(host_roots.clone()),
     )?;
     tunnel_tls.alpn_protocols = vec![b"sallyport-tunnel".to_vec()];
@@ -587,9 +596,8 @@ async fn start_proxy(
     // kubectl's door: kubeconfig certificates from the user CA; a request without one is told
     // what to run. Watches are quiet for long stretches: the idle limit is Kubernetes' own
     // request timeout, not the web door's.
-    let kube_tls = server_config(
-        pem_to_ders(&proxy_id.chain_pem)?,
-        private_key_from_pem(&proxy_id.key_pem)?,
+    let kube_tls = sallyport_core::tls::server_config_live(
+        live.clone(),
         ClientAuth::Optional(user_roots.clone()),
     )?;
     let kube_limits = sallyport_core::door::Limits {
@@ -621,6 +629,37 @@ async fn start_proxy(
     .with_max_jumps_per_connection(p.max_jumps_per_connection);
     let state = Arc::new(state);
     tokio::spawn(state.clone().watch_locks(Duration::from_secs(2)));
+    if let Some((dir, auth_addrs, name, dns)) = boot.renews.clone() {
+        let (live, client, state) = (live.clone(), client.clone(), state.clone());
+        let host_ca_pem = proxy_id.host_ca_pem.clone();
+        let user_ca_pem = proxy_id.user_ca_pem.clone();
+        tokio::spawn(crate::proxy_join::keep_renewed(
+            dir,
+            auth_addrs,
+            name,
+            dns,
+            move |id| {
+                let chain = pem_to_ders(&id.joined.tls_chain_pem)?;
+                live.replace(chain, private_key_from_pem(&id.tls_key_pem)?)?;
+                client.renewed(&ServiceIdentity {
+                    chain_pem: id.joined.tls_chain_pem.clone(),
+                    key_pem: id.tls_key_pem.clone(),
+                    host_ca_pem: host_ca_pem.clone(),
+                    user_ca_pem: user_ca_pem.clone(),
+                })?;
+                let cert =
+                    russh::keys::ssh_key::Certificate::from_openssh(&id.joined.ssh_host_cert)?;
+                use sallyport_core::metrics::{CertificateKind, metrics};
+                metrics().certificate_expires(CertificateKind::ProxyTls, id.joined.not_after);
+                metrics().certificate_expires(
+                    CertificateKind::ProxySshHost,
+                    i64::try_from(cert.valid_before()).unwrap_or(i64::MAX),
+                );
+                state.set_proxy_cert(cert);
+                Ok(())
+            },
+        ));
+    }
     // Browsers: web sessions, their API and terminals, on the same port.
     let browser = sallyport_proxy::web::browser::Browser {
         state: state.proxy.clone(),

@@ -16,11 +16,27 @@ use serde::de::DeserializeOwned;
 
 use crate::ServiceIdentity;
 
+/// HTTPS clients over one certificate: for whole requests, and for answers read as they arrive.
+struct Clients {
+    http: reqwest::Client,
+    streaming: reqwest::Client,
+}
+
+impl Clients {
+    fn new(host_ca_pem: &str, chain_pem: &str, key_pem: &str) -> Result<Self, ClientError> {
+        Ok(Clients {
+            http: mtls_client(host_ca_pem, chain_pem, key_pem, Timeouts::Whole)?,
+            streaming: mtls_client(host_ca_pem, chain_pem, key_pem, Timeouts::Stream)?,
+        })
+    }
+}
+
 #[derive(Clone)]
 pub struct AuthClient {
-    http: reqwest::Client,
+    /// The whole-request and the streaming clients, made over the service's certificate;
+    /// replaced (with new connection pools) when it is renewed ([`AuthClient::renewed`]).
+    clients: Arc<std::sync::RwLock<Clients>>,
     /// For answers read as they arrive ([`AuthClient::stream`]): no whole-request timeout.
-    streaming: reqwest::Client,
     /// Auth's addresses (`https://HOST:PORT`): the one that answered last is tried first, the
     /// others when it cannot be reached (auth instances share one database, so any will do).
     bases: Arc<Bases>,
@@ -129,13 +145,11 @@ impl AuthClient {
             return Err(ClientError::Setup("no auth address".into()));
         }
         Ok(AuthClient {
-            http: mtls_client(&id.host_ca_pem, &id.chain_pem, &id.key_pem, Timeouts::Whole)?,
-            streaming: mtls_client(
+            clients: Arc::new(std::sync::RwLock::new(Clients::new(
                 &id.host_ca_pem,
                 &id.chain_pem,
                 &id.key_pem,
-                Timeouts::Stream,
-            )?,
+            )?)),
             bases: Arc::new(Bases {
                 urls,
                 current: Default::default(),
@@ -150,12 +164,41 @@ impl AuthClient {
     /// with that user's current roles and locks, from what the TLS handshake proved.
     pub fn as_identity(&self, chain_pem: &str, key_pem: &str) -> Result<Self, ClientError> {
         Ok(AuthClient {
-            http: mtls_client(&self.host_ca_pem, chain_pem, key_pem, Timeouts::Whole)?,
-            streaming: mtls_client(&self.host_ca_pem, chain_pem, key_pem, Timeouts::Stream)?,
+            clients: Arc::new(std::sync::RwLock::new(Clients::new(
+                &self.host_ca_pem,
+                chain_pem,
+                key_pem,
+            )?)),
             bases: self.bases.clone(),
             host_ca_pem: self.host_ca_pem.clone(),
             failures: Arc::default(),
         })
+    }
+
+    /// The service's certificate was renewed: requests from now on present the new one, on new
+    /// connections (auth checks a caller's certificate on every request, so connections made
+    /// over the old one must not outlive it). Every clone of this client takes it.
+    pub fn renewed(&self, id: &ServiceIdentity) -> Result<(), ClientError> {
+        let next = Clients::new(&id.host_ca_pem, &id.chain_pem, &id.key_pem)?;
+        match self.clients.write() {
+            Ok(mut c) => *c = next,
+            Err(p) => *p.into_inner() = next,
+        }
+        Ok(())
+    }
+
+    fn http(&self) -> reqwest::Client {
+        match self.clients.read() {
+            Ok(c) => c.http.clone(),
+            Err(p) => p.into_inner().http.clone(),
+        }
+    }
+
+    fn streaming(&self) -> reqwest::Client {
+        match self.clients.read() {
+            Ok(c) => c.streaming.clone(),
+            Err(p) => p.into_inner().streaming.clone(),
+        }
     }
 
     /// Queues a failed authentication for auth to audit (`auth.fail`); never waits.
@@ -263,7 +306,7 @@ impl AuthClient {
         let mut last = None;
         let mut resp = None;
         for (k, base) in self.bases.order() {
-            let mut req = self.http.request(method.clone(), format!("{base}{path}"));
+            let mut req = self.http().request(method.clone(), format!("{base}{path}"));
             if let Some(b) = &body {
                 req = req.json(b);
             }
@@ -340,7 +383,7 @@ impl AuthClient {
         let route = RouteLabel::of(routes::AUTH, "GET", path);
         for (k, base) in self.bases.order() {
             let started = Instant::now();
-            let send = self.streaming.get(format!("{base}{path}")).send();
+            let send = self.streaming().get(format!("{base}{path}")).send();
             let sent = tokio::time::timeout(HEADERS_TIMEOUT, send).await;
             match &sent {
                 Ok(r) => observe(route, r, started),

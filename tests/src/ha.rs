@@ -172,6 +172,8 @@ pub struct Topology {
     /// The `recordings:` section of auth's and the proxies' configs, if any.
     store: Option<String>,
     store_env: Vec<(String, String)>,
+    /// More `auth_service` keys for every auth instance, one `key: value` each.
+    auth_extra: Vec<String>,
 }
 
 /// Runs SQL as the test role on the server's `postgres` database.
@@ -199,6 +201,17 @@ impl Topology {
     /// The same with recordings in S3: `store` is the `recordings:` section (the services get
     /// the test credentials in their environment).
     pub fn start_with(auths: usize, proxies: usize, nodes: usize, store: Option<String>) -> Self {
+        Self::start_custom(auths, proxies, nodes, store, &[])
+    }
+
+    /// The same with more `auth_service` keys (`host_cert_ttl: 40s`).
+    pub fn start_custom(
+        auths: usize,
+        proxies: usize,
+        nodes: usize,
+        store: Option<String>,
+        auth_extra: &[&str],
+    ) -> Self {
         let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
             "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
         );
@@ -224,6 +237,7 @@ impl Topology {
                 vec![]
             },
             store,
+            auth_extra: auth_extra.iter().map(|l| l.to_string()).collect(),
         };
         for i in 1..=auths {
             let (mut s, addr) = t.auth_service(&format!("auth{i}"));
@@ -275,13 +289,18 @@ auth_service:
   listen_addr: {addr}
   cluster_name: ha
   authentication: {{type: local, second_factor: off}}
-proxy_service:
+{extra}proxy_service:
   enabled: false
 ssh_service:
   enabled: false
 {store}",
                 data = data.display(),
                 db = self.db_url,
+                extra = self
+                    .auth_extra
+                    .iter()
+                    .map(|l| format!("  {l}\n"))
+                    .collect::<String>(),
                 store = self
                     .store
                     .as_ref()

@@ -410,3 +410,36 @@ fn a_node_cannot_join_under_a_proxys_name() {
     }
     assert!(t.nodes_online().is_empty(), "{:?}", t.nodes_online());
 }
+
+/// A joined proxy renews its certificates while it runs (at two thirds of their life): past
+/// the first ones' end, people still log in and reach nodes through it, its agents still
+/// tunnel to it, and the renewed identity is what it keeps on disk (0600).
+#[test]
+fn a_proxy_renews_its_certificates_while_it_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Topology::start_custom(1, 1, 1, None, &["host_cert_ttl: 40s"]);
+    let file = t.proxies[0].data.join("proxy-identity.json");
+    let not_after = || -> i64 {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        v["joined"]["not_after"].as_i64().unwrap()
+    };
+    let first = not_after();
+    assert!(
+        eventually(Duration::from_secs(60), || not_after() > first),
+        "the proxy never renewed its certificates"
+    );
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    while sallyport_core::unix_now() <= first + 2 {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Past the first certificates' end: a new login (TLS to the proxy, the proxy's calls to
+    // auth), a new SSH session (the proxy's SSH host certificate), the node online.
+    let home = t.user("pat", "access", "root", 0);
+    let out = sally_ssh(&t, &home, "node1", "echo renewed-proxy").expect("a session");
+    assert!(out.contains("renewed-proxy"), "{out}");
+    t.wait_online("node1");
+    let ls = t.sallyctl(&["proxies", "ls", "--format", "json"]).ok();
+    assert!(ls.stdout.contains("\"online\": true"), "{}", ls.stdout);
+}

@@ -19,7 +19,7 @@ use sallyport_core::door::{self, Door};
 use super::SshState;
 
 pub fn config(state: &SshState) -> russh::server::Config {
-    super::server_settings(state, state.proxy_cert.clone(), super::Door::Outer)
+    super::server_settings(state, state.proxy_cert(), super::Door::Outer)
 }
 
 /// What the door on 3023 allows a connection that has not authenticated yet.
@@ -40,13 +40,20 @@ impl Default for Admission {
 }
 
 pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admission) {
-    let config = Arc::new(config(&state));
+    let mut config = Arc::new(config(&state));
+    let mut cert_until = state.proxy_cert().valid_before();
     let door = Door::new("ssh", admission.limits);
     loop {
         let Ok((tcp, addr)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        // A renewed host certificate is served from the next connection on.
+        let until = state.proxy_cert().valid_before();
+        if until != cert_until {
+            config = Arc::new(self::config(&state));
+            cert_until = until;
+        }
         let _ = tcp.set_nodelay(true);
         // Refused before any key exchange: a flood costs an accept and a few bytes.
         let counted = match door.admit(addr.ip()) {

@@ -35,11 +35,29 @@ use crate::tunnels::Tunnels;
 pub struct SshState {
     pub proxy: Arc<ProxyState>,
     pub user_cas: RwLock<Vec<PublicKey>>,
-    /// The proxy's host certificate on 3023.
-    pub proxy_cert: Certificate,
+    /// The proxy's host certificate on 3023, replaced when it is renewed.
+    proxy_cert: RwLock<Certificate>,
     node_certs: Mutex<HashMap<String, (Instant, Certificate, NodeInfo)>>,
     /// `max_jumps_per_connection`: inner connections one outer connection may carry at once.
     pub max_jumps_per_connection: usize,
+}
+
+impl SshState {
+    /// The proxy's host certificate on 3023 now.
+    pub fn proxy_cert(&self) -> Certificate {
+        match self.proxy_cert.read() {
+            Ok(c) => c.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The renewed host certificate, for connections from now on.
+    pub fn set_proxy_cert(&self, cert: Certificate) {
+        match self.proxy_cert.write() {
+            Ok(mut c) => *c = cert,
+            Err(p) => *p.into_inner() = cert,
+        }
+    }
 }
 
 impl std::ops::Deref for SshState {
@@ -95,7 +113,7 @@ impl SshState {
                 auth, cluster, key, host_cas, tunnels, recordings,
             )),
             user_cas: RwLock::new(user_cas),
-            proxy_cert,
+            proxy_cert: RwLock::new(proxy_cert),
             node_certs: Mutex::new(HashMap::new()),
             max_jumps_per_connection: DEFAULT_MAX_JUMPS_PER_CONNECTION,
         }
