@@ -584,6 +584,8 @@ print("closed after", round(time.time() - start, 1) if start else None)
         .find_map(|l| l.strip_prefix("closed after "))
         .and_then(|s| s.parse().ok())
         .unwrap_or(f64::MAX);
-    // Asked to close between 3 s and 3 s plus a check period (0.75 s), with some slack.
-    assert!((2.9..=6.0).contains(&secs), "closed after {secs} s: {r:?}");
+    // Asked to close between 3 s and 3 s plus a check period (0.75 s), with slack for a loaded
+    // machine (CI's two cores ran it at 6.8 s once); PINGs keeping it open would reach the
+    // script's 30 s.
+    assert!((2.9..=10.0).contains(&secs), "closed after {secs} s: {r:?}");
 }
