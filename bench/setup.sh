@@ -35,7 +35,7 @@ ssh_service: {enabled: true, labels: {env: bench}$pam_cfg}
 CFG
 $B/sallyport start --config "$dir/sallyport.yaml" > "$dir/out" 2> "$dir/err" &
 pid=$!
-cleanup() { kill $pid 2>/dev/null; [ -f "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null; rm -rf "$dir"; [ -n "$pam_cfg" ] && rm -f /etc/pam.d/sallyport-bench; true; }
+cleanup() { kill $pid 2>/dev/null; wait $pid 2>/dev/null || true; [ -f "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null; rm -rf "$dir"; [ -n "$pam_cfg" ] && rm -f /etc/pam.d/sallyport-bench; true; }
 trap cleanup EXIT
 for _ in $(seq 1 100); do grep -q "CA pin" "$dir/out" && break; sleep 0.1; done
 pin=$(awk '/CA pin/ {print $3}' "$dir/out")
