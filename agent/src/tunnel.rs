@@ -410,7 +410,7 @@ async fn connect_once<S: StreamServer>(
     let (opener, mut inbound) = tunnel::run(tls, Side::Agent);
     let hb = opener.open().await.map_err(err)?;
     let (hb_read, mut hb_write) = tokio::io::split(hb);
-    let mut hb_lines = BufReader::new(hb_read).lines();
+    let mut hb_answers = BufReader::new(hb_read);
     let mut tick = tokio::time::interval(HEARTBEAT);
     tracing::info!(node = %id.nodename, proxy = %addr, proxy_id = %proxy_id, "tunnel up");
     let _up = TunnelUp::new(S::KIND);
@@ -427,7 +427,7 @@ async fn connect_once<S: StreamServer>(
                     None => format!("{}\n", serde_json::json!({ "labels": now })),
                 };
                 hb_write.write_all(line.as_bytes()).await?;
-                match tokio::time::timeout(HEARTBEAT, hb_lines.next_line()).await {
+                match tokio::time::timeout(HEARTBEAT, answer_line(&mut hb_answers)).await {
                     Ok(Ok(Some(answer))) => {
                         // The proxy closes the tunnel after saying why (labels refused).
                         if let Some(why) = answer.strip_prefix("error: ") {
@@ -450,6 +450,33 @@ async fn connect_once<S: StreamServer>(
             }
         }
     }
+}
+
+/// The longest heartbeat answer read: `ok`, the proxy set and a renewal's certificates fit in a
+/// small part of it; a proxy sending more (or no newline) ends the tunnel rather than the
+/// agent's memory.
+const MAX_ANSWER: u64 = 256 * 1024;
+
+/// One answer line from the proxy, bounded by [`MAX_ANSWER`]; `None` at the stream's end.
+async fn answer_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Option<String>> {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    let n = (&mut *r)
+        .take(MAX_ANSWER + 1)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.len() as u64 > MAX_ANSWER {
+        return Err(std::io::Error::other("heartbeat answer over 256 KiB"));
+    }
+    while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        line.pop();
+    }
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
 }
 
 /// Keeps a label command's output current: runs it every `period`, trims the output, and sets
@@ -515,6 +542,21 @@ mod tests {
             not_before: now - time::Duration::minutes(1),
             not_after: now + time::Duration::hours(1),
         }
+    }
+
+    /// A proxy's heartbeat answer is read a line at a time, and never past 256 KiB.
+    #[tokio::test]
+    async fn heartbeat_answers_are_bounded() {
+        let mut ok = tokio::io::BufReader::new(&b"ok {\"proxies\":[]}\r\nok\n"[..]);
+        assert_eq!(
+            answer_line(&mut ok).await.unwrap().as_deref(),
+            Some("ok {\"proxies\":[]}")
+        );
+        assert_eq!(answer_line(&mut ok).await.unwrap().as_deref(), Some("ok"));
+        assert_eq!(answer_line(&mut ok).await.unwrap(), None);
+        let flood = vec![b'x'; 300 * 1024];
+        let mut r = tokio::io::BufReader::new(&flood[..]);
+        assert!(answer_line(&mut r).await.is_err());
     }
 
     /// An agent takes a renewal only when it asked, and only what the cluster's CAs issued for
