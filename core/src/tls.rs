@@ -165,39 +165,9 @@ pub fn client_config(
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
-    let builder = match trust {
-        Trust::As(inner, name) => {
-            let name = ServerName::try_from(name)
-                .map_err(|e| TlsError::Verifier(format!("not a server name: {e}")))?;
-            let inner: Arc<dyn ServerCertVerifier> = match *inner {
-                Trust::Roots(cas) => WebPkiServerVerifier::builder_with_provider(
-                    Arc::new(roots(&cas)?),
-                    provider.clone(),
-                )
-                .build()
-                .map_err(|e| TlsError::Verifier(e.to_string()))?,
-                Trust::Pin(pin) => Arc::new(PinVerifier {
-                    pin,
-                    provider: provider.clone(),
-                }),
-                Trust::Insecure | Trust::As(..) => {
-                    return Err(TlsError::Verifier(
-                        "a service name needs roots or a pin to check it with".into(),
-                    ));
-                }
-            };
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NamedVerifier { inner, name }))
-        }
-        Trust::Roots(cas) => builder.with_root_certificates(roots(&cas)?),
-        Trust::Pin(pin) => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PinVerifier { pin, provider })),
-        Trust::Insecure => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerifier { provider })),
-    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier(trust, &provider)?);
     let mut cfg = match identity {
         Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
         None => builder.with_no_client_auth(),
@@ -288,6 +258,40 @@ impl ServerCertVerifier for PinVerifier {
             .signature_verification_algorithms
             .supported_schemes()
     }
+}
+
+/// How `trust` checks a server's certificate.
+fn verifier(
+    trust: Trust,
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, TlsError> {
+    Ok(match trust {
+        Trust::Roots(cas) => {
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots(&cas)?), provider.clone())
+                .build()
+                .map_err(|e| TlsError::Verifier(e.to_string()))?
+        }
+        Trust::Pin(pin) => Arc::new(PinVerifier {
+            pin,
+            provider: provider.clone(),
+        }),
+        Trust::Insecure => Arc::new(NoVerifier {
+            provider: provider.clone(),
+        }),
+        Trust::As(inner, name) => {
+            if matches!(*inner, Trust::Insecure | Trust::As(..)) {
+                return Err(TlsError::Verifier(
+                    "a service name needs roots or a pin to check it with".into(),
+                ));
+            }
+            let name = ServerName::try_from(name)
+                .map_err(|e| TlsError::Verifier(format!("not a server name: {e}")))?;
+            Arc::new(NamedVerifier {
+                inner: verifier(*inner, provider)?,
+                name,
+            })
+        }
+    })
 }
 
 /// Checks a server's certificate against one fixed name, not the dialed address's.

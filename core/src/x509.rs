@@ -244,8 +244,13 @@ pub fn validity(cert_der: &[u8]) -> Result<(i64, i64), X509Error> {
 /// Whether a certificate valid from `not_before` to `not_after` is past two thirds of its
 /// life at `now`: when services and agents renew theirs.
 pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
+    now >= renewal_time(not_before, not_after)
+}
+
+/// When a certificate valid from `not_before` to `not_after` is due for renewal (Unix seconds).
+pub fn renewal_time(not_before: i64, not_after: i64) -> i64 {
     let life = (not_after - not_before).max(1);
-    now >= not_before + life * 2 / 3
+    not_before + life * 2 / 3
 }
 
 pub fn parse_subject(cert_der: &[u8]) -> Result<CertSubject, X509Error> {

@@ -24,8 +24,6 @@ pub struct ProxyIdentity {
     pub joined: ProxyJoined,
     pub tls_key_pem: String,
     pub ssh_host_key: String,
-    /// When the certificates were issued (Unix seconds): renewal is due at two thirds.
-    pub issued: i64,
 }
 
 impl ProxyIdentity {
@@ -54,8 +52,17 @@ impl ProxyIdentity {
 
     /// Past two thirds of the certificate's life.
     fn due(&self) -> bool {
-        let life = (self.joined.not_after - self.issued).max(1);
-        sallyport_core::unix_now() > self.issued + life * 2 / 3
+        sallyport_core::unix_now() >= self.renewal_time()
+    }
+
+    /// When the certificates are due for renewal: two thirds into the TLS certificate's own
+    /// validity (now when it cannot be read).
+    fn renewal_time(&self) -> i64 {
+        pem_to_ders(&self.joined.tls_chain_pem)
+            .ok()
+            .and_then(|c| c.into_iter().next())
+            .and_then(|leaf| sallyport_core::x509::validity(&leaf).ok())
+            .map_or(0, |(from, to)| sallyport_core::x509::renewal_time(from, to))
     }
 }
 
@@ -173,7 +180,6 @@ pub async fn identity(
         joined,
         tls_key_pem: tls_key.serialize_pem(),
         ssh_host_key: ssh_key.to_openssh(LineEnding::LF)?.to_string(),
-        issued: sallyport_core::unix_now(),
     };
     id.save(dir)?;
     Ok(id)
@@ -211,7 +217,6 @@ async fn renew(
         joined,
         tls_key_pem: id.tls_key_pem.clone(),
         ssh_host_key: id.ssh_host_key.clone(),
-        issued: sallyport_core::unix_now(),
     })
 }
 
@@ -234,9 +239,7 @@ pub async fn keep_renewed(
                 return;
             }
         };
-        let life = (id.joined.not_after - id.issued).max(1);
-        let due = id.issued + life * 2 / 3;
-        let wait = (due - sallyport_core::unix_now()).max(0) as u64;
+        let wait = (id.renewal_time() - sallyport_core::unix_now()).max(0) as u64;
         tokio::time::sleep(Duration::from_secs(wait)).await;
         let result = async {
             let new = renew(&id, &auth_addrs, &name, &dns).await?;

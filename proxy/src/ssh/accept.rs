@@ -41,7 +41,7 @@ impl Default for Admission {
 
 pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admission) {
     let mut config = Arc::new(config(&state));
-    let mut cert_until = state.proxy_cert().valid_before();
+    let mut cert_until = state.proxy_cert_until();
     let door = Door::new("ssh", admission.limits);
     loop {
         let Ok((tcp, addr)) = listener.accept().await else {
@@ -49,7 +49,7 @@ pub async fn serve(listener: TcpListener, state: Arc<SshState>, admission: Admis
             continue;
         };
         // A renewed host certificate is served from the next connection on.
-        let until = state.proxy_cert().valid_before();
+        let until = state.proxy_cert_until();
         if until != cert_until {
             config = Arc::new(self::config(&state));
             cert_until = until;

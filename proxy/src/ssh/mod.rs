@@ -51,6 +51,14 @@ impl SshState {
         }
     }
 
+    /// When the host certificate on 3023 ends: it changes when the certificate is renewed.
+    pub fn proxy_cert_until(&self) -> u64 {
+        match self.proxy_cert.read() {
+            Ok(c) => c.valid_before(),
+            Err(p) => p.into_inner().valid_before(),
+        }
+    }
+
     /// The renewed host certificate, for connections from now on.
     pub fn set_proxy_cert(&self, cert: Certificate) {
         match self.proxy_cert.write() {
