@@ -342,12 +342,27 @@ pub fn preferred() -> russh::Preferred {
 /// mutually authenticated with certificates from the cluster's CAs, and already encrypts and
 /// authenticates every byte; a second cipher would only halve throughput. Never used on a
 /// transport that is not inside the tunnel (agentless nodes get [`preferred`]).
+///
+/// With no cipher, the key exchange only binds the session identifier the certificate
+/// signatures cover; its secret encrypts nothing, so its post-quantum half would protect
+/// nothing either (the tunnel's TLS is what must resist). Plain X25519 first, then: one per
+/// session dialed (every SSH and kube session), where ML-KEM would cost both ends for nothing.
 pub fn preferred_in_tunnel() -> russh::Preferred {
     russh::Preferred {
+        kex: std::borrow::Cow::Borrowed(IN_TUNNEL_KEX),
         cipher: std::borrow::Cow::Borrowed(&[russh::cipher::NONE]),
         ..Default::default()
     }
 }
+
+/// [`preferred_in_tunnel`]'s key exchanges: X25519 (RFC 8731), the hybrid as a fallback, and
+/// the extensions a client announces (`ext-info-c`, strict key exchange against Terrapin).
+const IN_TUNNEL_KEX: &[russh::kex::Name] = &[
+    russh::kex::CURVE25519,
+    russh::kex::MLKEM768X25519_SHA256,
+    russh::kex::EXTENSION_SUPPORT_AS_CLIENT,
+    russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
+];
 
 /// Where an SSH server runs: open to the network, or only inside an agent's mutually
 /// authenticated TLS tunnel (where `none` is offered as well, see [`preferred_in_tunnel`]).
@@ -511,6 +526,24 @@ pub fn now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inside_the_tunnel_the_key_exchange_every_server_offers_is_x25519_first() {
+        // The proxy's first choice decides; every server here must offer it, or dials would
+        // quietly fall back to the hybrid and pay for it.
+        let first = preferred_in_tunnel().kex.first().copied();
+        assert_eq!(first, Some(russh::kex::CURVE25519));
+        assert!(
+            server_preferred(Transport::InsideTunnel)
+                .kex
+                .contains(&russh::kex::CURVE25519)
+        );
+        // Outside the tunnel the client's default stays post-quantum first.
+        assert_eq!(
+            preferred().kex.first().copied(),
+            Some(russh::kex::MLKEM768X25519_SHA256)
+        );
+    }
 
     #[test]
     fn only_ssh_inside_the_tunnel_may_go_without_a_cipher() {
