@@ -133,6 +133,34 @@ fn sally_ssh_ls_and_label_selectors() {
     assert_eq!(r.stdout, "via-config\n");
 }
 
+/// The proxy starts the node's key exchange while auth decides a session (dial.rs,
+/// `dials_ahead`): the roles' refusal must still be the answer, whatever the node's state,
+/// and a session that is allowed still learns that the node is gone.
+#[test]
+fn a_refusal_wins_over_an_offline_node_and_an_allowed_session_hears_it_is_offline() {
+    let c = Cluster::start();
+    let mut prod = c.agent("db1", "env=prod");
+    c.create(
+        "kind: role\nversion: v1\nmetadata: {name: staging-only}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {env: [dev, staging]}\n---\nkind: role\nversion: v1\nmetadata: {name: all-root}\nspec:\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .ok();
+    c.wait_online("db1");
+    let home = c.user("carol", "staging-only", "");
+    let cfg = c.ssh_config(&home, "carol");
+    let home2 = c.user("dan", "all-root", "");
+    let cfg2 = c.ssh_config(&home2, "dan");
+    c.ssh(&cfg2, &["root@db1", "echo before"], "").ok();
+    prod.stop();
+    for _ in 0..3 {
+        let r = c.ssh(&cfg, &["root@db1", "true"], "");
+        assert!(!r.stderr.contains("offline"), "{}", r.stderr);
+        r.fails_with("only on nodes with other labels");
+    }
+    c.ssh(&cfg2, &["root@db1", "true"], "").fails_with("offline");
+    // Nothing else disturbed: the local node still serves both.
+    c.ssh(&cfg2, &["root@local1", "echo still"], "").ok();
+}
+
 #[test]
 fn refusals_say_why_and_are_audited() {
     let c = Cluster::start();

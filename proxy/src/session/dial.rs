@@ -67,14 +67,44 @@ pub async fn dial(
     login: &str,
     toward: Option<Toward>,
 ) -> Result<Dialed, Refusal> {
-    let cert = Certificate::from_openssh(grant.ssh_cert.trim()).map_err(|e| e.to_string())?;
+    let connected = connect(state, &grant.node, toward).await?;
+    connected.authenticate(grant, login).await
+}
+
+/// Whether a session to `node` may be dialed while auth is still deciding it
+/// ([`connect`] beside the grant, then [`Connected::authenticate`]): only inside an agent's
+/// tunnel, where the key exchange is all that happens before the certificate and the agent is
+/// ours. An agentless node's sshd would log every refused session as a connection closed
+/// before authentication, so it is dialed only once granted.
+pub fn dials_ahead(node: &NodeInfo) -> bool {
+    matches!(node.kind, NodeKind::Agent | NodeKind::Kube)
+}
+
+/// A node connection whose key exchange is done and whose host certificate (or pinned key) was
+/// accepted, not yet authenticated: nothing can be asked of the node on it.
+pub struct Connected {
+    handle: russh::client::Handle<NodeClient>,
+    state: Arc<ProxyState>,
+    node: NodeInfo,
+    agent: bool,
+    this_conn: ConnSlot,
+    open_failure: Shared<Option<String>>,
+}
+
+/// Connects to `node` (its tunnel, or its address) and checks its host key, as far as an SSH
+/// connection goes before authentication.
+pub async fn connect(
+    state: Arc<ProxyState>,
+    node: &NodeInfo,
+    toward: Option<Toward>,
+) -> Result<Connected, Refusal> {
     let host_key_problem: Shared<Option<String>> = Arc::new(Mutex::new(None));
     let open_failure: Shared<Option<String>> = Arc::new(Mutex::new(None));
     let this_conn: ConnSlot = Arc::new(OnceLock::new());
     let client = NodeClient {
         conn: this_conn.clone(),
         state: state.clone(),
-        node: grant.node.clone(),
+        node: node.clone(),
         open_failure: open_failure.clone(),
         host_key_problem: host_key_problem.clone(),
         toward,
@@ -82,13 +112,13 @@ pub async fn dial(
     let explain = |e: russh::Error| -> Refusal {
         match host_key_problem.lock().ok().and_then(|p| p.clone()) {
             Some(p) => Refusal::HostKey(p),
-            None => Refusal::Failed(format!("node {}: {e}", grant.node.hostname)),
+            None => Refusal::Failed(format!("node {}: {e}", node.hostname)),
         }
     };
     // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
     // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
     // A kube agent is dialed as a node agent is: SSH inside its tunnel.
-    let agent = matches!(grant.node.kind, NodeKind::Agent | NodeKind::Kube);
+    let agent = matches!(node.kind, NodeKind::Agent | NodeKind::Kube);
     let mut config = if agent {
         sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
     } else {
@@ -102,10 +132,10 @@ pub async fn dial(
     // the proxy buffering (`sallyport_core::flow`, `vendor/russh/PATCHES.md`).
     config.window_policy = russh::WindowPolicy::Consumed;
     let config = Arc::new(config);
-    let mut handle = if agent {
-        let opener = match grant.node.kind {
-            NodeKind::Kube => state.tunnels.get_kube(&grant.node.id),
-            _ => state.tunnels.get(&grant.node.id),
+    let handle = if agent {
+        let opener = match node.kind {
+            NodeKind::Kube => state.tunnels.get_kube(&node.id),
+            _ => state.tunnels.get(&node.id),
         };
         let stream = match opener {
             Some(o) => o.open().await.ok(),
@@ -114,15 +144,14 @@ pub async fn dial(
         let stream = stream.ok_or_else(|| {
             Refusal::Offline(format!(
                 "node {} is offline: its agent is not connected to this proxy",
-                grant.node.hostname
+                node.hostname
             ))
         })?;
         russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(stream), client)
             .await
             .map_err(explain)?
     } else {
-        let addr = grant
-            .node
+        let addr = node
             .addr
             .clone()
             .ok_or_else(|| Refusal::Failed("the node has no address".into()))?;
@@ -131,41 +160,62 @@ pub async fn dial(
             tokio::net::TcpStream::connect(&addr),
         )
         .await
-        .map_err(|_| {
-            Refusal::Offline(format!(
-                "node {} at {addr} did not answer",
-                grant.node.hostname
-            ))
-        })?
-        .map_err(|e| Refusal::Offline(format!("node {} at {addr}: {e}", grant.node.hostname)))?;
+        .map_err(|_| Refusal::Offline(format!("node {} at {addr} did not answer", node.hostname)))?
+        .map_err(|e| Refusal::Offline(format!("node {} at {addr}: {e}", node.hostname)))?;
         let _ = tcp.set_nodelay(true);
         russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(tcp), client)
             .await
             .map_err(explain)?
     };
-    let auth = handle
-        .authenticate_openssh_cert(login.to_string(), state.key.clone(), cert)
-        .await
-        .map_err(|e| format!("node {}: {e}", grant.node.hostname))?;
-    if !auth.success() {
-        let trust = if agent {
-            "does its agent belong to this cluster?"
-        } else {
-            "does its sshd trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
-        };
-        return Err(Refusal::Failed(format!(
-            "node {} refused the session certificate for login {login}; {trust}",
-            grant.node.hostname
-        )));
-    }
-    Ok(Dialed {
-        conn: {
-            let conn = Arc::new(handle);
-            let _ = this_conn.set(Arc::downgrade(&conn));
-            conn
-        },
+    Ok(Connected {
+        handle,
+        state,
+        node: node.clone(),
+        agent,
+        this_conn,
         open_failure,
     })
+}
+
+impl Connected {
+    /// Authenticates as `login` with `grant`'s per-session certificate: the connection must be
+    /// to the node auth granted.
+    pub async fn authenticate(
+        mut self,
+        grant: &SessionGrant,
+        login: &str,
+    ) -> Result<Dialed, Refusal> {
+        let node = &self.node;
+        if grant.node.id != node.id || grant.node.kind != node.kind {
+            return Err(Refusal::Failed(format!(
+                "node {}: the session was granted for another node",
+                node.hostname
+            )));
+        }
+        let cert = Certificate::from_openssh(grant.ssh_cert.trim()).map_err(|e| e.to_string())?;
+        let auth = self
+            .handle
+            .authenticate_openssh_cert(login.to_string(), self.state.key.clone(), cert)
+            .await
+            .map_err(|e| format!("node {}: {e}", node.hostname))?;
+        if !auth.success() {
+            let trust = if self.agent {
+                "does its agent belong to this cluster?"
+            } else {
+                "does its sshd trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
+            };
+            return Err(Refusal::Failed(format!(
+                "node {} refused the session certificate for login {login}; {trust}",
+                node.hostname
+            )));
+        }
+        let conn = Arc::new(self.handle);
+        let _ = self.this_conn.set(Arc::downgrade(&conn));
+        Ok(Dialed {
+            conn,
+            open_failure: self.open_failure,
+        })
+    }
 }
 
 /// The proxy's SSH client toward a node: checks the node's host certificate (agents) or its

@@ -55,16 +55,42 @@ async fn open_session(
     target: &Target,
     toward: Option<Toward>,
 ) -> Result<Opened, Refusal> {
-    let grant = authorize::grant(&state, target).await?;
     let asked = toward.as_ref().map(|t| t.asked.clone()).unwrap_or_default();
-    let Dialed { conn, open_failure } =
-        match super::dial::dial(state.clone(), &grant, &target.login, toward).await {
-            Ok(d) => d,
-            Err(why) => {
-                super::audit::end_now(&state, &grant.session_id, authorize::failed_end()).await;
-                return Err(why);
+    let (grant, connected) = if super::dial::dials_ahead(&target.node) {
+        // The node's key exchange runs while auth decides; a refusal drops it half-way, and
+        // is the answer whatever the node's state (nothing about the node reaches a person
+        // the roles do not let in).
+        let connect = super::dial::connect(state.clone(), &target.node, toward);
+        let asking = authorize::grant(&state, target);
+        tokio::pin!(connect, asking);
+        let mut connected = None;
+        let grant = loop {
+            tokio::select! {
+                g = &mut asking => break g?,
+                c = &mut connect, if connected.is_none() => connected = Some(c),
             }
         };
+        let connected = match connected {
+            Some(c) => c,
+            None => connect.await,
+        };
+        (grant, connected)
+    } else {
+        let grant = authorize::grant(&state, target).await?;
+        let connected = super::dial::connect(state.clone(), &grant.node, toward).await;
+        (grant, connected)
+    };
+    let dialed = match connected {
+        Ok(c) => c.authenticate(&grant, &target.login).await,
+        Err(why) => Err(why),
+    };
+    let Dialed { conn, open_failure } = match dialed {
+        Ok(d) => d,
+        Err(why) => {
+            super::audit::end_now(&state, &grant.session_id, authorize::failed_end()).await;
+            return Err(why);
+        }
+    };
     match conn.channel_open_session().await {
         Ok(channel) => Ok(Opened {
             grant,
