@@ -380,6 +380,17 @@ impl AuthServer {
         }))
     }
 
+    /// Writes the chain head of an empty log (record 0, GENESIS) unless there is one: the row
+    /// [`lock_head`](Self::lock_head) locks must exist before the first record, or two
+    /// instances writing their first records at once would both take record 1 (one of them
+    /// then failing on the key).
+    pub(crate) async fn seed_audit_head(&self) -> Result<(), AuthError> {
+        self.backend
+            .init_state(HEAD, &format!("0:{GENESIS}"))
+            .await
+            .map(|_| ())
+    }
+
     /// Reads (and on PostgreSQL row-locks, serialising appends and checkpoints across auth
     /// instances) the chain head: the last seq and its hash.
     async fn lock_head(&self, tx: &mut Transaction<'_, Any>) -> Result<(i64, String), AuthError> {
@@ -921,7 +932,12 @@ impl AuthServer {
             }
         };
         if v.ok {
-            let head = self.backend.get_state(HEAD).await?;
+            // The seeded head of an empty log names no record.
+            let head = self
+                .backend
+                .get_state(HEAD)
+                .await?
+                .filter(|h| !h.starts_with("0:"));
             let last = records
                 .last()
                 .map(|r| format!("{}:{}", r["seq"], r["hash"].as_str().unwrap_or("")));

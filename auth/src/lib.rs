@@ -172,6 +172,7 @@ impl AuthServer {
             failures: failures::Failures::default(),
             password_checks: login::PasswordChecks::new(),
         });
+        auth.seed_audit_head().await?;
         auth.check_checkpoint_key().await?;
         failures::spawn_flusher(Arc::downgrade(&auth));
         audit_log::spawn_anchorer(Arc::downgrade(&auth));
