@@ -112,26 +112,36 @@ impl AuthServer {
             self.proxy_join_failed(req, remote, &why).await;
             return Err(AuthError::Conflict(why));
         }
+        // The token is spent and the name taken in one transaction: a join that loses a race
+        // for the name leaves its token unspent, for a retry under another name.
+        let mut tx = self.backend.pool.begin().await?;
         let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3")
             .bind(&hash)
             .bind(now)
             .bind(TokenKind::Proxy.as_str())
-            .execute(&self.backend.pool)
+            .execute(&mut *tx)
             .await?;
         if claimed.rows_affected() != 1 {
+            drop(tx);
             return Err(self.proxy_join_refused(req, remote).await);
         }
         let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query(
+        let registered = sqlx::query(
             "INSERT INTO proxies (id, name, addrs, created, last_seen) VALUES ($1, $2, $3, $4, 0)",
         )
         .bind(&id)
         .bind(&req.name)
         .bind(serde_json::to_string(&ProxyAddrs::default())?)
         .bind(now)
-        .execute(&self.backend.pool)
-        .await
-        .map_err(|_| AuthError::Conflict(format!("proxy name {} is already taken", req.name)))?;
+        .execute(&mut *tx)
+        .await;
+        if registered.is_err() {
+            drop(tx);
+            let why = format!("proxy name {} is already taken", req.name);
+            self.proxy_join_failed(req, remote, &why).await;
+            return Err(AuthError::Conflict(why));
+        }
+        tx.commit().await?;
         let joined = self.proxy_certs(&id, &spki, &host_key, dns_names)?;
         self.emit(
             Event::new(EventType::ProxyJoin, None)
