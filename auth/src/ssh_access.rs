@@ -140,26 +140,35 @@ impl AuthServer {
             };
             return Err(AuthError::Conflict(refused(why).await));
         }
+        // The token is spent and the name taken in one transaction: an agent that loses a
+        // race for its name keeps its token, for a retry under another name.
+        let mut tx = self.backend.pool.begin().await?;
         let claimed = sqlx::query("UPDATE join_tokens SET used = 1 WHERE token_hash = $1 AND used = 0 AND expires > $2 AND kind = $3")
             .bind(&hash)
             .bind(now)
             .bind(token_kind.as_str())
-            .execute(&self.backend.pool)
+            .execute(&mut *tx)
             .await?;
         if claimed.rows_affected() != 1 {
             // Spent by a concurrent join since the check above.
+            drop(tx);
             return Err(self.join_refused(req, remote).await);
         }
         let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query("INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated, last_seen) VALUES ($1, $2, NULL, $3, $5, $4, $4, 0)")
+        let registered = sqlx::query("INSERT INTO nodes (id, hostname, addr, labels, kind, created, updated, last_seen) VALUES ($1, $2, NULL, $3, $5, $4, $4, 0)")
             .bind(&id)
             .bind(&req.nodename)
             .bind(serde_json::to_string(&req.labels)?)
             .bind(now)
             .bind(node_kind.as_str())
-            .execute(&self.backend.pool)
-            .await
-            .map_err(|_| AuthError::Conflict(format!("node name {} is already taken", req.nodename)))?;
+            .execute(&mut *tx)
+            .await;
+        if registered.is_err() {
+            drop(tx);
+            let why = format!("node name {} is already taken", req.nodename);
+            return Err(AuthError::Conflict(refused(why).await));
+        }
+        tx.commit().await?;
         let names = vec![
             req.nodename.clone(),
             format!("{}.{}", req.nodename, self.config.cluster_name),
