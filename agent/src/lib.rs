@@ -17,6 +17,7 @@ pub mod motd;
 pub mod pam;
 pub mod passwd;
 pub mod session_exec;
+pub mod spawn;
 pub mod ssh;
 pub mod tunnel;
 pub mod utmp;

@@ -27,7 +27,7 @@ use crate::host_user;
 use crate::passwd::{self, Login};
 use crate::session_exec::{self, PamExec};
 use crate::{AgentError, AgentIdentity};
-use crate::{motd, utmp};
+use crate::{motd, spawn, utmp};
 
 /// Environment variables a client may set (everything else is ignored, as sshd's AcceptEnv
 /// would): never LD_PRELOAD, BASH_ENV or PATH.
@@ -335,12 +335,43 @@ impl PidSlot {
     }
 }
 
+/// A session's process: started by std (the PAM path, kernels before 5.3) or by
+/// [`spawn`] (no copy of the agent).
+enum Proc {
+    Std(tokio::process::Child),
+    Cloned(spawn::Spawned),
+}
+
+impl Proc {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Proc::Std(c) => c.id(),
+            Proc::Cloned(c) => Some(c.id()),
+        }
+    }
+}
+
+/// argv[0] (when not the program's own name) and the arguments: a file copy's own argv, `-c
+/// command`, or a login shell (`-bash`, when `login_shell` names it).
+fn argv_of(
+    direct: &Option<Vec<String>>,
+    command: &Option<String>,
+    login_shell: Option<&str>,
+) -> (Option<String>, Vec<String>) {
+    match (direct, command) {
+        (Some(argv), _) => (None, argv.iter().skip(1).cloned().collect()),
+        (None, Some(c)) => (None, vec!["-c".to_string(), c.clone()]),
+        (None, None) => (login_shell.map(|s| format!("-{s}")), vec![]),
+    }
+}
+
 /// Waits for `child` to exit and reaps it, clearing `slot` in between: once it has exited
 /// (a zombie, its number still taken) and before the number is freed.
-async fn reap(
-    child: &mut tokio::process::Child,
-    slot: &PidSlot,
-) -> std::io::Result<std::process::ExitStatus> {
+async fn reap(child: &mut Proc, slot: &PidSlot) -> std::io::Result<std::process::ExitStatus> {
+    let child = match child {
+        Proc::Cloned(c) => return c.wait(|| slot.set(None)).await,
+        Proc::Std(c) => c,
+    };
     if let Some(fd) = child.id().and_then(pidfd)
         && exited(fd).await
     {
@@ -499,7 +530,20 @@ impl Conn {
                         .map(Stdio::from)
                         .map_err(|e| format!("cannot start a PAM session: {e}"))
                 };
-                session_exec::spawn(pam, &spec, io()?, io()?, io()?)?
+                Proc::Std(session_exec::spawn(pam, &spec, io()?, io()?, io()?)?)
+            } else if spawn::supported() {
+                // The shell a session leader with the pty as its controlling terminal and its
+                // stdio, as sshd's child (and pty_process) sets it up.
+                let becomes = Becomes::new(&login, false)?.with_controlling_tty();
+                let (arg0, args) = argv_of(&direct, &command, Some(&shell_name));
+                let p = spawn::Program::new(&program, arg0.as_deref(), &args, &env)
+                    .map_err(|e| format!("cannot start {program}: {e}"))?;
+                use std::os::fd::AsRawFd;
+                let fd = pts.as_raw_fd();
+                Proc::Cloned(
+                    spawn::spawn(&p, [fd, fd, fd], &becomes, false)
+                        .map_err(|e| format!("cannot start {program}: {e}"))?,
+                )
             } else {
                 // pty_process makes the shell a session leader with the pty as its controlling
                 // terminal (setsid, TIOCSCTTY) before this runs.
@@ -514,10 +558,12 @@ impl Conn {
                 // before the fork (see there).
                 #[allow(unsafe_code)]
                 let cmd = unsafe { cmd.pre_exec(move || becomes.apply()) };
-                cmd.env_clear()
-                    .envs(env)
-                    .spawn(pts)
-                    .map_err(|e| format!("cannot start {program}: {e}"))?
+                Proc::Std(
+                    cmd.env_clear()
+                        .envs(env)
+                        .spawn(pts)
+                        .map_err(|e| format!("cannot start {program}: {e}"))?,
+                )
             };
             let pid = child.id();
             slot.set(pid);
@@ -535,6 +581,46 @@ impl Conn {
             let env = self.environment(&login, chan, None);
             // sshd makes a command without a terminal a session (and process group) leader
             // too, so a signal or hang-up reaches everything it started.
+            let cloned = if self.srv.pam.is_none() && spawn::supported() {
+                let becomes = Becomes::new(&login, true)?;
+                let (arg0, args) = argv_of(&direct, &command, None);
+                let started =
+                    spawn::Program::new(&program, arg0.as_deref(), &args, &env).and_then(|p| {
+                        let pipes = spawn::pipes()?;
+                        let child = spawn::spawn(&p, pipes.raw(), &becomes, true)?;
+                        Ok((child, pipes))
+                    });
+                match started {
+                    Ok((child, pipes)) => Some((child, pipes)),
+                    Err(e) if e.kind() == std::io::ErrorKind::Unsupported => None,
+                    Err(e) => return Err(format!("cannot start {program}: {e}")),
+                }
+            } else {
+                None
+            };
+            if let Some((child, pipes)) = cloned {
+                let spawn::Pipes {
+                    stdin,
+                    stdout,
+                    stderr,
+                    ..
+                } = pipes;
+                slot.set(Some(child.id()));
+                tokio::spawn(pipe_input(rx, Some(stdin)));
+                tokio::spawn(relay_pipes(
+                    handle,
+                    output,
+                    ch,
+                    Some(stdout),
+                    Some(stderr),
+                    Proc::Cloned(child),
+                    slot,
+                ));
+                if let Some(c) = self.channels.get_mut(&ch) {
+                    c.input = Some(tx);
+                }
+                return Ok(());
+            }
             let mut child = if let Some(pam) = &self.srv.pam {
                 let spec = self.exec_spec(pam, &login, command.clone(), direct, env, None);
                 session_exec::spawn(pam, &spec, Stdio::piped(), Stdio::piped(), Stdio::piped())?
@@ -569,7 +655,15 @@ impl Conn {
             let stdout = child.stdout.take();
             let stderr = child.stderr.take();
             tokio::spawn(pipe_input(rx, stdin));
-            tokio::spawn(relay_pipes(handle, output, ch, stdout, stderr, child, slot));
+            tokio::spawn(relay_pipes(
+                handle,
+                output,
+                ch,
+                stdout,
+                stderr,
+                Proc::Std(child),
+                slot,
+            ));
         }
         if let Some(c) = self.channels.get_mut(&ch) {
             c.input = Some(tx);
@@ -598,7 +692,7 @@ async fn pty_input(mut rx: flow::Receiver, mut w: pty_process::OwnedWritePty) {
     }
 }
 
-async fn pipe_input(mut rx: flow::Receiver, mut stdin: Option<tokio::process::ChildStdin>) {
+async fn pipe_input<W: AsyncWrite + Unpin>(mut rx: flow::Receiver, mut stdin: Option<W>) {
     while let Some(item) = rx.recv().await {
         match item {
             Input::Data(d) => {
@@ -661,13 +755,13 @@ async fn finish(handle: &Handle, ch: ChannelId, status: std::io::Result<std::pro
     let _ = handle.close(ch).await;
 }
 
-async fn relay_pipes(
+async fn relay_pipes<O: AsyncRead + Unpin, E: AsyncRead + Unpin>(
     handle: Handle,
     output: Arc<ChannelWriteHalf<Msg>>,
     ch: ChannelId,
-    stdout: Option<tokio::process::ChildStdout>,
-    stderr: Option<tokio::process::ChildStderr>,
-    mut child: tokio::process::Child,
+    stdout: Option<O>,
+    stderr: Option<E>,
+    mut child: Proc,
     slot: PidSlot,
 ) {
     let out = async {
@@ -691,7 +785,7 @@ async fn relay_pty(
     output: Arc<ChannelWriteHalf<Msg>>,
     ch: ChannelId,
     reader: pty_process::OwnedReadPty,
-    mut child: tokio::process::Child,
+    mut child: Proc,
     motd: Option<Vec<u8>>,
     record: Option<(String, u32)>,
     slot: PidSlot,
@@ -1306,7 +1400,7 @@ mod tests {
     /// a later signal or hang-up cannot reach a process that reuses the number.
     #[tokio::test]
     async fn a_sessions_pid_is_forgotten_between_exit_and_reap() {
-        let mut child = tokio::process::Command::new("true")
+        let child = tokio::process::Command::new("true")
             .spawn()
             .unwrap_or_else(|e| panic!("{e}"));
         let pid = child.id().unwrap_or_else(|| panic!("no pid"));
@@ -1316,6 +1410,7 @@ mod tests {
         // Exited, not yet reaped: the number is still this zombie's.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         assert!(stat.contains(") Z "), "{stat}");
+        let mut child = Proc::Std(child);
         let status = reap(&mut child, &slot)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
