@@ -76,17 +76,29 @@ pub fn reachable(proxy: &str) -> String {
     if list.len() <= 1 {
         return list.first().unwrap_or(&proxy).to_string();
     }
-    for addr in &list {
-        let Ok(addrs) = std::net::ToSocketAddrs::to_socket_addrs(addr) else {
-            continue;
-        };
-        for a in addrs {
-            if std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3)).is_ok() {
-                return addr.to_string();
+    let probe = || {
+        for addr in &list {
+            let Ok(addrs) = std::net::ToSocketAddrs::to_socket_addrs(addr) else {
+                continue;
+            };
+            for a in addrs {
+                if std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3))
+                    .is_ok()
+                {
+                    return addr.to_string();
+                }
             }
         }
+        list[0].to_string()
+    };
+    // The probe blocks (name lookups, connects of up to 3 s): called from async code, it tells
+    // the runtime so, which hands this worker's other tasks on meanwhile.
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(probe)
+        }
+        _ => probe(),
     }
-    list[0].to_string()
 }
 
 /// A file name for the proxy address (`127.0.0.1:3080` → `127.0.0.1_3080`).
