@@ -18,7 +18,7 @@ pub struct Becomes {
     /// False only for an agent that is not root running a session as its own user (a
     /// developer's agent): it keeps its groups, as it could not set them.
     switch: bool,
-    groups: Vec<nix::unistd::Gid>,
+    groups: Vec<nix::libc::gid_t>,
     gid: nix::unistd::Gid,
     uid: nix::unistd::Uid,
     home: CString,
@@ -34,7 +34,7 @@ impl Becomes {
             new_session,
             controlling_tty: false,
             switch: me.is_root() || me.as_raw() != login.uid,
-            groups: passwd::groups(login)?,
+            groups: passwd::groups(login)?.iter().map(|g| g.as_raw()).collect(),
             gid: nix::unistd::Gid::from_raw(login.gid),
             uid: nix::unistd::Uid::from_raw(login.uid),
             home,
@@ -61,7 +61,7 @@ impl Becomes {
     pub fn apply(&self) -> std::io::Result<()> {
         // No signal blocked: session-exec blocks the ones it passes on, and a mask is
         // inherited through exec (a shell with SIGHUP blocked would outlive its hang-up).
-        nix::sys::signal::SigSet::empty().thread_set_mask()?;
+        unblock_all_signals()?;
         if self.new_session {
             nix::unistd::setsid()?;
         }
@@ -69,9 +69,7 @@ impl Becomes {
             controlling_terminal()?;
         }
         if self.switch {
-            nix::unistd::setgroups(&self.groups)?;
-            nix::unistd::setgid(self.gid)?;
-            nix::unistd::setuid(self.uid)?;
+            switch_identity(&self.groups, self.gid.as_raw(), self.uid.as_raw())?;
         }
         if nix::unistd::chdir(self.home.as_c_str()).is_err() {
             let _ = nix::unistd::write(std::io::stderr(), &self.no_home);
@@ -139,6 +137,75 @@ fn clear_cloexec(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The login's groups, gid and uid, as raw system calls: this process is a child with a single
+/// thread (forked, or cloned sharing the agent's memory), where libc's wrappers would act for
+/// the agent's threads (glibc's set*id broadcast walks its thread list, in the shared memory
+/// of a cloned child). Checked afterwards: the session never runs as anyone else.
+#[allow(unsafe_code)]
+fn switch_identity(
+    groups: &[nix::libc::gid_t],
+    gid: nix::libc::gid_t,
+    uid: nix::libc::uid_t,
+) -> std::io::Result<()> {
+    use nix::libc;
+    let check = |r: libc::c_long| {
+        if r != 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: setgroups(2) reads `groups`, an array of gid_t of its length;, setresgid(2), setresuid(2) and the get*id calls pass only integers and
+    // that array; all are async-signal-safe system calls.
+    unsafe {
+        check(libc::syscall(
+            libc::SYS_setgroups,
+            groups.len(),
+            groups.as_ptr(),
+        ))?;
+        check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+        let ids = [
+            libc::syscall(libc::SYS_getuid),
+            libc::syscall(libc::SYS_geteuid),
+            libc::syscall(libc::SYS_getgid),
+            libc::syscall(libc::SYS_getegid),
+        ];
+        if ids
+            != [
+                uid as libc::c_long,
+                uid as libc::c_long,
+                gid as libc::c_long,
+                gid as libc::c_long,
+            ]
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
+/// An empty signal mask for this thread, as the raw system call (see [`switch_identity`]).
+#[allow(unsafe_code)]
+fn unblock_all_signals() -> std::io::Result<()> {
+    use nix::libc;
+    let none: u64 = 0;
+    // SAFETY: rt_sigprocmask(2) reads the kernel's 8-byte signal set from a local.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none as *const u64,
+            std::ptr::null_mut::<u64>(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// TIOCSCTTY on stdin: the new session's controlling terminal, so the shell gets job control
 /// and the hang-up when the pty closes.
 #[allow(unsafe_code)]
@@ -174,7 +241,9 @@ fn cloexec_above_stderr() {
                 rlim_max: 0,
             };
             let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-                lim.rlim_cur.min(65_536) as libc::c_int
+                // Every descriptor the agent can hold is below its limit (up to the
+                // kernel's own ceiling on it, nr_open).
+                lim.rlim_cur.min(1 << 20) as libc::c_int
             } else {
                 1024
             };

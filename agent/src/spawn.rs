@@ -104,6 +104,8 @@ pub struct Spawned {
 struct ChildArgs<'a> {
     program: &'a Program,
     argv: Vec<*const libc::c_char>,
+    /// Per candidate, `/bin/sh candidate args...`: how execvp runs a file without `#!`.
+    scripts: Vec<Vec<*const libc::c_char>>,
     envp: Vec<*const libc::c_char>,
     stdio: [RawFd; 3],
     becomes: &'a Becomes,
@@ -111,6 +113,9 @@ struct ChildArgs<'a> {
 }
 
 const STACK: usize = 128 * 1024;
+
+/// The shell execvp runs a file without `#!` with.
+const SH: &std::ffi::CStr = c"/bin/sh";
 
 /// Starts `program` with `stdio` as its descriptors 0, 1 and 2, becoming `becomes` first.
 /// Returns once the child has exec'd, or with why it could not.
@@ -145,9 +150,21 @@ pub fn spawn(
         .map(|a| a.as_ptr())
         .chain(std::iter::once(null))
         .collect();
+    let scripts = program
+        .candidates
+        .iter()
+        .map(|path| {
+            std::iter::once(SH.as_ptr())
+                .chain(std::iter::once(path.as_ptr()))
+                .chain(program.argv.iter().skip(1).map(|a| a.as_ptr()))
+                .chain(std::iter::once(null))
+                .collect()
+        })
+        .collect();
     let args = ChildArgs {
         program,
         argv,
+        scripts,
         envp,
         stdio,
         becomes,
@@ -216,17 +233,17 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY (the block): sigaction, dup2, fcntl and execve are system calls on memory this
     // child owns (its stack) or only reads (`a`); all are async-signal-safe.
     unsafe {
-        // The agent's handlers (tokio's) must not run here, nor be inherited past the exec
-        // in a state the exec would not reset: each handled signal goes back to its default.
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..libc::SIGRTMAX() {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_DFL
-                && old.sa_sigaction != libc::SIG_IGN
-            {
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        // The agent's handlers (tokio's) must not run here, and a session starts with every
+        // signal at its default, as sshd's children do: handled ones (an exec would reset
+        // them anyway) and ignored ones, which an exec keeps (Rust ignores SIGPIPE, which
+        // would turn `yes | head` into "Broken pipe" errors; std's spawn resets it too).
+        // The raw system call, for every signal the kernel has (libc's wrapper refuses the
+        // two it keeps for itself, 32 and 33, which may still be inherited ignored).
+        let dfl = KernelSigaction::default();
+        for sig in 1..=64 {
+            let mut old = KernelSigaction::default();
+            if rt_sigaction(sig, None, Some(&mut old)) == 0 && old.handler != libc::SIG_DFL {
+                rt_sigaction(sig, Some(&dfl), None);
             }
         }
         for (target, &fd) in a.stdio.iter().enumerate() {
@@ -246,12 +263,18 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         return fail(e.raw_os_error().unwrap_or(libc::EPERM));
     }
     let mut last = libc::ENOENT;
-    for path in &a.program.candidates {
+    for (path, script) in a.program.candidates.iter().zip(&a.scripts) {
         // SAFETY: NUL-terminated strings and NULL-terminated arrays of them, made before the
         // clone.
         unsafe {
             libc::execve(path.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr());
-            let e = *libc::__errno_location();
+            let mut e = *libc::__errno_location();
+            if e == libc::ENOEXEC {
+                // As execvp: a file the kernel cannot run (a script without `#!`) is run by
+                // the shell.
+                libc::execve(SH.as_ptr(), script.as_ptr(), a.envp.as_ptr());
+                e = *libc::__errno_location();
+            }
             // As execvp: a candidate that is not there (or not a directory) lets the next
             // one try; a permission problem is remembered over "not found".
             if e != libc::ENOENT && e != libc::ENOTDIR {
@@ -263,6 +286,30 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         }
     }
     fail(last)
+}
+
+/// The kernel's `struct sigaction` on x86-64 and aarch64 (handler, flags, restorer, mask).
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// rt_sigaction(2) as the raw system call: 0, or -1.
+#[allow(unsafe_code)]
+fn rt_sigaction(
+    sig: libc::c_int,
+    new: Option<&KernelSigaction>,
+    old: Option<&mut KernelSigaction>,
+) -> libc::c_long {
+    let new = new.map_or(std::ptr::null(), |n| n as *const KernelSigaction);
+    let old = old.map_or(std::ptr::null_mut(), |o| o as *mut KernelSigaction);
+    // SAFETY: the kernel reads `new` and writes `old`, each null or a live KernelSigaction of
+    // the layout it expects, with an 8-byte signal set.
+    unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, new, old, 8usize) }
 }
 
 impl Spawned {
@@ -490,6 +537,41 @@ mod tests {
         // A signal is its status.
         let (status, _, _) = run("root", "sh", &["-c", "kill -TERM $$"], b"").await;
         assert_eq!(status.signal(), Some(libc::SIGTERM));
+        // Nothing blocked or ignored (the agent ignores SIGPIPE): `yes | head` just ends.
+        let (status, out, _) = run(
+            "root",
+            "sh",
+            &[
+                "-c",
+                "grep -E '^Sig(Blk|Ign)' /proc/self/status; yes | head -1",
+            ],
+            b"",
+        )
+        .await;
+        assert!(status.success());
+        assert_eq!(
+            out,
+            "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_script_without_a_shebang_runs_through_the_shell_as_execvp_has_it() {
+        if !supported() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("spawn-script-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let script = dir.join("plain-script");
+        std::fs::write(&script, "echo from-sh \"$1\"\n").unwrap_or_else(|e| panic!("{e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let path = script.display().to_string();
+        let (status, out, _) = run("root", &path, &["arg1"], b"").await;
+        assert!(status.success());
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(out, "from-sh arg1\n");
     }
 
     #[tokio::test]
@@ -517,8 +599,23 @@ mod tests {
             assert_eq!(r.err().map(|e| e.kind()), Some(kind), "{program}");
         }
         // The failed children were reaped: none is left as our zombie.
-        let r = waitpid_flags(0, libc::WNOHANG);
-        assert!(r.is_err(), "no child left: {r:?}");
+        let me = std::process::id().to_string();
+        let zombies: Vec<String> = std::fs::read_dir("/proc")
+            .map(|d| d.flatten().collect::<Vec<_>>())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter(|stat| {
+                let f: Vec<&str> = stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .collect();
+                f.first() == Some(&"Z") && f.get(1) == Some(&me.as_str())
+            })
+            .collect();
+        assert!(zombies.is_empty(), "zombies of ours: {zombies:?}");
         // A NUL in an argument is refused before anything starts.
         assert!(Program::new("sh", None, &["a\0b".to_string()], &env).is_err());
     }

@@ -521,7 +521,27 @@ impl Conn {
             let motd = (self.srv.pam.is_none() && motd::shown(&login, true, command.as_deref()))
                 .then(motd::motd)
                 .flatten();
-            let child = if let Some(pam) = &self.srv.pam {
+            // The shell a session leader with the pty as its controlling terminal and its
+            // stdio, as sshd's child (and pty_process) sets it up.
+            let cloned = if self.srv.pam.is_none() && spawn::supported() {
+                let becomes = Becomes::new(&login, false)?.with_controlling_tty();
+                let (arg0, args) = argv_of(&direct, &command, Some(&shell_name));
+                let p = spawn::Program::new(&program, arg0.as_deref(), &args, &env)
+                    .map_err(|e| format!("cannot start {program}: {e}"))?;
+                use std::os::fd::AsRawFd;
+                let fd = pts.as_raw_fd();
+                match spawn::spawn(&p, [fd, fd, fd], &becomes, false) {
+                    Ok(c) => Some(Proc::Cloned(c)),
+                    // The pty among descriptors 0-2 (an agent started without them): std's.
+                    Err(e) if e.kind() == std::io::ErrorKind::Unsupported => None,
+                    Err(e) => return Err(format!("cannot start {program}: {e}")),
+                }
+            } else {
+                None
+            };
+            let child = if let Some(c) = cloned {
+                c
+            } else if let Some(pam) = &self.srv.pam {
                 let spec = self.exec_spec(pam, &login, command.clone(), direct, env, Some(&tty));
                 let io = || {
                     use std::os::fd::AsFd;
@@ -531,19 +551,6 @@ impl Conn {
                         .map_err(|e| format!("cannot start a PAM session: {e}"))
                 };
                 Proc::Std(session_exec::spawn(pam, &spec, io()?, io()?, io()?)?)
-            } else if spawn::supported() {
-                // The shell a session leader with the pty as its controlling terminal and its
-                // stdio, as sshd's child (and pty_process) sets it up.
-                let becomes = Becomes::new(&login, false)?.with_controlling_tty();
-                let (arg0, args) = argv_of(&direct, &command, Some(&shell_name));
-                let p = spawn::Program::new(&program, arg0.as_deref(), &args, &env)
-                    .map_err(|e| format!("cannot start {program}: {e}"))?;
-                use std::os::fd::AsRawFd;
-                let fd = pts.as_raw_fd();
-                Proc::Cloned(
-                    spawn::spawn(&p, [fd, fd, fd], &becomes, false)
-                        .map_err(|e| format!("cannot start {program}: {e}"))?,
-                )
             } else {
                 // pty_process makes the shell a session leader with the pty as its controlling
                 // terminal (setsid, TIOCSCTTY) before this runs.

@@ -133,6 +133,34 @@ fn sally_ssh_ls_and_label_selectors() {
     assert_eq!(r.stdout, "via-config\n");
 }
 
+/// A session starts with no signal ignored or blocked, as under sshd, whatever the agent's own
+/// (Rust ignores SIGPIPE; a daemon started from a script may ignore SIGQUIT): a pipeline whose
+/// reader quits just ends.
+#[test]
+fn a_session_starts_with_every_signal_at_its_default() {
+    let c = Cluster::start();
+    c.wait_online("local1");
+    let home = c.user("sig", "access", "root");
+    let cfg = c.ssh_config(&home, "sig");
+    for tty in [false, true] {
+        let mut args = vec![];
+        if tty {
+            args.push("-tt");
+        }
+        args.extend([
+            "root@local1",
+            "grep -E '^Sig(Blk|Ign)' /proc/self/status; yes | head -1",
+        ]);
+        let r = c.ssh(&cfg, &args, "").ok();
+        let out = r.stdout.replace('\r', "");
+        assert!(
+            out.contains("SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\n"),
+            "tty {tty}: {out:?} / {}",
+            r.stderr
+        );
+    }
+}
+
 /// The proxy starts the node's key exchange while auth decides a session (dial.rs,
 /// `dials_ahead`): the roles' refusal must still be the answer, whatever the node's state,
 /// and a session that is allowed still learns that the node is gone.
@@ -156,7 +184,8 @@ fn a_refusal_wins_over_an_offline_node_and_an_allowed_session_hears_it_is_offlin
         assert!(!r.stderr.contains("offline"), "{}", r.stderr);
         r.fails_with("only on nodes with other labels");
     }
-    c.ssh(&cfg2, &["root@db1", "true"], "").fails_with("offline");
+    c.ssh(&cfg2, &["root@db1", "true"], "")
+        .fails_with("offline");
     // Nothing else disturbed: the local node still serves both.
     c.ssh(&cfg2, &["root@local1", "echo still"], "").ok();
 }
