@@ -423,6 +423,72 @@ impl AuthServer {
         Ok(())
     }
 
+    /// Proxy `proxy_id` still holds these nodes' tunnels, their labels unchanged: their presence
+    /// through it is refreshed, in one transaction for the lot (a few statements per chunk of
+    /// nodes, where a [`presence`](Self::presence) report each was a transaction each). Only
+    /// presence rows this proxy already has are refreshed, never made: answers the nodes it
+    /// has none for (removed, or dropped when the proxy restarted), which the proxy then
+    /// reports one by one, so a removed node is refused exactly as before.
+    pub async fn presence_refresh(
+        &self,
+        proxy_id: &str,
+        nodes: &[String],
+    ) -> Result<Vec<String>, AuthError> {
+        if nodes.len() > sallyport_core::api::MAX_PRESENCE_REFRESH {
+            return Err(AuthError::BadRequest(format!(
+                "at most {} nodes in one presence refresh",
+                sallyport_core::api::MAX_PRESENCE_REFRESH
+            )));
+        }
+        /// Ids bound per statement: far below SQLite's and PostgreSQL's parameter limits.
+        const CHUNK: usize = 500;
+        let now = sallyport_core::unix_now();
+        let mut refreshed = std::collections::HashSet::new();
+        let mut tx = self.backend.pool.begin().await?;
+        for chunk in nodes.chunks(CHUNK) {
+            // Only numbered placeholders are formatted in; every value is bound.
+            let list = placeholders(3, chunk.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE node_tunnels SET last_seen = $1 WHERE proxy_id = $2 AND node_id IN ({list}) RETURNING node_id"
+            )))
+            .bind(now)
+            .bind(proxy_id);
+            for id in chunk {
+                q = q.bind(id);
+            }
+            let rows = q.fetch_all(&mut *tx).await?;
+            let ids: Vec<String> = rows
+                .iter()
+                .map(|r| r.try_get::<String, _>("node_id"))
+                .collect::<Result<_, _>>()?;
+            if ids.is_empty() {
+                continue;
+            }
+            let list = placeholders(4, ids.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE nodes SET last_seen = COALESCE((SELECT MAX(t.last_seen) FROM node_tunnels t WHERE t.node_id = nodes.id), 0)
+                 WHERE kind IN ($1, $2) AND last_seen < $3 AND id IN ({list})"
+            )))
+            .bind(NodeKind::Agent.as_str())
+            .bind(NodeKind::Kube.as_str())
+            .bind(now);
+            for id in &ids {
+                q = q.bind(id);
+            }
+            q.execute(&mut *tx).await?;
+            refreshed.extend(ids);
+        }
+        tx.commit().await?;
+        let mut unknown: Vec<String> = nodes
+            .iter()
+            .filter(|n| !refreshed.contains(*n))
+            .cloned()
+            .collect();
+        unknown.sort();
+        unknown.dedup();
+        Ok(unknown)
+    }
+
     /// Host certificate for a registered node's names over the proxy's key, so that the proxy
     /// can terminate a client's inner SSH connection as that node.
     pub async fn proxy_host_cert(&self, node: &str, public_key: &str) -> Result<String, AuthError> {
@@ -799,4 +865,12 @@ pub(crate) fn over_limits(
         ));
     }
     None
+}
+
+/// `$first, $first+1, ...`: `n` numbered placeholders for an `IN (...)` list.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

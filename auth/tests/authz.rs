@@ -144,6 +144,7 @@ fn rows() -> Vec<Row> {
         // The one route for a caller without a certificate: a proxy joining with a token.
         row(Post, p::PROXY_JOIN, p::PROXY_JOIN, Some(r#"{"token":"nope","name":"p2","tls_spki":"x","ssh_host_key":"x"}"#), Who::Anyone, UNAUTH),
         row(Post, "/v1/proxies/proxy/heartbeat", p::PROXY_HEARTBEAT, Some(r#"{"addrs":{}}"#), PROXY, OK),
+        row(Post, "/v1/proxies/proxy/presence", p::PROXY_PRESENCE, Some(r#"{"nodes":["nobody"]}"#), PROXY, OK),
         row(Post, "/v1/proxies/proxy/renew", p::PROXY_RENEW, Some(r#"{"token":"","name":"proxy","tls_spki":"x","ssh_host_key":"x"}"#), PROXY, BAD),
         row(Get, p::NODES, p::NODES, None, USERS, OK),
         row(Post, p::NODES, p::NODES, Some(r#"{"name":"localhost","addr":"x"}"#), ADMINS, BAD),
@@ -492,6 +493,18 @@ async fn refusals_say_why() {
         path: "/v1/proxies/someone-else/heartbeat",
         pattern: routes::auth::PROXY_HEARTBEAT,
         body: Some(r#"{"addrs":{}}"#),
+        who: PROXY,
+        allowed: OK,
+    };
+    let (got, body) = call(&f, &other, &cert(Proxy)).await;
+    assert_eq!(got, FORBIDDEN, "{body}");
+    assert!(body.contains("cannot act as proxy someone-else"), "{body}");
+    // ... and so is its presence refresh: no proxy keeps another's agents online.
+    let other = Row {
+        method: Method::Post,
+        path: "/v1/proxies/someone-else/presence",
+        pattern: routes::auth::PROXY_PRESENCE,
+        body: Some(r#"{"nodes":[]}"#),
         who: PROXY,
         allowed: OK,
     };

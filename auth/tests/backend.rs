@@ -94,6 +94,7 @@ async fn suite(url: &str) {
     ));
 
     sso_users_are_keyed_on_their_identity(&auth).await;
+    presence_is_refreshed_in_one_request(&auth).await;
 
     let v = auth.audit_verify().await.unwrap();
     assert!(v.ok, "{}", v.message);
@@ -110,6 +111,111 @@ async fn suite(url: &str) {
 
 /// An SSO user belongs to one (connector, issuer, sub); the unique index and the statements that
 /// guard it hold on both databases.
+/// A proxy's batched presence refresh keeps the nodes it reported online, never records one
+/// it did not (another proxy's, a removed node's, an unknown id): those come back as unknown,
+/// for the proxy to report on their own as before.
+async fn presence_is_refreshed_in_one_request(auth: &AuthServer) {
+    use base64::Engine;
+    use sallyport_core::api::{AddJoinToken, JoinRequest, Presence, TokenKind};
+    let mut ids = Vec::new();
+    for name in ["batch1", "batch2", "batch3"] {
+        let token = auth
+            .add_join_token(
+                &AddJoinToken {
+                    kind: TokenKind::Node,
+                    ttl_secs: 600,
+                },
+                "test",
+            )
+            .await
+            .unwrap();
+        let key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
+        let spki = match key.key_data() {
+            russh::keys::ssh_key::private::KeypairData::Ed25519(k) => {
+                sallyport_core::x509::ed25519_spki(&k.public.0)
+            }
+            _ => unreachable!(),
+        };
+        let joined = auth
+            .join(
+                &JoinRequest {
+                    token: token.token,
+                    nodename: name.into(),
+                    labels: [("team".to_string(), format!("{name}-team"))].into(),
+                    tls_spki: base64::engine::general_purpose::STANDARD.encode(spki),
+                    ssh_host_key: key.public_key().to_openssh().unwrap(),
+                    remote_addr: None,
+                },
+                "192.0.2.1",
+            )
+            .await
+            .unwrap();
+        ids.push(joined.node_id);
+    }
+    let online = |p: bool| Presence {
+        online: p,
+        labels: None,
+    };
+    // batch1 and batch2 through this proxy, batch3 through another.
+    auth.presence(&ids[0], "proxy", &online(true))
+        .await
+        .unwrap();
+    auth.presence(&ids[1], "proxy", &online(true))
+        .await
+        .unwrap();
+    auth.presence(&ids[2], "other", &online(true))
+        .await
+        .unwrap();
+    let mut asked = ids.clone();
+    asked.push("no-such-node".into());
+    let mut unknown = auth.presence_refresh("proxy", &asked).await.unwrap();
+    unknown.sort();
+    let mut want = vec![ids[2].clone(), "no-such-node".to_string()];
+    want.sort();
+    assert_eq!(unknown, want);
+    let listed = |name: &str, nodes: &[sallyport_core::api::NodeInfo]| {
+        nodes.iter().find(|n| n.hostname == name).unwrap().online
+    };
+    let nodes = auth.list_nodes().await.unwrap();
+    assert!(listed("batch1", &nodes) && listed("batch2", &nodes));
+    // The listing (one JSON document from the database) keeps labels, kinds and the order.
+    let batch: Vec<&sallyport_core::api::NodeInfo> = nodes
+        .iter()
+        .filter(|n| n.hostname.starts_with("batch"))
+        .collect();
+    let names: Vec<&str> = batch.iter().map(|n| n.hostname.as_str()).collect();
+    assert_eq!(names, ["batch1", "batch2", "batch3"]);
+    assert_eq!(
+        batch[1].labels.get("team").map(String::as_str),
+        Some("batch2-team")
+    );
+    assert_eq!(batch[1].kind, sallyport_core::api::NodeKind::Agent);
+    assert_eq!(batch[1].id, ids[1]);
+    let mut sorted: Vec<&str> = nodes.iter().map(|n| n.hostname.as_str()).collect();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        nodes
+            .iter()
+            .map(|n| n.hostname.as_str())
+            .collect::<Vec<_>>()
+    );
+    // batch2's tunnel ended here: a refresh does not bring it back.
+    auth.presence(&ids[1], "proxy", &online(false))
+        .await
+        .unwrap();
+    auth.remove_node("batch1", "test").await.unwrap();
+    let unknown = auth.presence_refresh("proxy", &ids[..2]).await.unwrap();
+    assert_eq!(unknown.len(), 2, "{unknown:?}");
+    assert!(auth.find_node("batch1").await.unwrap().is_none());
+    // Too many at once is a clear refusal.
+    let many = vec![ids[0].clone(); sallyport_core::api::MAX_PRESENCE_REFRESH + 1];
+    assert!(matches!(
+        auth.presence_refresh("proxy", &many).await,
+        Err(AuthError::BadRequest(_))
+    ));
+}
+
 async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
     let id = |connector, subject| SsoIdentity {
         connector,

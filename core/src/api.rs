@@ -580,6 +580,27 @@ pub struct Presence {
     pub labels: Option<BTreeMap<String, String>>,
 }
 
+/// Most nodes one [`PresenceRefresh`] may name.
+pub const MAX_PRESENCE_REFRESH: usize = 5000;
+
+/// The proxy refreshing the presence of agents whose tunnels are still up with unchanged labels
+/// (`POST /v1/proxies/{id}/presence`): one request for every node heard from since the last,
+/// instead of one [`Presence`] each. A tunnel's first report, new labels and its end are still
+/// [`Presence`] reports of their own.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PresenceRefresh {
+    pub nodes: Vec<String>,
+}
+
+/// Auth's answer to a [`PresenceRefresh`]: the nodes it holds no tunnel of this proxy for (the
+/// node was removed, or its presence dropped): the proxy reports each of those on its own,
+/// which re-records it or refuses it as today.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PresenceRefreshed {
+    #[serde(default)]
+    pub unknown: Vec<String>,
+}
+
 /// `text` as one segment of an API path: everything but letters, digits and `-._~` is
 /// percent-encoded, so a name can never add a segment (`/`), end the path (`?`, `#`) or climb
 /// out of it. URL parsers resolve a segment of only dots as a step, even percent-encoded, so

@@ -1074,6 +1074,19 @@ struct CompiledRole {
     deny: CompiledConditions,
 }
 
+/// How [`RoleSet::check_node`] decides, before its explanation is written.
+enum NodeVerdict<'a> {
+    /// A role denies the login (the role's index).
+    LoginDenied(usize),
+    /// A role denies nodes with these labels.
+    LabelsDenied(&'a CompiledRole),
+    /// No role allows the login anywhere.
+    NoRole,
+    Allowed(&'a CompiledRole),
+    /// Roles allow the login (these), on nodes with other labels.
+    OtherLabels(&'a [usize]),
+}
+
 /// The outcome of an access check, with the role and rule that decided it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -1347,45 +1360,68 @@ impl RoleSet {
 
     /// May this identity log in as `login` on a node with these labels? Deny beats allow.
     pub fn check_node(&self, login: &str, labels: &BTreeMap<String, String>) -> Decision {
+        match self.node_verdict(login, labels) {
+            NodeVerdict::LoginDenied(i) => {
+                Decision::deny(format!("role {} denies login {login}", self.roles[i].name))
+            }
+            NodeVerdict::LabelsDenied(r) => Decision::deny(format!(
+                "role {} denies nodes with labels {}",
+                r.name,
+                r.deny.node_labels.describe()
+            )),
+            NodeVerdict::NoRole => Decision::deny(format!("no role allows login {login}")),
+            NodeVerdict::Allowed(r) => Decision::allow(format!(
+                "role {} allows login {login} on nodes with labels {}",
+                r.name,
+                r.allow.node_labels.describe()
+            )),
+            NodeVerdict::OtherLabels(candidates) => {
+                let mut names: Vec<&str> = candidates
+                    .iter()
+                    .take(3)
+                    .map(|&i| self.roles[i].name.as_str())
+                    .collect();
+                if candidates.len() > 3 {
+                    names.push("...");
+                }
+                Decision::deny(format!(
+                    "login {login} is allowed by role {} only on nodes with other labels",
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// [`check_node`](Self::check_node)'s answer without its explanation: what a listing of
+    /// many nodes asks for each (`sally ls`'s logins), where writing the sentence was most of
+    /// the cost.
+    pub fn allows_node(&self, login: &str, labels: &BTreeMap<String, String>) -> bool {
+        matches!(self.node_verdict(login, labels), NodeVerdict::Allowed(_))
+    }
+
+    /// The one decision behind [`check_node`](Self::check_node) and
+    /// [`allows_node`](Self::allows_node).
+    fn node_verdict(&self, login: &str, labels: &BTreeMap<String, String>) -> NodeVerdict<'_> {
         if let Some(&i) = self
             .deny_logins
             .get(login)
             .or(self.deny_all_logins.as_ref())
         {
-            return Decision::deny(format!("role {} denies login {login}", self.roles[i].name));
+            return NodeVerdict::LoginDenied(i);
         }
         if let Some(r) = self.denied_node(labels) {
-            return Decision::deny(format!(
-                "role {} denies nodes with labels {}",
-                r.name,
-                r.deny.node_labels.describe()
-            ));
+            return NodeVerdict::LabelsDenied(r);
         }
         let Some(candidates) = self.allow_by_login.get(login) else {
-            return Decision::deny(format!("no role allows login {login}"));
+            return NodeVerdict::NoRole;
         };
         for i in self.allow_nodes.candidates(labels) {
             let r = &self.roles[i];
             if r.allow.logins.contains(login) && r.allow.node_labels.matches(labels) {
-                return Decision::allow(format!(
-                    "role {} allows login {login} on nodes with labels {}",
-                    r.name,
-                    r.allow.node_labels.describe()
-                ));
+                return NodeVerdict::Allowed(r);
             }
         }
-        let mut names: Vec<&str> = candidates
-            .iter()
-            .take(3)
-            .map(|&i| self.roles[i].name.as_str())
-            .collect();
-        if candidates.len() > 3 {
-            names.push("...");
-        }
-        Decision::deny(format!(
-            "login {login} is allowed by role {} only on nodes with other labels",
-            names.join(", ")
-        ))
+        NodeVerdict::OtherLabels(candidates)
     }
 
     /// Is a node with these labels listed to this identity (`sally ls`)?

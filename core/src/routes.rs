@@ -90,6 +90,7 @@ pub mod auth {
     pub const PROXY_JOIN: &str = "/v1/proxies/join";
     pub const PROXY_HEARTBEAT: &str = "/v1/proxies/{name}/heartbeat";
     pub const PROXY_RENEW: &str = "/v1/proxies/{name}/renew";
+    pub const PROXY_PRESENCE: &str = "/v1/proxies/{name}/presence";
 
     pub const NODES: &str = "/v1/nodes";
     pub const NODE: &str = "/v1/nodes/{name}";
@@ -169,6 +170,9 @@ pub mod auth {
     }
     pub fn proxy_renew(name: &str) -> String {
         fill(PROXY_RENEW, name)
+    }
+    pub fn proxy_presence(name: &str) -> String {
+        fill(PROXY_PRESENCE, name)
     }
     pub fn node_renew(name: &str) -> String {
         fill(NODE_RENEW, name)
@@ -308,6 +312,7 @@ pub const AUTH: &[Route] = &[
     r(Post, auth::PROXY_JOIN),
     r(Post, auth::PROXY_HEARTBEAT),
     r(Post, auth::PROXY_RENEW),
+    r(Post, auth::PROXY_PRESENCE),
     r(Get, auth::NODES),
     r(Post, auth::NODES),
     r(Delete, auth::NODE),

@@ -585,7 +585,9 @@ async fn start_proxy(
             std::process::exit(1);
         }
     });
-    let tunnels = sallyport_proxy::tunnels::Tunnels::default().with_proxy_set(set);
+    let tunnels = sallyport_proxy::tunnels::Tunnels::default()
+        .with_proxy_set(set)
+        .with_proxy_id(boot.id.clone());
     tokio::spawn(sallyport_proxy::tunnels::serve(
         tunnel_listener,
         Arc::new(tunnel_tls),

@@ -10,6 +10,7 @@
 pub mod auth_client;
 pub mod failed_auth;
 pub mod kube;
+pub mod presence;
 pub mod registry;
 pub mod session;
 pub mod ssh;

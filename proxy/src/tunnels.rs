@@ -16,6 +16,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::AuthClient;
 use crate::auth_client::ClientError;
+use crate::presence::Outcome;
 
 /// What an agent's tunnel serves, as its certificate's O says (`node` or `kube`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +46,8 @@ type Entry = (u64, Opener, AgentKind);
 pub struct Tunnels {
     inner: Arc<Mutex<HashMap<String, Vec<Entry>>>>,
     set: crate::registry::ProxySet,
+    /// This proxy's id, for batched presence refreshes (none: each reported on its own).
+    proxy_id: Option<String>,
 }
 
 impl Tunnels {
@@ -73,6 +76,12 @@ impl Tunnels {
     /// The cluster's proxy set, as this proxy's agents hear it.
     pub fn with_proxy_set(mut self, set: crate::registry::ProxySet) -> Self {
         self.set = set;
+        self
+    }
+
+    /// Refreshes of its agents' presence go to auth in one request a second, as proxy `id`.
+    pub fn with_proxy_id(mut self, id: String) -> Self {
+        self.proxy_id = Some(id);
         self
     }
 
@@ -133,7 +142,8 @@ struct Heartbeat {
 /// every third beat (the first at least this long after the last report) keeps a live node
 /// online with a beat and a margin to spare, and a tunnel's end is reported at once anyway.
 /// Each report is a request to auth and a database write: with 10,000 idle agents, one a beat
-/// was 1,000 a second, most of the proxy's and auth's work at rest.
+/// was 1,000 a second, most of the proxy's and auth's work at rest. The refreshes themselves go
+/// to auth in one request a second for all agents ([`crate::presence::Batch`]).
 const PRESENCE_REFRESH: Duration = Duration::from_secs(25);
 
 /// Reads an agent's heartbeats until its stream ends or goes quiet, reporting them to auth as
@@ -146,6 +156,7 @@ async fn heartbeats(
     node_id: &str,
     auth: &AuthClient,
     set: &crate::registry::ProxySet,
+    batch: Option<&crate::presence::Batch>,
 ) {
     let (r, mut w) = tokio::io::split(hb);
     let mut r = BufReader::new(r);
@@ -196,31 +207,31 @@ async fn heartbeats(
                     let fresh = reported.as_ref().is_some_and(|(at, labels)| {
                         at.elapsed() < PRESENCE_REFRESH && *labels == h.labels
                     });
+                    // Unchanged labels, reported before: refreshed with the next batch.
+                    let refresh =
+                        batch.filter(|_| reported.as_ref().is_some_and(|(_, l)| *l == h.labels));
                     if fresh {
                         None
                     } else {
-                        let sent_labels = h.labels.clone();
-                        let p = Presence {
-                            online: true,
-                            labels: h.labels,
+                        let outcome = match refresh {
+                            Some(batch) => batch.refresh(node_id).await,
+                            None => {
+                                let p = Presence {
+                                    online: true,
+                                    labels: h.labels.clone(),
+                                };
+                                crate::presence::report(auth, node_id, &p).await
+                            }
                         };
-                        let path = sallyport_core::routes::auth::node_presence(node_id);
-                        match auth
-                            .json::<_, serde_json::Value>(reqwest::Method::POST, &path, Some(&p))
-                            .await
-                        {
-                            Ok(_) => {
-                                reported = Some((std::time::Instant::now(), sent_labels));
+                        match outcome {
+                            Outcome::Recorded => {
+                                reported = Some((std::time::Instant::now(), h.labels));
                                 None
                             }
                             // Labels refused, or the node removed: its tunnel ends now.
-                            Err(ClientError::Refused {
-                                status: 400 | 404,
-                                message,
-                                ..
-                            }) => Some(message),
+                            Outcome::Refused(message) => Some(message),
                             // Auth being away is not the agent's fault: keep the tunnel.
-                            Err(e) => {
+                            Outcome::NotRecorded(e) => {
                                 tracing::warn!(node = %node_id, error = %e, "presence not recorded");
                                 None
                             }
@@ -256,6 +267,10 @@ pub async fn serve(
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let door = sallyport_core::door::Door::new("tunnel", limits);
+    let batch = tunnels
+        .proxy_id
+        .clone()
+        .map(|id| crate::presence::Batch::start(auth.clone(), id));
     loop {
         let Ok((tcp, addr)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -270,6 +285,7 @@ pub async fn serve(
             Err(_) => continue,
         };
         let (acceptor, tunnels, auth) = (acceptor.clone(), tunnels.clone(), auth.clone());
+        let batch = batch.clone();
         tokio::spawn(async move {
             let tls =
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
@@ -339,7 +355,7 @@ pub async fn serve(
             tracing::info!(node = %node_id, peer = %addr, "agent tunnel up");
             // The agent's first stream is its heartbeat: labels in, "ok" out.
             if let Some(hb) = inbound.recv().await {
-                heartbeats(hb, &node_id, &auth, &tunnels.set).await;
+                heartbeats(hb, &node_id, &auth, &tunnels.set, batch.as_ref()).await;
             }
             if tunnels.remove(&node_id, generation) {
                 let p = Presence {

@@ -95,6 +95,7 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Post, p::PROXY_JOIN, proxies::join),
         on(Post, p::PROXY_HEARTBEAT, proxies::heartbeat),
         on(Post, p::PROXY_RENEW, proxies::renew),
+        on(Post, p::PROXY_PRESENCE, proxies::presence),
         on(Get, p::NODES, nodes::list),
         on(Post, p::NODES, nodes::add),
         on(Delete, p::NODE, nodes::remove),

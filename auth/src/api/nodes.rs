@@ -25,19 +25,21 @@ pub(super) async fn list(
             Ok(Json(
                 nodes
                     .into_iter()
-                    .filter(|n| sees_all || set.can_see_node(&node_labels(n)))
-                    .map(|mut n| {
+                    .filter_map(|mut n| {
+                        let labels = node_labels(&n);
+                        if !sees_all && !set.can_see_node(&labels) {
+                            return None;
+                        }
                         // What a login chooser may offer on this node: the decision a session
                         // grant makes.
-                        let labels = node_labels(&n);
                         n.logins = Some(
                             logins
                                 .iter()
-                                .filter(|l| set.check_node(l, &labels).allowed)
+                                .filter(|l| set.allows_node(l, &labels))
                                 .cloned()
                                 .collect(),
                         );
-                        n
+                        Some(n)
                     })
                     .collect(),
             ))

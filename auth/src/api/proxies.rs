@@ -3,7 +3,9 @@
 
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
-use sallyport_core::api::{ProxyHeartbeat, ProxyInfo, ProxyJoinRequest, ProxyJoined};
+use sallyport_core::api::{
+    PresenceRefresh, PresenceRefreshed, ProxyHeartbeat, ProxyInfo, ProxyJoinRequest, ProxyJoined,
+};
 use sallyport_core::https::RemoteAddr;
 
 use super::{Allowed, Auth, Proxy, done, rule};
@@ -48,6 +50,19 @@ pub(super) async fn heartbeat(
 ) -> Result<Json<Vec<ProxyInfo>>, AuthError> {
     itself(&proxy, &id)?;
     Ok(Json(auth.proxy_heartbeat(&id, &hb).await?))
+}
+
+/// The presence of the agents a proxy still holds tunnels of, refreshed in one request.
+pub(super) async fn presence(
+    State(auth): Auth,
+    proxy: Proxy,
+    Path(id): Path<String>,
+    Json(req): Json<PresenceRefresh>,
+) -> Result<Json<PresenceRefreshed>, AuthError> {
+    itself(&proxy, &id)?;
+    Ok(Json(PresenceRefreshed {
+        unknown: auth.presence_refresh(&id, &req.nodes).await?,
+    }))
 }
 
 pub(super) async fn list(

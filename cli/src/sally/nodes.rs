@@ -5,8 +5,8 @@ use sallyport_core::api::*;
 use sallyport_core::routes;
 
 use super::Format;
-use crate::println;
 use crate::profile::Profile;
+use crate::{print, println};
 
 pub(super) fn parse_selector(items: &[String]) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
@@ -46,17 +46,25 @@ pub(super) async fn ls(labels: &[String], format: Format) -> Result<()> {
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("{:<24} {:<36} {:<8} LABELS", "NODE", "ID", "STATUS");
+        // The whole table in one write: a line at a time was a system call each (10,000 of
+        // them for 10,000 nodes, a good part of the command's time).
+        use std::fmt::Write;
+        let mut table = format!("{:<24} {:<36} {:<8} LABELS\n", "NODE", "ID", "STATUS");
         for n in &list {
-            let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!(
-                "{:<24} {:<36} {:<8} {}",
+            let _ = write!(
+                table,
+                "{:<24} {:<36} {:<8} ",
                 n.hostname,
                 n.id,
                 if n.online { "online" } else { "offline" },
-                labels.join(",")
             );
+            for (i, (k, v)) in n.labels.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                let _ = write!(table, "{sep}{k}={v}");
+            }
+            table.push('\n');
         }
+        print!("{table}");
     }
     Ok(())
 }

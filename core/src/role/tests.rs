@@ -119,6 +119,12 @@ fn node_decisions() {
     for (login, l, allowed, why) in cases {
         let d = set.check_node(login, &labels(l));
         assert_eq!(d.allowed, *allowed, "{login} {l:?}: {}", d.explanation);
+        // The listing's decision without the sentence is the same decision.
+        assert_eq!(
+            set.allows_node(login, &labels(l)),
+            *allowed,
+            "{login} {l:?}"
+        );
         assert!(
             d.explanation.contains(why),
             "{login} {l:?}: {}",
