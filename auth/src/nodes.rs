@@ -179,9 +179,11 @@ impl AuthServer {
     }
 
     pub async fn remove_node(&self, name_or_id: &str, by: &str) -> Result<(), AuthError> {
+        // The node and its presence rows go together: a presence refresh checks both anyway.
+        let mut tx = self.backend.pool.begin().await?;
         let r = sqlx::query("DELETE FROM nodes WHERE hostname = $1 OR id = $1")
             .bind(name_or_id)
-            .execute(&self.backend.pool)
+            .execute(&mut *tx)
             .await?;
         if r.rows_affected() == 0 {
             return Err(AuthError::NotFound(format!(
@@ -189,8 +191,9 @@ impl AuthServer {
             )));
         }
         sqlx::query("DELETE FROM node_tunnels WHERE node_id NOT IN (SELECT id FROM nodes)")
-            .execute(&self.backend.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         self.emit(Event::new(EventType::NodeDelete, Some(by)).with("name", name_or_id))
             .await
     }

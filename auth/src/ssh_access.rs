@@ -449,7 +449,8 @@ impl AuthServer {
             // Only numbered placeholders are formatted in; every value is bound.
             let list = placeholders(3, chunk.len());
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE node_tunnels SET last_seen = $1 WHERE proxy_id = $2 AND node_id IN ({list}) RETURNING node_id"
+                "UPDATE node_tunnels SET last_seen = $1 WHERE proxy_id = $2 AND node_id IN ({list})
+                 AND node_id IN (SELECT id FROM nodes) RETURNING node_id"
             )))
             .bind(now)
             .bind(proxy_id);

@@ -85,15 +85,43 @@ async fn run(auth: AuthClient, proxy_id: String, mut rx: mpsc::UnboundedReceiver
                 Err(_) => break,
             }
         }
-        let nodes: Vec<String> = waiting.keys().cloned().collect();
-        let unknown = match auth
-            .json::<_, PresenceRefreshed>(
-                reqwest::Method::POST,
-                &path,
-                Some(&PresenceRefresh { nodes }),
-            )
-            .await
-        {
+        // Sent by a task of its own, so the next batch gathers meanwhile; bounded, so that
+        // one slow answer from auth cannot hold every heartbeat in it past the agents' wait.
+        tokio::spawn(send(auth.clone(), path.clone(), waiting));
+    }
+}
+
+/// The most a batch waits for auth: with [`FLUSH`], well inside the agent's 10 s wait for a
+/// heartbeat's answer (a late answer would make every agent in the batch reconnect at once).
+pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn send(
+    auth: AuthClient,
+    path: String,
+    mut waiting: HashMap<String, Vec<oneshot::Sender<Outcome>>>,
+) {
+    {
+        let body = PresenceRefresh {
+            nodes: waiting.keys().cloned().collect(),
+        };
+        let asked = auth.json::<_, PresenceRefreshed>(reqwest::Method::POST, &path, Some(&body));
+        let answer = match tokio::time::timeout(BATCH_TIMEOUT, asked).await {
+            Ok(a) => a,
+            Err(_) => {
+                let why = format!(
+                    "auth did not answer a presence batch in {} s",
+                    BATCH_TIMEOUT.as_secs()
+                );
+                tracing::warn!(nodes = waiting.len(), "{why}");
+                for (_, txs) in waiting {
+                    for tx in txs {
+                        let _ = tx.send(Outcome::NotRecorded(why.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        let unknown = match answer {
             Ok(r) => r.unknown,
             // An auth from before batched refreshes has no such route: each on its own.
             Err(ClientError::Refused {
@@ -107,7 +135,7 @@ async fn run(auth: AuthClient, proxy_id: String, mut rx: mpsc::UnboundedReceiver
                         let _ = tx.send(outcome.clone());
                     }
                 }
-                continue;
+                return;
             }
         };
         // What auth has no tunnel of here for (removed, or dropped): reported on its own,
