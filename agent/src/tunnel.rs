@@ -414,16 +414,18 @@ async fn connect_once<S: StreamServer>(
     let mut tick = tokio::time::interval(HEARTBEAT);
     tracing::info!(node = %id.nodename, proxy = %addr, proxy_id = %proxy_id, "tunnel up");
     let _up = TunnelUp::new(S::KIND);
-    loop {
-        tokio::select! {
-            stream = inbound.recv() => {
-                let Some(stream) = stream else { return Ok(()) };
-                tokio::spawn(server.clone().serve(stream, local));
-            }
-            _ = tick.tick() => {
+    // The heartbeats run beside the accepting of sessions, never in its way: waiting for an
+    // answer (a presence refresh waits for the proxy's batch to auth, up to seconds) must not
+    // stop this node from taking the sessions the proxy opens meanwhile.
+    let heartbeats = async {
+        loop {
+            tick.tick().await;
+            {
                 let now = labels.lock().map(|l| l.clone()).unwrap_or_default();
                 let line = match current.renewal() {
-                    Some(renew) => format!("{}\n", serde_json::json!({ "labels": now, "renew": renew })),
+                    Some(renew) => {
+                        format!("{}\n", serde_json::json!({ "labels": now, "renew": renew }))
+                    }
                     None => format!("{}\n", serde_json::json!({ "labels": now })),
                 };
                 hb_write.write_all(line.as_bytes()).await?;
@@ -431,7 +433,9 @@ async fn connect_once<S: StreamServer>(
                     Ok(Ok(Some(answer))) => {
                         // The proxy closes the tunnel after saying why (labels refused).
                         if let Some(why) = answer.strip_prefix("error: ") {
-                            return Err(err(format!("the proxy refused this node's heartbeat: {why}")));
+                            return Err(err(format!(
+                                "the proxy refused this node's heartbeat: {why}"
+                            )));
                         }
                         // `ok`, then the proxy set once the proxy knows it.
                         if let Some(set) = answer.strip_prefix("ok ")
@@ -448,6 +452,16 @@ async fn connect_once<S: StreamServer>(
                     _ => return Err(err("heartbeat unanswered")),
                 }
             }
+        }
+    };
+    tokio::pin!(heartbeats);
+    loop {
+        tokio::select! {
+            stream = inbound.recv() => {
+                let Some(stream) = stream else { return Ok(()) };
+                tokio::spawn(server.clone().serve(stream, local));
+            }
+            ended = &mut heartbeats => return ended,
         }
     }
 }
