@@ -1,6 +1,5 @@
 //! One ordered sink per session for everything it reports to auth: what kind of session it
-//! turned out to be (`update`, folded into the end when that follows within
-//! [`FOLD_UPDATE`]), the per-operation events (`sftp`, `scp`, `port`,
+//! turned out to be (`update`), the per-operation events (`sftp`, `scp`, `port`,
 //! `agent-forward`, ...) in small batches, and its end. One task posts them in the order they
 //! were queued, so an end never overtakes the events before it. The queue is bounded: when
 //! auth falls behind, the session waits rather than losing audit records. A post auth refuses
@@ -20,8 +19,6 @@ use crate::state::ProxyState;
 
 const QUEUE: usize = 4096;
 const BATCH: usize = 500;
-/// How long a session's kind waits to be folded into its end (`post`).
-const FOLD_UPDATE: Duration = Duration::from_millis(100);
 
 enum Report {
     Event(SessionEvent),
@@ -156,25 +153,6 @@ async fn post(state: Arc<ProxyState>, session_id: String, mut rx: mpsc::Receiver
                 posted(batch.len());
             }
             Report::Update(body) => {
-                // A session that ends within a moment (`ssh node cmd`, `kubectl exec`) says
-                // its kind in its end: the update is folded into it, one round trip to auth
-                // fewer. A session still running then has its kind posted as before.
-                let deadline = tokio::time::Instant::now() + FOLD_UPDATE;
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(Report::End(mut end, done))) => {
-                        if end.kind.is_none() {
-                            end.kind = body.kind;
-                        }
-                        if end.command.is_none() {
-                            end.command = body.command;
-                        }
-                        posted(1);
-                        next = Some(Report::End(end, done));
-                        continue;
-                    }
-                    Ok(Some(other)) => next = Some(other),
-                    Ok(None) | Err(_) => {}
-                }
                 if let Err(e) = state
                     .auth
                     .json::<_, serde_json::Value>(reqwest::Method::POST, &update_path, Some(&body))
