@@ -74,22 +74,37 @@ impl Program {
     }
 }
 
-/// Whether this kernel can spawn this way (`CLONE_PIDFD`): probed once.
+/// Whether this kernel can spawn this way (`CLONE_PIDFD`, 5.2; pidfd_open, probed here once,
+/// came with 5.3).
 pub fn supported() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        // pidfd_open on ourselves: present since 5.3, as CLONE_PIDFD (5.2) is.
-        // SAFETY: pidfd_open(2) takes a pid and flags; no memory is passed.
-        #[allow(unsafe_code)]
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-        if fd < 0 {
-            return false;
-        }
-        // SAFETY: a descriptor just returned, owned by nothing else.
-        #[allow(unsafe_code)]
-        drop(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-        true
-    })
+    *SUPPORTED.get_or_init(|| pidfd(std::process::id()).is_some())
+}
+
+/// A pidfd for process `pid`, or None where the kernel has none.
+pub fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no
+    // memory is passed.
+    #[allow(unsafe_code)]
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a descriptor just returned by pidfd_open, owned by nothing else.
+    #[allow(unsafe_code)]
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Waits until the process of pidfd `fd` (this agent's child) has exited, without reaping
+/// it: the pidfd turns readable. False if it could not wait.
+pub async fn exited(fd: OwnedFd) -> bool {
+    // SAFETY: the AsyncFd owns the OwnedFd, which stays open, the same descriptor, until the
+    // AsyncFd is dropped.
+    #[allow(unsafe_code)]
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    match registered {
+        Ok(fd) => fd.readable().await.is_ok(),
+        Err(_) => false,
+    }
 }
 
 /// A session's process started by [`spawn`]: its pid, and the pidfd it is waited through.
@@ -137,29 +152,12 @@ pub fn spawn(
             "a session descriptor is among 0-2",
         ));
     }
-    let null = std::ptr::null::<libc::c_char>();
-    let argv = program
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(null))
-        .collect();
-    let envp = program
-        .envp
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(null))
-        .collect();
+    let argv = pointers(&[], &program.argv);
+    let envp = pointers(&[], &program.envp);
     let scripts = program
         .candidates
         .iter()
-        .map(|path| {
-            std::iter::once(SH.as_ptr())
-                .chain(std::iter::once(path.as_ptr()))
-                .chain(program.argv.iter().skip(1).map(|a| a.as_ptr()))
-                .chain(std::iter::once(null))
-                .collect()
-        })
+        .map(|path| pointers(&[SH.as_ptr(), path.as_ptr()], &program.argv[1..]))
         .collect();
     let args = ChildArgs {
         program,
@@ -216,6 +214,16 @@ pub fn spawn(
     }
     spawned.kill_on_drop = kill_on_drop;
     Ok(spawned)
+}
+
+/// `first`, then `strings`, as the NULL-terminated array of C strings execve takes.
+fn pointers(first: &[*const libc::c_char], strings: &[CString]) -> Vec<*const libc::c_char> {
+    first
+        .iter()
+        .copied()
+        .chain(strings.iter().map(|s| s.as_ptr()))
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
 
 /// The child: signal handlers back to their defaults, stdio in place, the identity switched,
@@ -317,16 +325,16 @@ impl Spawned {
         self.pid
     }
 
-    /// Waits until the process exits, calls `exited` (it is then a zombie: its pid is still
+    /// Waits until the process exits, calls `on_exit` (it is then a zombie: its pid is still
     /// taken), and reaps it.
     pub async fn wait(
         &mut self,
-        exited: impl FnOnce(),
+        on_exit: impl FnOnce(),
     ) -> std::io::Result<std::process::ExitStatus> {
         if let Some(fd) = self.pidfd.as_ref().and_then(|f| f.try_clone().ok()) {
-            exit_of(fd).await;
+            exited(fd).await;
         }
-        exited();
+        on_exit();
         let status = match self.reap_now(libc::WNOHANG)? {
             Some(s) => s,
             // No pidfd to wait on (or a wake-up before the exit): wait off the runtime.
@@ -352,20 +360,6 @@ impl Spawned {
             self.reaped = true;
         }
         Ok(status)
-    }
-}
-
-/// Waits until the process of pidfd `fd` has exited (the pidfd turns readable), without
-/// reaping it; at once if it cannot wait.
-async fn exit_of(fd: OwnedFd) {
-    // SAFETY: the AsyncFd owns the OwnedFd, which stays open, the same descriptor, until the
-    // AsyncFd is dropped.
-    #[allow(unsafe_code)]
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-    };
-    if let Ok(fd) = registered {
-        let _ = fd.readable().await;
     }
 }
 
@@ -415,7 +409,7 @@ impl Drop for Spawned {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Some(fd) = pidfd {
-                    exit_of(fd).await;
+                    exited(fd).await;
                 }
                 let _ = tokio::task::spawn_blocking(move || waitpid_flags(pid, 0)).await;
             });

@@ -26,8 +26,9 @@ use crate::becomes::Becomes;
 use crate::host_user;
 use crate::passwd::{self, Login};
 use crate::session_exec::{self, PamExec};
+use crate::spawn::{self, exited, pidfd};
 use crate::{AgentError, AgentIdentity};
-use crate::{motd, spawn, utmp};
+use crate::{motd, utmp};
 
 /// Environment variables a client may set (everything else is ignored, as sshd's AcceptEnv
 /// would): never LD_PRELOAD, BASH_ENV or PATH.
@@ -335,6 +336,10 @@ impl PidSlot {
     }
 }
 
+/// A command's stdin, stdout and stderr, whichever way it was started.
+type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+
 /// A session's process: started by std (the PAM path, kernels before 5.3) or by
 /// [`spawn`] (no copy of the agent).
 enum Proc {
@@ -382,34 +387,6 @@ async fn reap(child: &mut Proc, slot: &PidSlot) -> std::io::Result<std::process:
     let status = child.wait().await;
     slot.set(None);
     status
-}
-
-/// A pidfd for process `pid`, or None where the kernel has none.
-fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
-    use nix::libc;
-    use std::os::fd::{FromRawFd, OwnedFd};
-    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no
-    // memory is passed.
-    #[allow(unsafe_code)]
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    // SAFETY: a descriptor just returned by pidfd_open, owned by nothing else.
-    #[allow(unsafe_code)]
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// Waits until the process of pidfd `fd` (this agent's child) has exited, without reaping
-/// it: the pidfd turns readable. False if it could not wait.
-async fn exited(fd: std::os::fd::OwnedFd) -> bool {
-    // SAFETY: the AsyncFd owns the OwnedFd, which stays open, the same descriptor, until the
-    // AsyncFd is dropped.
-    #[allow(unsafe_code)]
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-    };
-    match registered {
-        Ok(fd) => fd.readable().await.is_ok(),
-        Err(_) => false,
-    }
 }
 
 impl Conn {
@@ -555,12 +532,11 @@ impl Conn {
                 // pty_process makes the shell a session leader with the pty as its controlling
                 // terminal (setsid, TIOCSCTTY) before this runs.
                 let becomes = Becomes::new(&login, false)?;
-                let mut cmd = pty_process::Command::new(&program);
-                cmd = match (&direct, &command) {
-                    (Some(argv), _) => cmd.args(argv.iter().skip(1)),
-                    (None, Some(c)) => cmd.arg("-c").arg(c),
-                    (None, None) => cmd.arg0(format!("-{shell_name}")),
-                };
+                let (arg0, args) = argv_of(&direct, &command, Some(&shell_name));
+                let mut cmd = pty_process::Command::new(&program).args(args);
+                if let Some(a) = arg0 {
+                    cmd = cmd.arg0(a);
+                }
                 // SAFETY: `Becomes::apply` makes only async-signal-safe calls on data prepared
                 // before the fork (see there).
                 #[allow(unsafe_code)]
@@ -605,72 +581,48 @@ impl Conn {
             } else {
                 None
             };
-            if let Some((child, pipes)) = cloned {
-                let spawn::Pipes {
-                    stdin,
-                    stdout,
-                    stderr,
-                    ..
-                } = pipes;
-                slot.set(Some(child.id()));
-                tokio::spawn(pipe_input(rx, Some(stdin)));
-                tokio::spawn(relay_pipes(
-                    handle,
-                    output,
-                    ch,
-                    Some(stdout),
-                    Some(stderr),
+            let (child, stdin, stdout, stderr): (
+                Proc,
+                Option<Writer>,
+                Option<Reader>,
+                Option<Reader>,
+            ) = if let Some((child, pipes)) = cloned {
+                (
                     Proc::Cloned(child),
-                    slot,
-                ));
-                if let Some(c) = self.channels.get_mut(&ch) {
-                    c.input = Some(tx);
-                }
-                return Ok(());
-            }
-            let mut child = if let Some(pam) = &self.srv.pam {
-                let spec = self.exec_spec(pam, &login, command.clone(), direct, env, None);
-                session_exec::spawn(pam, &spec, Stdio::piped(), Stdio::piped(), Stdio::piped())?
+                    Some(Box::new(pipes.stdin)),
+                    Some(Box::new(pipes.stdout)),
+                    Some(Box::new(pipes.stderr)),
+                )
             } else {
-                let becomes = Becomes::new(&login, true)?;
-                let mut cmd = tokio::process::Command::new(&program);
-                match (&direct, &command) {
-                    (Some(argv), _) => {
-                        cmd.args(argv.iter().skip(1));
+                let mut child = if let Some(pam) = &self.srv.pam {
+                    let spec = self.exec_spec(pam, &login, command.clone(), direct, env, None);
+                    session_exec::spawn(pam, &spec, Stdio::piped(), Stdio::piped(), Stdio::piped())?
+                } else {
+                    let becomes = Becomes::new(&login, true)?;
+                    let mut cmd = tokio::process::Command::new(&program);
+                    cmd.args(argv_of(&direct, &command, None).1);
+                    // SAFETY: as above.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        cmd.pre_exec(move || becomes.apply());
                     }
-                    (None, Some(c)) => {
-                        cmd.arg("-c").arg(c);
-                    }
-                    (None, None) => {}
-                }
-                // SAFETY: as above.
-                #[allow(unsafe_code)]
-                unsafe {
-                    cmd.pre_exec(move || becomes.apply());
-                }
-                cmd.env_clear()
-                    .envs(env)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .kill_on_drop(true);
-                cmd.spawn()
-                    .map_err(|e| format!("cannot start {program}: {e}"))?
+                    cmd.env_clear()
+                        .envs(env)
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .kill_on_drop(true);
+                    cmd.spawn()
+                        .map_err(|e| format!("cannot start {program}: {e}"))?
+                };
+                let stdin = child.stdin.take().map(|s| Box::new(s) as Writer);
+                let stdout = child.stdout.take().map(|s| Box::new(s) as Reader);
+                let stderr = child.stderr.take().map(|s| Box::new(s) as Reader);
+                (Proc::Std(child), stdin, stdout, stderr)
             };
             slot.set(child.id());
-            let stdin = child.stdin.take();
-            let stdout = child.stdout.take();
-            let stderr = child.stderr.take();
             tokio::spawn(pipe_input(rx, stdin));
-            tokio::spawn(relay_pipes(
-                handle,
-                output,
-                ch,
-                stdout,
-                stderr,
-                Proc::Std(child),
-                slot,
-            ));
+            tokio::spawn(relay_pipes(handle, output, ch, stdout, stderr, child, slot));
         }
         if let Some(c) = self.channels.get_mut(&ch) {
             c.input = Some(tx);
