@@ -77,7 +77,7 @@ async fn run(auth: AuthClient, proxy_id: String, mut rx: mpsc::UnboundedReceiver
     let path = sallyport_core::routes::auth::proxy_presence(&proxy_id);
     while let Some(first) = rx.recv().await {
         tokio::time::sleep(FLUSH).await;
-        let mut waiting: HashMap<String, Vec<oneshot::Sender<Outcome>>> = HashMap::new();
+        let mut waiting: Waiting = HashMap::new();
         waiting.entry(first.0).or_default().push(first.1);
         while waiting.len() < MAX_PRESENCE_REFRESH {
             match rx.try_recv() {
@@ -95,72 +95,58 @@ async fn run(auth: AuthClient, proxy_id: String, mut rx: mpsc::UnboundedReceiver
 /// heartbeat's answer (a late answer would make every agent in the batch reconnect at once).
 pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 
-async fn send(
-    auth: AuthClient,
-    path: String,
-    mut waiting: HashMap<String, Vec<oneshot::Sender<Outcome>>>,
-) {
-    {
-        let body = PresenceRefresh {
-            nodes: waiting.keys().cloned().collect(),
-        };
-        let asked = auth.json::<_, PresenceRefreshed>(reqwest::Method::POST, &path, Some(&body));
-        let answer = match tokio::time::timeout(BATCH_TIMEOUT, asked).await {
-            Ok(a) => a,
-            Err(_) => {
-                let why = format!(
-                    "auth did not answer a presence batch in {} s",
-                    BATCH_TIMEOUT.as_secs()
-                );
-                tracing::warn!(nodes = waiting.len(), "{why}");
-                for (_, txs) in waiting {
-                    for tx in txs {
-                        let _ = tx.send(Outcome::NotRecorded(why.clone()));
-                    }
-                }
-                return;
-            }
-        };
-        let unknown = match answer {
-            Ok(r) => r.unknown,
-            // An auth from before batched refreshes has no such route: each on its own.
-            Err(ClientError::Refused {
-                status: 404 | 405, ..
-            }) => waiting.keys().cloned().collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, nodes = waiting.len(), "presence not refreshed");
-                let outcome = Outcome::NotRecorded(e.to_string());
-                for (_, txs) in waiting {
-                    for tx in txs {
-                        let _ = tx.send(outcome.clone());
-                    }
-                }
-                return;
-            }
-        };
-        // What auth has no tunnel of here for (removed, or dropped): reported on its own,
-        // which records it again or refuses it as before.
-        // Each in a task of its own: an older auth's whole batch must not queue behind itself.
-        for id in unknown {
-            let Some(txs) = waiting.remove(&id) else {
-                continue;
-            };
-            let auth = auth.clone();
-            tokio::spawn(async move {
-                let p = Presence {
-                    online: true,
-                    labels: None,
-                };
-                let outcome = report(&auth, &id, &p).await;
-                for tx in txs {
-                    let _ = tx.send(outcome.clone());
-                }
-            });
-        }
-        for (_, txs) in waiting {
-            for tx in txs {
-                let _ = tx.send(Outcome::Recorded);
-            }
-        }
+/// Refreshes gathered for one batch, and who waits for each node's outcome.
+type Waiting = HashMap<String, Vec<oneshot::Sender<Outcome>>>;
+
+/// Answers everyone in `waiting` with `outcome`.
+fn tell(waiting: Waiting, outcome: Outcome) {
+    for tx in waiting.into_values().flatten() {
+        let _ = tx.send(outcome.clone());
     }
+}
+
+async fn send(auth: AuthClient, path: String, mut waiting: Waiting) {
+    let body = PresenceRefresh {
+        nodes: waiting.keys().cloned().collect(),
+    };
+    let asked = auth.json::<_, PresenceRefreshed>(reqwest::Method::POST, &path, Some(&body));
+    let unknown = match tokio::time::timeout(BATCH_TIMEOUT, asked).await {
+        Ok(Ok(r)) => r.unknown,
+        // An auth from before batched refreshes has no such route: each on its own.
+        Ok(Err(ClientError::Refused {
+            status: 404 | 405, ..
+        })) => waiting.keys().cloned().collect(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, nodes = waiting.len(), "presence not refreshed");
+            return tell(waiting, Outcome::NotRecorded(e.to_string()));
+        }
+        Err(_) => {
+            let why = format!(
+                "auth did not answer a presence batch in {} s",
+                BATCH_TIMEOUT.as_secs()
+            );
+            tracing::warn!(nodes = waiting.len(), "{why}");
+            return tell(waiting, Outcome::NotRecorded(why));
+        }
+    };
+    // What auth has no tunnel of here for (removed, or dropped): reported on its own,
+    // which records it again or refuses it as before.
+    // Each in a task of its own: an older auth's whole batch must not queue behind itself.
+    for id in unknown {
+        let Some(txs) = waiting.remove(&id) else {
+            continue;
+        };
+        let auth = auth.clone();
+        tokio::spawn(async move {
+            let p = Presence {
+                online: true,
+                labels: None,
+            };
+            let outcome = report(&auth, &id, &p).await;
+            for tx in txs {
+                let _ = tx.send(outcome.clone());
+            }
+        });
+    }
+    tell(waiting, Outcome::Recorded);
 }
