@@ -5,31 +5,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use sallyport_auth::{AuthConfig, AuthServer};
 use sallyport_core::api::AddUser;
-
-fn psql(admin: &str, sql: &str) -> bool {
-    std::process::Command::new("psql")
-        .arg(admin)
-        .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_writing_the_first_records_at_once_keep_one_chain() {
     sallyport_core::install_crypto_provider();
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
-        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
-    );
-    let admin = format!("{base}/postgres");
     // Several fresh databases: the clash, when there is one, is a matter of timing.
     for round in 0..4 {
-        let db = format!("sp_audit_race_{}_{round}", std::process::id());
-        assert!(psql(&admin, &format!("DROP DATABASE IF EXISTS {db}")));
-        assert!(psql(&admin, &format!("CREATE DATABASE {db}")));
-        let url = format!("{base}/{db}");
-        let mut cfg = AuthConfig::new("race", &url);
+        let db = common::PgDatabase::create(&format!("sp_audit_race_{round}"));
+        let mut cfg = AuthConfig::new("race", &db.url);
         cfg.second_factor = false;
         let (a, b) = tokio::join!(AuthServer::open(cfg.clone()), AuthServer::open(cfg.clone()));
         let (a, b) = (a.unwrap(), b.unwrap());
@@ -66,15 +53,6 @@ async fn two_instances_writing_the_first_records_at_once_keep_one_chain() {
         let v = b.audit_verify().await.unwrap();
         assert!(v.ok, "round {round}: {}", v.message);
         drop((a, b));
-        for _ in 0..20 {
-            if psql(
-                &admin,
-                &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-            ) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(250));
-        }
     }
 }
 

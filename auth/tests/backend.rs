@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use russh::keys::ssh_key::{Algorithm, PrivateKey};
 use sallyport_auth::users::SsoIdentity;
 use sallyport_auth::{AuthConfig, AuthError, AuthServer};
@@ -496,39 +498,6 @@ async fn sqlite() {
 
 #[tokio::test]
 async fn postgres() {
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
-        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
-    );
-    let db = format!("sp_backend_{}", std::process::id());
-    let admin = format!("{base}/postgres");
-    let run = |sql: String| {
-        let out = std::process::Command::new("psql")
-            .arg(&admin)
-            .args(["-v", "ON_ERROR_STOP=1", "-c", &sql])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(format!("DROP DATABASE IF EXISTS {db}"));
-    run(format!("CREATE DATABASE {db}"));
-    suite(&format!("{base}/{db}")).await;
-    // Best effort, retried: FORCE cannot end a backend of another role, and an autovacuum
-    // worker (the server's own) may be in the new database for a moment. A database left
-    // behind is harmless; a test failed by the server's housekeeping would not be.
-    for _ in 0..20 {
-        let dropped = std::process::Command::new("psql")
-            .arg(&admin)
-            .args(["-v", "ON_ERROR_STOP=1", "-c"])
-            .arg(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if dropped {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
+    let db = common::PgDatabase::create("sp_backend");
+    suite(&db.url).await;
 }

@@ -5,19 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use base64::Engine;
 use rcgen::PublicKeyData;
 use russh::keys::ssh_key::{Algorithm, PrivateKey};
 use sallyport_auth::{AuthConfig, AuthError, AuthServer};
 use sallyport_core::api::{AddJoinToken, JoinRequest, ProxyJoinRequest, TokenKind};
-
-fn psql(admin: &str, sql: &str) -> bool {
-    std::process::Command::new("psql")
-        .arg(admin)
-        .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 fn request(token: &str, name: &str) -> ProxyJoinRequest {
     let tls = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -46,14 +40,8 @@ fn agent_request(token: &str, name: &str) -> JoinRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_proxy_or_agent_that_loses_a_name_race_keeps_its_token() {
     sallyport_core::install_crypto_provider();
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
-        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
-    );
-    let admin = format!("{base}/postgres");
-    let db = format!("sp_join_race_{}", std::process::id());
-    assert!(psql(&admin, &format!("DROP DATABASE IF EXISTS {db}")));
-    assert!(psql(&admin, &format!("CREATE DATABASE {db}")));
-    let cfg = AuthConfig::new("joins", &format!("{base}/{db}"));
+    let db = common::PgDatabase::create("sp_join_race");
+    let cfg = AuthConfig::new("joins", &db.url);
     // Two auth instances, as two proxies would each reach one.
     let a = AuthServer::open(cfg.clone()).await.unwrap();
     let b = AuthServer::open(cfg).await.unwrap();
@@ -112,15 +100,5 @@ async fn a_proxy_or_agent_that_loses_a_name_race_keeps_its_token() {
         a.join(&retry, "127.0.0.1:2").await.unwrap();
         let again = agent_request(loser_token, &format!("web{round}-c"));
         assert!(a.join(&again, "127.0.0.1:2").await.is_err());
-    }
-    drop((a, b));
-    for _ in 0..20 {
-        if psql(
-            &admin,
-            &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        ) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
     }
 }
