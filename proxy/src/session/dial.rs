@@ -77,6 +77,12 @@ pub async fn dial(
 /// ours. An agentless node's sshd would log every refused session as a connection closed
 /// before authentication, so it is dialed only once granted.
 pub fn dials_ahead(node: &NodeInfo) -> bool {
+    through_tunnel(node)
+}
+
+/// Whether `node` is reached through its agent's tunnel (a node agent or a kube agent), not at
+/// an agentless address.
+fn through_tunnel(node: &NodeInfo) -> bool {
     matches!(node.kind, NodeKind::Agent | NodeKind::Kube)
 }
 
@@ -86,7 +92,6 @@ pub struct Connected {
     handle: russh::client::Handle<NodeClient>,
     state: Arc<ProxyState>,
     node: NodeInfo,
-    agent: bool,
     this_conn: ConnSlot,
     open_failure: Shared<Option<String>>,
 }
@@ -118,7 +123,7 @@ pub async fn connect(
     // Inside an agent's tunnel the TLS layer is the cipher; an agentless node's TCP
     // connection gets real SSH ciphers, and the window sshd itself would get from OpenSSH.
     // A kube agent is dialed as a node agent is: SSH inside its tunnel.
-    let agent = matches!(node.kind, NodeKind::Agent | NodeKind::Kube);
+    let agent = through_tunnel(node);
     let mut config = if agent {
         sallyport_core::sshcert::client_config(sallyport_core::sshcert::preferred_in_tunnel())
     } else {
@@ -171,7 +176,6 @@ pub async fn connect(
         handle,
         state,
         node: node.clone(),
-        agent,
         this_conn,
         open_failure,
     })
@@ -199,7 +203,7 @@ impl Connected {
             .await
             .map_err(|e| format!("node {}: {e}", node.hostname))?;
         if !auth.success() {
-            let trust = if self.agent {
+            let trust = if through_tunnel(node) {
                 "does its agent belong to this cluster?"
             } else {
                 "does its sshd trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
