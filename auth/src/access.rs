@@ -19,6 +19,22 @@ pub fn node_labels(n: &NodeInfo) -> BTreeMap<String, String> {
     l
 }
 
+/// `f` over the labels [`node_labels`] gives, without a copy of the map: the built-in labels
+/// are put into the node's own map for the call, and what they replaced is put back after.
+/// For listings, where a copy per node was a third of the time over 10,000 nodes.
+pub fn with_node_labels<T>(n: &mut NodeInfo, f: impl FnOnce(&BTreeMap<String, String>) -> T) -> T {
+    let hostname = n.labels.insert("hostname".into(), n.hostname.clone());
+    let id = n.labels.insert("id".into(), n.id.clone());
+    let out = f(&n.labels);
+    for (key, before) in [("id", id), ("hostname", hostname)] {
+        match before {
+            Some(v) => n.labels.insert(key.into(), v),
+            None => n.labels.remove(key),
+        };
+    }
+    out
+}
+
 impl AuthServer {
     /// The decision the doors would make for `req`, with the role and rule that decide it.
     pub async fn access_check(&self, req: &AccessCheck) -> Result<Decision, AuthError> {
@@ -70,5 +86,45 @@ impl AuthServer {
             ));
         }
         Err(AuthError::BadRequest("say what to check: --node NODE --login LOGIN, or --kube-resource kind/ns/name --verb VERB".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sallyport_core::api::NodeKind;
+
+    fn node(labels: &[(&str, &str)]) -> NodeInfo {
+        NodeInfo {
+            id: "5f0c".into(),
+            hostname: "web1".into(),
+            addr: None,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            kind: NodeKind::Agent,
+            online: true,
+            logins: None,
+        }
+    }
+
+    /// The listing's labels are the ones a session's decision uses, and the node is left as it
+    /// was, a stored `hostname` or `id` label (rows written before labels were checked) too.
+    #[test]
+    fn labels_lent_for_a_listing_are_those_a_session_sees_and_the_node_is_unchanged() {
+        for labels in [
+            &[("env", "prod")][..],
+            &[("env", "prod"), ("hostname", "forged"), ("id", "forged")][..],
+            &[][..],
+        ] {
+            let mut n = node(labels);
+            let before = n.labels.clone();
+            let seen = with_node_labels(&mut n, |l| l.clone());
+            assert_eq!(seen, node_labels(&n));
+            assert_eq!(seen.get("hostname").map(String::as_str), Some("web1"));
+            assert_eq!(seen.get("id").map(String::as_str), Some("5f0c"));
+            assert_eq!(n.labels, before);
+        }
     }
 }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::{Allowed, Auth, Caller, Proxy, done, rule};
 use crate::AuthError;
-use crate::access::node_labels;
+use crate::access::with_node_labels;
 
 pub(super) async fn list(
     State(auth): Auth,
@@ -22,27 +22,25 @@ pub(super) async fn list(
         Caller::User { roles, traits, .. } => {
             let set = auth.role_set(roles, traits).await?;
             let logins = set.logins();
-            Ok(Json(
-                nodes
-                    .into_iter()
-                    .filter_map(|mut n| {
-                        let labels = node_labels(&n);
-                        if !sees_all && !set.can_see_node(&labels) {
-                            return None;
-                        }
-                        // What a login chooser may offer on this node: the decision a session
-                        // grant makes.
-                        n.logins = Some(
-                            logins
-                                .iter()
-                                .filter(|l| set.allows_node(l, &labels))
-                                .cloned()
-                                .collect(),
-                        );
-                        Some(n)
+            let mut listed = Vec::with_capacity(nodes.len());
+            for mut n in nodes {
+                // Shown, and what a login chooser may offer on it: the decision a session
+                // grant makes.
+                let allowed = with_node_labels(&mut n, |labels| {
+                    (sees_all || set.can_see_node(labels)).then(|| {
+                        logins
+                            .iter()
+                            .filter(|l| set.allows_node(l, labels))
+                            .cloned()
+                            .collect()
                     })
-                    .collect(),
-            ))
+                });
+                if allowed.is_some() {
+                    n.logins = allowed;
+                    listed.push(n);
+                }
+            }
+            Ok(Json(listed))
         }
         _ if sees_all => Ok(Json(nodes)),
         _ => Err(AuthError::AccessDenied(format!(
