@@ -13,6 +13,12 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// mimalloc, not glibc's malloc: the daemon makes and frees many small allocations per
+/// request and per relayed chunk, where glibc's bins cost up to half a listing's time
+/// (bench/RESULTS.md, `sally ls` over 10,000 nodes).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sallyport",
