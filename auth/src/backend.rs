@@ -2,6 +2,7 @@
 //! several auth instances. Queries use the runtime API over `sqlx::Any` with `$n` placeholders,
 //! which both databases accept, and store times as Unix seconds.
 
+use futures::TryStreamExt;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
@@ -101,6 +102,160 @@ impl Backend {
             .await?
             .ok_or_else(|| AuthError::Storage(format!("state {key} vanished")))
     }
+}
+
+/// A value on its way from one database to the other: the schema holds only these two types.
+enum Value {
+    Int(Option<i64>),
+    Text(Option<String>),
+}
+
+/// Rows per `INSERT` when copying: PostgreSQL takes at most 65,535 parameters a statement.
+fn rows_per_insert(columns: usize) -> usize {
+    (60_000 / columns.max(1)).clamp(1, 1_000)
+}
+
+impl Backend {
+    /// Copies every table of this SQLite database into `to`, an empty PostgreSQL database
+    /// (`sallyport storage migrate`): users, roles, the certificate authorities, nodes, tokens,
+    /// sessions and the audit chain, row for row, so the cluster keeps its CA pin and the chain
+    /// still verifies. One read snapshot of the source, one transaction on the target: a
+    /// failure leaves the target as it was. The tables and their column types are the
+    /// target's (its migrations have run); a column the source lacks is an error that names it.
+    /// Returns each table with the rows copied.
+    pub async fn copy_into(&self, to: &Backend) -> Result<Vec<(String, u64)>, AuthError> {
+        if self.kind != Kind::Sqlite || to.kind != Kind::Postgres {
+            return Err(AuthError::BadRequest(
+                "storage is copied from SQLite into PostgreSQL only".into(),
+            ));
+        }
+        let columns = sqlx::query(
+            "SELECT table_name::text AS t, column_name::text AS c, data_type::text AS ty
+             FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name::text NOT LIKE '\\_sqlx%'
+             ORDER BY table_name, ordinal_position",
+        )
+        .fetch_all(&to.pool)
+        .await?;
+        let mut tables: Vec<(String, Vec<(String, bool)>)> = Vec::new();
+        for row in &columns {
+            let (t, c, ty): (String, String, String) =
+                (row.try_get("t")?, row.try_get("c")?, row.try_get("ty")?);
+            let int = match ty.as_str() {
+                "bigint" | "integer" | "smallint" => true,
+                "text" | "character varying" => false,
+                other => {
+                    return Err(AuthError::Storage(format!(
+                        "column {t}.{c} has type {other}, which the copy does not know"
+                    )));
+                }
+            };
+            match tables.last_mut() {
+                Some((last, cols)) if *last == t => cols.push((c, int)),
+                _ => tables.push((t, vec![(c, int)])),
+            }
+        }
+        if tables.is_empty() {
+            return Err(AuthError::Storage(
+                "the target database has no tables after its migrations".into(),
+            ));
+        }
+        let mut target = to.pool.begin().await?;
+        for (t, _) in &tables {
+            let n: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM \"{t}\"")))
+                .fetch_one(&mut *target)
+                .await?
+                .try_get(0)?;
+            if n > 0 {
+                return Err(AuthError::Conflict(format!(
+                    "the target database already holds data (table {t} has {n} rows): \
+                     storage is migrated into an empty database only"
+                )));
+            }
+        }
+        // One snapshot of the source for every table (WAL: writers go on, unseen).
+        let mut source = self.pool.begin().await?;
+        let mut copied = Vec::with_capacity(tables.len());
+        for (t, cols) in &tables {
+            let names = cols
+                .iter()
+                .map(|(c, _)| format!("\"{c}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            // Streamed, a batch at a time: an audit log of millions of records is never
+            // held whole.
+            let per = rows_per_insert(cols.len());
+            let mut rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {names} FROM \"{t}\"")))
+                .fetch(&mut *source);
+            let mut batch = Vec::with_capacity(per);
+            let mut n = 0u64;
+            loop {
+                let row = rows
+                    .try_next()
+                    .await
+                    .map_err(|e| AuthError::Storage(format!("reading table {t}: {e}")))?;
+                let last = row.is_none();
+                batch.extend(row);
+                if batch.len() == per || (last && !batch.is_empty()) {
+                    insert_rows(&mut target, t, &names, cols, &batch).await?;
+                    n += batch.len() as u64;
+                    batch.clear();
+                }
+                if last {
+                    break;
+                }
+            }
+            drop(rows);
+            copied.push((t.clone(), n));
+        }
+        source.rollback().await?;
+        target.commit().await?;
+        Ok(copied)
+    }
+}
+
+/// One `INSERT` of `rows` (read from SQLite as `cols` say) into table `t` of the target.
+async fn insert_rows(
+    target: &mut sqlx::Transaction<'static, sqlx::Any>,
+    t: &str,
+    names: &str,
+    cols: &[(String, bool)],
+    rows: &[AnyRow],
+) -> Result<(), AuthError> {
+    let mut values = Vec::with_capacity(rows.len() * cols.len());
+    for row in rows {
+        for (i, (c, int)) in cols.iter().enumerate() {
+            let v = if *int {
+                row.try_get::<Option<i64>, _>(i).map(Value::Int)
+            } else {
+                row.try_get::<Option<String>, _>(i).map(Value::Text)
+            };
+            values.push(v.map_err(|e| AuthError::Storage(format!("reading {t}.{c}: {e}")))?);
+        }
+    }
+    let tuples = (0..rows.len())
+        .map(|r| {
+            let marks = (1..=cols.len())
+                .map(|i| format!("${}", r * cols.len() + i))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("({marks})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{t}\" ({names}) VALUES {tuples}"
+    )));
+    for v in values {
+        q = match v {
+            Value::Int(i) => q.bind(i),
+            Value::Text(s) => q.bind(s),
+        };
+    }
+    q.execute(&mut **target)
+        .await
+        .map_err(|e| AuthError::Storage(format!("writing table {t}: {e}")))?;
+    Ok(())
 }
 
 /// Hides the password of a connection string.

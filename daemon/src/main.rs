@@ -7,6 +7,7 @@ mod diag;
 mod kube_agent;
 mod proxy_join;
 mod start;
+mod storage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,6 +91,11 @@ enum Command {
         #[arg(long, value_name = "FILE", num_args = 1..)]
         check: Vec<PathBuf>,
     },
+    /// The all-in-one's storage moved to PostgreSQL, for several auth instances.
+    Storage {
+        #[command(subcommand)]
+        command: StorageCommand,
+    },
     /// Internal: a node session run through PAM, started by the agent (never by people).
     #[command(hide = true, name = "session-exec")]
     SessionExec {
@@ -103,6 +109,26 @@ enum Command {
         /// A directory for sallyport.1 and one page per subcommand (sallyport-start.1, ...).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum StorageCommand {
+    /// Copy the embedded SQLite database (users, roles, certificate authorities, nodes,
+    /// tokens, sessions, the audit chain) into an empty PostgreSQL database, row for row: the
+    /// cluster keeps its CA pin, agents and logins keep working, `sallyctl audit verify` still
+    /// passes. Stop sallyport first; then point `sallyport.storage` at PostgreSQL.
+    Migrate {
+        /// Configuration file (its `sallyport.data_dir` holds sallyport.db).
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+        /// Data directory holding sallyport.db; overrides `sallyport.data_dir`.
+        #[arg(long, short = 'd')]
+        data_dir: Option<PathBuf>,
+        /// The PostgreSQL database to copy into, postgres://USER:PASSWORD@HOST:5432/DB; it
+        /// must hold no data (its tables are made if missing).
+        #[arg(long, value_name = "URL")]
+        to: String,
     },
 }
 
@@ -141,6 +167,14 @@ fn main() -> ExitCode {
                 _ => ExitCode::SUCCESS,
             }
         }
+        Command::Storage {
+            command:
+                StorageCommand::Migrate {
+                    config,
+                    data_dir,
+                    to,
+                },
+        } => run(storage::migrate(config, data_dir, to)),
         Command::Start {
             config,
             data_dir,
@@ -169,20 +203,25 @@ fn main() -> ExitCode {
                 kube_cluster,
                 diag_addr,
             };
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
-            };
-            match rt.block_on(start::run(config, data_dir, flags)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::from(1)
-                }
-            }
+            run(start::run(config, data_dir, flags))
+        }
+    }
+}
+
+/// Runs `f` to its end on a new runtime: its error is printed, and is exit code 1.
+fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
         }
     }
 }

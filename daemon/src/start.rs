@@ -768,7 +768,7 @@ fn public_or(cfg: &Config, addr: SocketAddr) -> String {
     }
 }
 
-fn default_data_dir() -> PathBuf {
+pub(crate) fn default_data_dir() -> PathBuf {
     std::env::var_os("HOME")
         .map(|h| PathBuf::from(h).join(".local/share/sallyport"))
         .unwrap_or_else(|| PathBuf::from("/var/lib/sallyport"))

@@ -251,6 +251,132 @@ fn postgres_storage_end_to_end() {
     psql(&format!("DROP DATABASE IF EXISTS {db}"));
 }
 
+/// The all-in-one moved to PostgreSQL (`sallyport storage migrate`): the same cluster after
+/// the move — CA pin, users and their passwords, the local agent's tunnel on the certificates it
+/// already had, the audit chain intact with every record —, and a second copy into the now
+/// non-empty database refused without touching it.
+#[test]
+fn the_all_in_one_migrates_to_postgres_and_stays_the_same_cluster() {
+    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
+        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
+    );
+    let db = format!("sp_migrate_{}", std::process::id());
+    let psql = |sql: &str| {
+        let out = Command::new("psql")
+            .arg(format!("{base}/postgres"))
+            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    psql(&format!("DROP DATABASE IF EXISTS {db}"));
+    psql(&format!("CREATE DATABASE {db}"));
+    let url = format!("{base}/{db}");
+    let migrate = |config: &std::path::Path, data: Option<&std::path::Path>| {
+        let mut cmd = Command::new(bin("sallyport"));
+        cmd.args(["storage", "migrate", "--config"]).arg(config);
+        if let Some(d) = data {
+            cmd.arg("--data-dir").arg(d);
+        }
+        run(cmd.args(["--to", &url]), "")
+    };
+
+    let mut c = Cluster::start();
+    let home = c.user("pat", "access,auditor", "pat");
+    let pin = c.pin.clone();
+    let ca = c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout;
+    assert!(
+        eventually(Duration::from_secs(30), || c
+            .sally(&home, &["ls"], "")
+            .stdout
+            .contains("online")),
+        "the local agent came online before the move"
+    );
+    let records = |c: &Cluster| -> Vec<String> {
+        c.sallyctl(&["audit", "search", "--since", "1h", "--limit", "100000"])
+            .ok()
+            .stdout
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    let before = records(&c);
+    c.terminate();
+    // A data directory without the database is named, and nothing is written.
+    let empty = tempfile::tempdir().unwrap();
+    migrate(&c.config, Some(empty.path())).fails_with("no SQLite database at");
+
+    let out = migrate(&c.config, None).ok().stdout;
+    assert!(
+        out.contains("users") && out.contains("audit_events") && !out.contains(&base),
+        "the copy says what it copied, never the password in the URL: {out}"
+    );
+    // From now on the cluster runs on PostgreSQL; the SQLite file is moved out of the way so
+    // nothing can read it.
+    let config = std::fs::read_to_string(&c.config).unwrap();
+    assert!(config.contains("storage: {type: sqlite}"), "{config}");
+    std::fs::write(
+        &c.config,
+        config.replace(
+            "storage: {type: sqlite}",
+            &format!("storage: {{type: postgres, conn_string: \"{url}\"}}"),
+        ),
+    )
+    .unwrap();
+    let sqlite = c.data_dir().join("sallyport.db");
+    std::fs::rename(&sqlite, c.dir.path().join("sallyport.db.before")).unwrap();
+    c.boot();
+    assert!(!sqlite.exists(), "the daemon made no new SQLite database");
+    assert_eq!(c.pin, pin, "the same host CA");
+    assert_eq!(
+        c.sallyctl(&["auth", "export", "--type=user"]).ok().stdout,
+        ca
+    );
+    c.login(&home, "pat", "correct horse battery").ok();
+    assert!(
+        eventually(Duration::from_secs(30), || c
+            .sally(&home, &["ls"], "")
+            .stdout
+            .contains("online")),
+        "the local agent's tunnel is back on the certificates it had"
+    );
+    let verified = c.sallyctl(&["audit", "verify"]).ok().stdout;
+    assert!(verified.contains("intact"), "{verified}");
+    let after = records(&c);
+    assert!(
+        before.len() > 3 && after.len() > before.len() && after[..before.len()] == before[..],
+        "every record from before the move, as it was, then the new ones:\n{}\n---\n{}",
+        before.join("\n"),
+        after.join("\n")
+    );
+
+    // Copying again into the database that now holds the cluster is refused, and changes
+    // nothing in it.
+    c.terminate();
+    std::fs::create_dir_all(c.dir.path().join("data-again")).unwrap();
+    std::fs::copy(
+        c.dir.path().join("sallyport.db.before"),
+        c.dir.path().join("data-again/sallyport.db"),
+    )
+    .unwrap();
+    migrate(&c.config, Some(&c.dir.path().join("data-again"))).fails_with("already holds data");
+    c.boot();
+    c.login(&home, "pat", "correct horse battery").ok();
+    let last = records(&c);
+    assert!(
+        last.len() > after.len() && last[..after.len()] == after[..],
+        "the refused copy added nothing, and the chain goes on where it was"
+    );
+    let verified = c.sallyctl(&["audit", "verify"]).ok().stdout;
+    assert!(verified.contains("intact"), "{verified}");
+    c.stop();
+    psql(&format!("DROP DATABASE IF EXISTS {db}"));
+}
+
 /// Logs are plain text in a file or a pipe (no ANSI colour codes); colour is for a terminal,
 /// and NO_COLOR turns it off there too.
 #[test]
