@@ -47,8 +47,9 @@ enum Ev {
     Resize(u32, u32),
     /// Answered once everything queued before it is written (and accounted exactly).
     Sync(std::sync::mpsc::SyncSender<()>),
-    /// Nothing follows: write what is held, sync and end.
-    Finish,
+    /// Nothing follows: write what is held and flush, answer (the file is complete), then
+    /// sync and end.
+    Finish(std::sync::mpsc::SyncSender<()>),
 }
 
 /// The most one line adds besides its escaped data: `[`, the time (at most 24 characters),
@@ -176,9 +177,12 @@ impl Recorder {
                             let _ = done.send(());
                         }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => w.tick(),
-                        Ok(Ev::Finish) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        Ok(Ev::Finish(complete)) => {
+                            w.complete();
+                            let _ = complete.send(());
                             break;
                         }
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                 }
                 w.finish();
@@ -337,20 +341,37 @@ impl Recorder {
         self.send(Ev::Resize(cols, rows));
     }
 
-    /// Waits until everything queued is written, flushed and synced; answers whether the
-    /// recording stopped early and why (the writer may find so only now: the limit, or an
-    /// error syncing). Nothing is taken after it.
-    pub fn finish(&self) -> Option<Stop> {
-        self.closed.store(true, Ordering::Release);
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = thread {
-            self.send(Ev::Finish);
-            if tokio::task::block_in_place(|| t.join()).is_err() {
+    /// Waits until everything queued is written and flushed: the file is complete for any
+    /// reader, its sync still to come ([`Recorder::finish`]). Answers whether the recording
+    /// stopped early and why (the limit, or an error writing). Nothing is taken after it.
+    pub fn complete(&self) -> Option<Stop> {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let (done, written) = std::sync::mpsc::sync_channel(1);
+            self.send(Ev::Finish(done));
+            if tokio::task::block_in_place(|| written.recv()).is_err() {
+                // The writer went without answering: it could not finish the file.
                 let _ = self
                     .shared
                     .failed
                     .set("the recording's writer failed".into());
             }
+        }
+        self.stopped()
+    }
+
+    /// Completes the recording ([`Recorder::complete`], if not done yet) and waits until it
+    /// is synced; answers whether it stopped early and why (the writer may find so only now:
+    /// an error syncing). Nothing is taken after it.
+    pub fn finish(&self) -> Option<Stop> {
+        self.complete();
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread
+            && tokio::task::block_in_place(|| t.join()).is_err()
+        {
+            let _ = self
+                .shared
+                .failed
+                .set("the recording's writer failed".into());
         }
         self.stopped()
     }

@@ -508,9 +508,11 @@ async fn output<D: Door>(
             _ => {}
         }
     }
-    // The recording is complete on disk before the person sees the session end.
-    live.finish_recording().await;
+    // The recording is complete (written and flushed) before the person sees the session
+    // end; its sync comes after, before the session's end is audited.
+    let rec = live.complete_recording().await;
     live.close(why).await;
+    live.recording_synced(rec).await;
     let _ = conn
         .disconnect(russh::Disconnect::ByApplication, "", "")
         .await;

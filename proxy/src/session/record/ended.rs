@@ -37,13 +37,29 @@ impl<D: Door> Live<D> {
         self.recording_ended(stop).await
     }
 
-    /// At the session's end: the recording is complete on disk before the person sees the end
-    /// (and a stop the writer met only now is audited), then handed to the uploads when the
-    /// store is elsewhere.
-    pub(in crate::session) async fn finish_recording(&self) {
-        let finished = self.rec.lock().ok().and_then(|mut r| r.take());
-        if let Some(stop) = finished.and_then(|r| r.finish()) {
+    /// At the session's end, before the person sees it: the recording is complete (written
+    /// and flushed, so any reader — the player, a test — finds all of it), and a stop the
+    /// writer met only now is audited. Answers the recording for [`Live::recording_synced`].
+    pub(in crate::session) async fn complete_recording(&self) -> Option<Arc<Recorder>> {
+        let rec = self.rec.lock().ok().and_then(|mut r| r.take())?;
+        if let Some(stop) = rec.complete() {
             self.recording_ended(stop).await;
+        }
+        Some(rec)
+    }
+
+    /// After the person saw the end: the recording synced to disk (off the person's path: a
+    /// sync costs about a millisecond, as much as much of a session's set-up), a failure to
+    /// sync audited (the session's end then says `incomplete`), then handed to the uploads
+    /// when the store is elsewhere.
+    pub(in crate::session) async fn recording_synced(&self, rec: Option<Arc<Recorder>>) {
+        if let Some(rec) = rec {
+            let before = rec.stopped();
+            if let Some(stop) = rec.finish()
+                && Some(&stop) != before.as_ref()
+            {
+                self.recording_ended(stop).await;
+            }
         }
         if let Some(uploads) = &self.state.uploads {
             uploads.finished(&self.grant.session_id);

@@ -189,6 +189,8 @@ struct Failing {
     room: usize,
     failed: Arc<AtomicBool>,
     fail_sync: bool,
+    /// A sync waits while a test holds this.
+    sync_gate: Arc<Mutex<()>>,
 }
 
 impl std::io::Write for Failing {
@@ -214,6 +216,7 @@ impl std::io::Write for Failing {
 
 impl writer::Durable for Failing {
     fn sync_all(&self) -> std::io::Result<()> {
+        drop(self.sync_gate.lock());
         if self.fail_sync {
             return Err(std::io::Error::other("sync failed (test)"));
         }
@@ -279,6 +282,48 @@ fn a_sync_error_at_the_end_is_a_failure() {
     let r = failing(&sink, true);
     assert_eq!(r.output(bytes::Bytes::from_static(b"hello\n")), 6);
     assert_eq!(r.finish(), Some(Stop::Failed("sync failed (test)".into())));
+}
+
+/// The session's end is told once the recording is complete, before its sync: the file then
+/// holds every line, and a sync that fails afterwards is still the recording's failure.
+#[test]
+fn a_recording_is_whole_before_its_sync_and_a_failed_sync_still_counts() {
+    let sink = Failing {
+        room: usize::MAX,
+        fail_sync: true,
+        ..Failing::default()
+    };
+    let r = failing(&sink, true);
+    assert_eq!(r.output(bytes::Bytes::from_static(b"hello \xe2\x98")), 8);
+    let syncing = sink.sync_gate.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        r.complete(),
+        None,
+        "nothing failed yet: the sync is still to come"
+    );
+    let written = sink.got.lock().map(|g| g.clone()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&written);
+    let output: String = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e[2].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        output, "hello \u{fffd}",
+        "the cut sequence's tail is written too: {text}"
+    );
+    assert_eq!(
+        r.output(bytes::Bytes::from_static(b"late")),
+        0,
+        "nothing is taken after"
+    );
+    drop(syncing);
+    assert_eq!(r.finish(), Some(Stop::Failed("sync failed (test)".into())));
+    assert_eq!(
+        sink.got.lock().map(|g| g.len()).unwrap_or_default(),
+        written.len()
+    );
 }
 
 #[test]

@@ -245,7 +245,9 @@ impl<S: Sink> Writer<S> {
         }
     }
 
-    pub(super) fn finish(mut self) {
+    /// Nothing follows: writes what is held and flushes, so the file is complete for any
+    /// reader (not yet durable: [`Writer::finish`]).
+    pub(super) fn complete(&mut self) {
         // A sequence cut by the session's end was shown to the person: it is written too
         // (its share of the bound is still held, so it fits under `strict`).
         for (stream, kind) in [(0, "o"), (1, "i")] {
@@ -253,6 +255,12 @@ impl<S: Sink> Writer<S> {
                 self.write_bytes(stream, kind, &[], true);
             }
         }
+        self.flush();
+    }
+
+    /// Completes the file (if [`Writer::complete`] did not already) and makes it durable.
+    pub(super) fn finish(mut self) {
+        self.complete();
         if let Some(sink) = self.sink.as_mut() {
             let r = sink.sync();
             self.check(r);
