@@ -315,6 +315,7 @@ impl Drop for WriterQueue {
 impl AuthServer {
     /// Appends one event to the chain.
     pub async fn emit(&self, event: Event) -> Result<(), AuthError> {
+        let event = event.storable();
         // Waiting for the chain's lock, or being written: auth's audit queue.
         let _queued = WriterQueue::enter();
         let _guard = self.audit_lock.lock().await;

@@ -7,7 +7,7 @@ use base64::Engine;
 use russh::keys::ssh_key::PublicKey;
 use sallyport_core::api::*;
 use sallyport_core::audit::catalogue::Source;
-use sallyport_core::audit::{Event, EventType};
+use sallyport_core::audit::{Event, EventType, storable_text};
 use sallyport_core::sshcert::{self, Permits, UserCertRequest};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -722,7 +722,7 @@ impl AuthServer {
             .bind(end.bytes_out as i64)
             .bind(status.as_str())
             .bind(end.kind.unwrap_or(s.kind).as_str())
-            .bind(end.command.clone())
+            .bind(end.command.as_deref().map(|c| storable_text(c).into_owned()))
             .bind(id)
             .execute(&self.backend.pool)
             .await?;
@@ -761,7 +761,7 @@ impl AuthServer {
     ) -> Result<(), AuthError> {
         sqlx::query("UPDATE sessions SET kind = $1, command = $2 WHERE id = $3 AND status = $4")
             .bind(kind.as_str())
-            .bind(command)
+            .bind(command.map(|c| storable_text(c).into_owned()))
             .bind(id)
             .bind(SessionStatus::Running.as_str())
             .execute(&self.backend.pool)

@@ -97,6 +97,7 @@ async fn suite(url: &str) {
 
     sso_users_are_keyed_on_their_identity(&auth).await;
     presence_is_refreshed_in_one_request(&auth).await;
+    a_nul_in_a_record_is_kept_as_a_replacement(&auth).await;
 
     let v = auth.audit_verify().await.unwrap();
     assert!(v.ok, "{}", v.message);
@@ -331,6 +332,37 @@ async fn sso_users_are_keyed_on_their_identity(auth: &AuthServer) {
 
 /// A record written before the catalogue renamed its event keeps its old name (the chain hashes
 /// it), so a search under today's name or the former one finds it beside new records.
+/// A NUL someone sent (in an exec's command, a path, a name typed at a login) is audited on
+/// both databases, as U+FFFD: PostgreSQL refuses U+0000 in `text` and `jsonb`, so the record,
+/// and every search reading it, would otherwise fail.
+async fn a_nul_in_a_record_is_kept_as_a_replacement(auth: &AuthServer) {
+    use sallyport_core::audit::{Event, EventType};
+    auth.emit(
+        Event::new(EventType::Exec, Some("mal\0lory"))
+            .with("session_id", "s-nul")
+            .with("command", "true\0; rm -rf /")
+            .with("argv", serde_json::json!(["a\0b", {"k\0": "v\0"}])),
+    )
+    .await
+    .unwrap();
+    let found = auth
+        .audit_search(&sallyport_core::api::AuditQuery {
+            session: Some("s-nul".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(found.records.len(), 1, "{:?}", found.records);
+    let r = &found.records[0];
+    assert_eq!(r["command"], "true\u{fffd}; rm -rf /");
+    assert_eq!(r["user"], "mal\u{fffd}lory");
+    assert_eq!(
+        r["argv"],
+        serde_json::json!(["a\u{fffd}b", {"k\u{fffd}": "v\u{fffd}"}])
+    );
+    assert!(auth.audit_verify().await.unwrap().ok);
+}
+
 async fn legacy_event_names(auth: &AuthServer) {
     use sallyport_core::audit::{self, Event, EventType};
     // Appended as auth wrote it then: the same seal, the name of the time.

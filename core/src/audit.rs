@@ -58,6 +58,47 @@ impl Event {
 }
 
 /// Seals `event` as record number `seq` following `prev_hash`; returns the record and its hash.
+/// `s` as PostgreSQL can store it: its `text` and `jsonb` refuse U+0000, which SQLite keeps.
+/// A NUL becomes U+FFFD, as an invalid byte does in a recording.
+pub fn storable_text(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        s.replace('\0', "\u{fffd}").into()
+    } else {
+        s.into()
+    }
+}
+
+/// `v` with every string in it [`storable_text`] (keys too).
+fn storable_value(v: Value) -> Value {
+    match v {
+        Value::String(s) if s.contains('\0') => Value::String(storable_text(&s).into_owned()),
+        Value::Array(a) => Value::Array(a.into_iter().map(storable_value).collect()),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (storable_text(&k).into_owned(), storable_value(v)))
+                .collect(),
+        ),
+        v => v,
+    }
+}
+
+impl Event {
+    /// The event as every database stores it: a NUL in a command, a path or a name someone
+    /// typed would otherwise lose the record on PostgreSQL (and with a session's end record,
+    /// the audit of what the session ran), or fail every search that reads it as `jsonb`.
+    pub fn storable(self) -> Event {
+        Event {
+            event: self.event,
+            user: self.user.map(|u| storable_text(&u).into_owned()),
+            fields: self
+                .fields
+                .into_iter()
+                .map(|(k, v)| (storable_text(&k).into_owned(), storable_value(v)))
+                .collect(),
+        }
+    }
+}
+
 pub fn seal(
     event: &Event,
     cluster: &str,
