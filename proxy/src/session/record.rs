@@ -128,7 +128,7 @@ pub struct Recorder {
     strict: bool,
     /// Set when something could not be taken under `strict`: the recording is over.
     over: AtomicBool,
-    /// Set by [`Recorder::finish`]: nothing more is taken.
+    /// Set by [`Recorder::complete`]: nothing more is taken.
     closed: AtomicBool,
     pub path: PathBuf,
 }
@@ -350,10 +350,7 @@ impl Recorder {
             self.send(Ev::Finish(done));
             if tokio::task::block_in_place(|| written.recv()).is_err() {
                 // The writer went without answering: it could not finish the file.
-                let _ = self
-                    .shared
-                    .failed
-                    .set("the recording's writer failed".into());
+                self.writer_failed();
             }
         }
         self.stopped()
@@ -368,12 +365,16 @@ impl Recorder {
         if let Some(t) = thread
             && tokio::task::block_in_place(|| t.join()).is_err()
         {
-            let _ = self
-                .shared
-                .failed
-                .set("the recording's writer failed".into());
+            self.writer_failed();
         }
         self.stopped()
+    }
+
+    fn writer_failed(&self) {
+        let _ = self
+            .shared
+            .failed
+            .set("the recording's writer failed".into());
     }
 }
 

@@ -333,8 +333,8 @@ async fn deliver<D: Door>(live: &Live<D>, event: Event) -> Result<bool, Option<R
 }
 
 /// The output task: node → person. Output, exit status, replies; records output; audits file
-/// copies; watches the session; at the end finishes the recording before the person sees the
-/// end, closes the node connection and ends the session in auth.
+/// copies; watches the session; at the end completes the recording before the person sees the
+/// end (its sync beside that), closes the node connection and ends the session in auth.
 async fn output<D: Door>(
     live: Arc<Live<D>>,
     mut read: ChannelReadHalf,
@@ -509,10 +509,9 @@ async fn output<D: Door>(
         }
     }
     // The recording is complete (written and flushed) before the person sees the session
-    // end; its sync comes after, before the session's end is audited.
-    let rec = live.complete_recording().await;
-    live.close(why).await;
-    live.recording_synced(rec).await;
+    // end; it syncs while the end is told, and before the session's end is audited.
+    let syncing = live.complete_recording().await;
+    tokio::join!(live.close(why), live.recording_synced(syncing));
     let _ = conn
         .disconnect(russh::Disconnect::ByApplication, "", "")
         .await;

@@ -18,6 +18,9 @@ use super::super::Door;
 use super::super::relay::Live;
 use super::{Recorder, Stop};
 
+/// A completed recording's sync, running: answers a stop it met that completing had not.
+pub(in crate::session) type Syncing = tokio::task::JoinHandle<Option<Stop>>;
+
 impl<D: Door> Live<D> {
     /// The session's recorder, if it is being recorded.
     pub(in crate::session) fn recorder(&self) -> Option<Arc<Recorder>> {
@@ -38,26 +41,30 @@ impl<D: Door> Live<D> {
     }
 
     /// At the session's end, before the person sees it: the recording is complete (written
-    /// and flushed, so any reader — the player, a test — finds all of it), and a stop the
-    /// writer met only now is audited. Answers the recording for [`Live::recording_synced`].
-    pub(in crate::session) async fn complete_recording(&self) -> Option<Arc<Recorder>> {
+    /// and flushed, so any reader — the player, the uploader — finds all of it), and a stop
+    /// the writer met only now is audited. Its sync starts then, on a blocking thread, for
+    /// [`Live::recording_synced`].
+    pub(in crate::session) async fn complete_recording(&self) -> Option<Syncing> {
         let rec = self.rec.lock().ok().and_then(|mut r| r.take())?;
-        if let Some(stop) = rec.complete() {
+        let before = rec.complete();
+        if let Some(stop) = before.clone() {
             self.recording_ended(stop).await;
         }
-        Some(rec)
+        Some(tokio::task::spawn_blocking(move || {
+            rec.finish().filter(|after| Some(after) != before.as_ref())
+        }))
     }
 
-    /// After the person saw the end: the recording synced to disk (off the person's path: a
-    /// sync costs about a millisecond, as much as much of a session's set-up), a failure to
+    /// Beside the end being told (a person who stops reading holds up neither the sync nor the
+    /// upload), and before the session's end is audited: the recording synced, a failure to
     /// sync audited (the session's end then says `incomplete`), then handed to the uploads
     /// when the store is elsewhere.
-    pub(in crate::session) async fn recording_synced(&self, rec: Option<Arc<Recorder>>) {
-        if let Some(rec) = rec {
-            let before = rec.stopped();
-            if let Some(stop) = rec.finish()
-                && Some(&stop) != before.as_ref()
-            {
+    pub(in crate::session) async fn recording_synced(&self, syncing: Option<Syncing>) {
+        if let Some(syncing) = syncing {
+            let stop = syncing
+                .await
+                .unwrap_or_else(|_| Some(Stop::Failed("the recording's writer failed".into())));
+            if let Some(stop) = stop {
                 self.recording_ended(stop).await;
             }
         }

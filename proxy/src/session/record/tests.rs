@@ -293,13 +293,18 @@ fn a_recording_is_whole_before_its_sync_and_a_failed_sync_still_counts() {
         fail_sync: true,
         ..Failing::default()
     };
-    let r = failing(&sink, true);
+    let r = Arc::new(failing(&sink, true));
     assert_eq!(r.output(bytes::Bytes::from_static(b"hello \xe2\x98")), 8);
     let syncing = sink.sync_gate.lock().unwrap_or_else(|e| e.into_inner());
+    // Completing must not wait for the sync the gate holds back.
+    let (tx, completed) = std::sync::mpsc::channel();
+    let completing = r.clone();
+    std::thread::spawn(move || tx.send(completing.complete()));
+    let stop = completed.recv_timeout(std::time::Duration::from_secs(20));
     assert_eq!(
-        r.complete(),
-        None,
-        "nothing failed yet: the sync is still to come"
+        stop,
+        Ok(None),
+        "complete, and nothing failed yet: the sync is still to come"
     );
     let written = sink.got.lock().map(|g| g.clone()).unwrap_or_default();
     let text = String::from_utf8_lossy(&written);
