@@ -21,7 +21,7 @@ pub fn node_labels(n: &NodeInfo) -> BTreeMap<String, String> {
 
 /// `f` over the labels [`node_labels`] gives, without a copy of the map: the built-in labels
 /// are put into the node's own map for the call, and what they replaced is put back after.
-/// For listings, where a copy per node was a third of the time over 10,000 nodes.
+/// For listings: 10,000 nodes' copies were 10,000 maps and 40,000 strings made and freed.
 pub fn with_node_labels<T>(n: &mut NodeInfo, f: impl FnOnce(&BTreeMap<String, String>) -> T) -> T {
     let hostname = n.labels.insert("hostname".into(), n.hostname.clone());
     let id = n.labels.insert("id".into(), n.id.clone());

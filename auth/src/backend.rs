@@ -104,6 +104,35 @@ impl Backend {
     }
 }
 
+/// Refuses a PostgreSQL database that holds tables none of Sallyport's migrations made,
+/// before anything runs on it (`sallyport storage migrate`: another application's database is
+/// left as it was).
+pub async fn refuse_foreign(url: &str) -> Result<(), AuthError> {
+    sqlx::any::install_default_drivers();
+    let pool = AnyPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect(url)
+        .await
+        .map_err(|e| AuthError::Storage(format!("cannot open storage {}: {e}", redact(url))))?;
+    let tables: Vec<String> = sqlx::query(
+        "SELECT table_name::text AS t FROM information_schema.tables WHERE table_schema = current_schema()",
+    )
+    .fetch_all(&pool)
+    .await?
+    .iter()
+    .map(|r| r.try_get("t"))
+    .collect::<Result<_, _>>()?;
+    pool.close().await;
+    if !tables.is_empty() && !tables.iter().any(|t| t == "_sqlx_migrations") {
+        return Err(AuthError::Conflict(format!(
+            "the target database holds tables that are not Sallyport's ({}): give an empty database",
+            tables.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// A value on its way from one database to the other: the schema holds only these two types.
 enum Value {
     Int(Option<i64>),
@@ -119,9 +148,10 @@ impl Backend {
     /// Copies every table of this SQLite database into `to`, an empty PostgreSQL database
     /// (`sallyport storage migrate`): users, roles, the certificate authorities, nodes, tokens,
     /// sessions and the audit chain, row for row, so the cluster keeps its CA pin and the chain
-    /// still verifies. One read snapshot of the source, one transaction on the target: a
-    /// failure leaves the target as it was. The tables and their column types are the
-    /// target's (its migrations have run); a column the source lacks is an error that names it.
+    /// still verifies. One read snapshot of the source, one transaction on the target (its
+    /// tables locked): a failure leaves the target's tables empty. The tables and their column
+    /// types are the target's (its migrations have run); a column either side lacks is an error
+    /// that names it.
     /// Returns each table with the rows copied.
     pub async fn copy_into(&self, to: &Backend) -> Result<Vec<(String, u64)>, AuthError> {
         if self.kind != Kind::Sqlite || to.kind != Kind::Postgres {
@@ -160,8 +190,48 @@ impl Backend {
                 "the target database has no tables after its migrations".into(),
             ));
         }
+        // Names go into the statements quoted, never bound: only the plain ones the migrations
+        // use.
+        let plain = |n: &str| {
+            !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if let Some(bad) = tables
+            .iter()
+            .flat_map(|(t, cols)| std::iter::once(t).chain(cols.iter().map(|(c, _)| c)))
+            .find(|n| !plain(n))
+        {
+            return Err(AuthError::Storage(format!(
+                "the target database has a table or column named {bad:?}, which no migration makes"
+            )));
+        }
+        // Every column the source holds must have somewhere to go: nothing is left behind.
+        let source_columns = sqlx::query(
+            "SELECT m.name AS t, p.name AS c FROM sqlite_master m, pragma_table_info(m.name) p
+             WHERE m.type = 'table' AND m.name NOT LIKE '\\_sqlx%' ESCAPE '\\' AND m.name NOT LIKE 'sqlite\\_%' ESCAPE '\\'",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for row in &source_columns {
+            let (t, c): (String, String) = (row.try_get("t")?, row.try_get("c")?);
+            let known = tables
+                .iter()
+                .any(|(tt, cols)| *tt == t && cols.iter().any(|(cc, _)| *cc == c));
+            if !known {
+                return Err(AuthError::Storage(format!(
+                    "the source's column {t}.{c} has no place in the target: its migrations differ"
+                )));
+            }
+        }
         let mut target = to.pool.begin().await?;
         for (t, _) in &tables {
+            // No auth may start on the target while it is being filled.
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "LOCK TABLE \"{t}\" IN ACCESS EXCLUSIVE MODE"
+            )))
+            .execute(&mut *target)
+            .await?;
             let n: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM \"{t}\"")))
                 .fetch_one(&mut *target)
                 .await?
@@ -260,7 +330,7 @@ async fn insert_rows(
 
 /// Hides the password of a connection string.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let mut out = match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];
             match creds.split_once(':') {
@@ -269,7 +339,21 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_string(),
+    };
+    // A password in the query (`?password=...`, as PostgreSQL's URLs allow) too.
+    if let Some(q) = out.find('?') {
+        let query = out[q + 1..]
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => kv.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        out.truncate(q + 1);
+        out.push_str(&query);
     }
+    out
 }
 
 #[cfg(test)]
@@ -281,5 +365,9 @@ mod tests {
             "postgres://u:***@h/db"
         );
         assert_eq!(super::redact("sqlite:/x/y.db"), "sqlite:/x/y.db");
+        assert_eq!(
+            super::redact("postgres://u@h/db?sslmode=verify-full&password=secret"),
+            "postgres://u@h/db?sslmode=verify-full&password=***"
+        );
     }
 }

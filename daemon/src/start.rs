@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,13 +52,7 @@ pub async fn run(
     data_dir: Option<PathBuf>,
     flags: Flags,
 ) -> Result<()> {
-    let mut cfg = match &config_path {
-        Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
-        None => Config::all_in_one(default_data_dir()),
-    };
-    if let Some(d) = data_dir {
-        cfg.sallyport.data_dir = d;
-    }
+    let mut cfg = config_of(config_path.as_deref(), data_dir)?;
     for r in &flags.roles {
         if !["auth", "proxy", "node", "kube"].contains(&r.as_str()) {
             bail!("unknown role {r:?} in --roles: use auth, proxy, node and/or kube");
@@ -100,6 +94,8 @@ pub async fn run(
     }
     let dir = cfg.sallyport.data_dir.clone();
     prepare_data_dir(&dir)?;
+    // Held until the process exits (the kernel lets go of it on any exit, kill -9 too).
+    let _running = lock_data_dir(&dir)?;
     if !cfg.auth_service.enabled && !cfg.proxy_service.enabled {
         if let Some(line) = crate::diag::start(cfg.sallyport.diag_addr, agents(&cfg)).await? {
             println!("{line}");
@@ -768,7 +764,20 @@ fn public_or(cfg: &Config, addr: SocketAddr) -> String {
     }
 }
 
-pub(crate) fn default_data_dir() -> PathBuf {
+/// The configuration a command runs with: the file (all-in-one without one), `--data-dir`
+/// over its data dir.
+pub(crate) fn config_of(path: Option<&Path>, data_dir: Option<PathBuf>) -> Result<Config> {
+    let mut cfg = match path {
+        Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
+        None => Config::all_in_one(default_data_dir()),
+    };
+    if let Some(d) = data_dir {
+        cfg.sallyport.data_dir = d;
+    }
+    Ok(cfg)
+}
+
+fn default_data_dir() -> PathBuf {
     std::env::var_os("HOME")
         .map(|h| PathBuf::from(h).join(".local/share/sallyport"))
         .unwrap_or_else(|| PathBuf::from("/var/lib/sallyport"))
@@ -811,6 +820,31 @@ fn prepare_data_dir(dir: &Path) -> Result<()> {
     let _ = std::fs::remove_file(probe);
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
     Ok(())
+}
+
+/// The data dir's `sallyport.lock`, held exclusively by the one process that uses the data dir
+/// (`start`, `storage migrate`): two daemons would share its database and identities, and a
+/// migration would miss what a running daemon writes after it began.
+pub(crate) fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
+    let path = dir.join("sallyport.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "another sallyport is running on data dir {} (it holds {}); stop it first",
+            dir.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {

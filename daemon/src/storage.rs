@@ -7,20 +7,12 @@ use std::path::PathBuf;
 use anyhow::{Result, anyhow, bail};
 use sallyport_auth::backend::{Backend, redact};
 
-use crate::config::Config;
-
 pub async fn migrate(config: Option<PathBuf>, data_dir: Option<PathBuf>, to: String) -> Result<()> {
-    let mut cfg = match &config {
-        Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
-        None => Config::all_in_one(crate::start::default_data_dir()),
-    };
-    if let Some(d) = data_dir {
-        cfg.sallyport.data_dir = d;
-    }
+    let cfg = crate::start::config_of(config.as_deref(), data_dir)?;
     if !(to.starts_with("postgres://") || to.starts_with("postgresql://")) {
+        // Not echoed: it may hold a password in another form.
         bail!(
-            "--to {}: give the PostgreSQL database to copy into, postgres://USER:PASSWORD@HOST:5432/DB",
-            redact(&to)
+            "--to: give the PostgreSQL database to copy into as a URL, postgres://USER@HOST:5432/DB (the password in PGPASSWORD)"
         );
     }
     let db = cfg.sallyport.data_dir.join("sallyport.db");
@@ -30,10 +22,15 @@ pub async fn migrate(config: Option<PathBuf>, data_dir: Option<PathBuf>, to: Str
             db.display()
         );
     }
+    // Whatever a running daemon wrote after the copy began would be missing from PostgreSQL.
+    let _stopped = crate::start::lock_data_dir(&cfg.sallyport.data_dir)?;
     // `mode=rw`: an existing database only, never a new empty one.
     let source = Backend::open(&format!("sqlite:{}?mode=rw", db.display()))
         .await
         .map_err(|e| anyhow!("{e}"))?;
+    sallyport_auth::backend::refuse_foreign(&to)
+        .await
+        .map_err(|e| anyhow!("nothing was copied: {e}"))?;
     let target = Backend::open(&to).await.map_err(|e| anyhow!("{e}"))?;
     let copied = source
         .copy_into(&target)
@@ -46,7 +43,9 @@ pub async fn migrate(config: Option<PathBuf>, data_dir: Option<PathBuf>, to: Str
     out.push_str(&format!(
         "next: set `storage: {{type: postgres, conn_string: ...}}` under `sallyport` in the config, \
          keep the data directory (its audit-checkpoint.key signs the chain's checkpoints; \
-         copy it to every other auth) and start sallyport; {} is no longer read.\n",
+         copy it to every other auth) and start sallyport. {} is no longer read, yet still holds \
+         the CA keys and password hashes: move it somewhere only root reads, or delete it, and \
+         never start the old config again (the cluster would split in two).\n",
         db.display()
     ));
     print!("{out}");

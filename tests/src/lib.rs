@@ -46,6 +46,7 @@ pub fn bin(name: &str) -> PathBuf {
 pub mod ha;
 pub mod kube;
 pub mod oidc;
+pub mod pg;
 pub mod s3;
 pub mod web;
 

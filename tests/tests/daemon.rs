@@ -190,26 +190,9 @@ fn restart_keeps_cas_users_and_tokens() {
 /// URL whose role may create databases).
 #[test]
 fn postgres_storage_end_to_end() {
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
-        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
-    );
-    let db = format!("sp_e2e_{}", std::process::id());
-    let psql = |sql: &str| {
-        let out = Command::new("psql")
-            .arg(format!("{base}/postgres"))
-            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psql: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    psql(&format!("DROP DATABASE IF EXISTS {db}"));
-    psql(&format!("CREATE DATABASE {db}"));
+    let db = pg::PgDatabase::create("sp_e2e");
     let mut c = Cluster::start_with(Options {
-        postgres: Some(format!("{base}/{db}")),
+        postgres: Some(db.url.clone()),
         ..Options::default()
     });
     assert!(
@@ -248,7 +231,6 @@ fn postgres_storage_end_to_end() {
         "{events}"
     );
     c.stop();
-    psql(&format!("DROP DATABASE IF EXISTS {db}"));
 }
 
 /// The all-in-one moved to PostgreSQL (`sallyport storage migrate`): the same cluster after
@@ -257,25 +239,8 @@ fn postgres_storage_end_to_end() {
 /// non-empty database refused without touching it.
 #[test]
 fn the_all_in_one_migrates_to_postgres_and_stays_the_same_cluster() {
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
-        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
-    );
-    let db = format!("sp_migrate_{}", std::process::id());
-    let psql = |sql: &str| {
-        let out = Command::new("psql")
-            .arg(format!("{base}/postgres"))
-            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psql: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    psql(&format!("DROP DATABASE IF EXISTS {db}"));
-    psql(&format!("CREATE DATABASE {db}"));
-    let url = format!("{base}/{db}");
+    let db = pg::PgDatabase::create("sp_migrate");
+    let url = db.url.clone();
     let migrate = |config: &std::path::Path, data: Option<&std::path::Path>| {
         let mut cmd = Command::new(bin("sallyport"));
         cmd.args(["storage", "migrate", "--config"]).arg(config);
@@ -305,14 +270,34 @@ fn the_all_in_one_migrates_to_postgres_and_stays_the_same_cluster() {
             .collect()
     };
     let before = records(&c);
+    // Not while the daemon runs: what it wrote after the copy began would be lost.
+    migrate(&c.config, None).fails_with("another sallyport is running on data dir");
     c.terminate();
+    // Nor into another application's database, which is left as it was (a second try says the
+    // same: no table of Sallyport's was made in it).
+    let other = pg::PgDatabase::create("sp_migrate_other");
+    other.sql("CREATE TABLE orders (id BIGINT)").unwrap();
+    let elsewhere = |config: &std::path::Path| {
+        run(
+            Command::new(bin("sallyport"))
+                .args(["storage", "migrate", "--config"])
+                .arg(config)
+                .args(["--to", &other.url]),
+            "",
+        )
+    };
+    for _ in 0..2 {
+        elsewhere(&c.config).fails_with("holds tables that are not Sallyport's (orders)");
+    }
     // A data directory without the database is named, and nothing is written.
     let empty = tempfile::tempdir().unwrap();
     migrate(&c.config, Some(empty.path())).fails_with("no SQLite database at");
 
     let out = migrate(&c.config, None).ok().stdout;
     assert!(
-        out.contains("users") && out.contains("audit_events") && !out.contains(&base),
+        out.contains("users")
+            && out.contains("audit_events")
+            && !out.contains(&pg::postgres_base()),
         "the copy says what it copied, never the password in the URL: {out}"
     );
     // From now on the cluster runs on PostgreSQL; the SQLite file is moved out of the way so
@@ -374,7 +359,6 @@ fn the_all_in_one_migrates_to_postgres_and_stays_the_same_cluster() {
     let verified = c.sallyctl(&["audit", "verify"]).ok().stdout;
     assert!(verified.contains("intact"), "{verified}");
     c.stop();
-    psql(&format!("DROP DATABASE IF EXISTS {db}"));
 }
 
 /// Logs are plain text in a file or a pipe (no ANSI colour codes); colour is for a terminal,

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use sallyport_tests::{Agent, Cluster, Options, eventually, http_get};
+use sallyport_tests::{Agent, Cluster, Options, eventually, http_get, pg};
 
 fn diag_cluster(o: Options) -> Cluster {
     Cluster::start_with(Options {
@@ -246,42 +246,15 @@ fn no_listener_unless_one_is_configured() {
 /// it people), with the reason, while still alive (no restart would help).
 #[test]
 fn not_ready_when_the_database_is_gone() {
-    let base = std::env::var("SALLYPORT_TEST_POSTGRES").expect(
-        "set SALLYPORT_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432 (scripts/test does)",
-    );
-    let db = format!("sp_diag_{}", std::process::id());
-    let psql = |sql: &str| {
-        let out = Command::new("psql")
-            .arg(format!("{base}/postgres"))
-            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psql: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    psql(&format!("DROP DATABASE IF EXISTS {db}"));
-    psql(&format!("CREATE DATABASE {db}"));
+    let db = pg::PgDatabase::create("sp_diag");
     let c = diag_cluster(Options {
-        postgres: Some(format!("{base}/{db}")),
+        postgres: Some(db.url.clone()),
         ..Options::default()
     });
     let diag = c.diag.clone().unwrap();
     assert_eq!(http_get(&diag, "/readyz"), (200, "ready\n".into()));
 
-    // FORCE cannot end an autovacuum worker (the server's own role) that may be in the
-    // database for a moment: tried again until it goes.
-    let dropped = eventually(Duration::from_secs(20), || {
-        Command::new("psql")
-            .arg(format!("{base}/postgres"))
-            .args(["-v", "ON_ERROR_STOP=1", "-c"])
-            .arg(format!("DROP DATABASE {db} WITH (FORCE)"))
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    assert!(dropped, "the database could not be dropped");
+    assert!(db.drop_now(), "the database could not be dropped");
     let mut last = (0, String::new());
     assert!(
         eventually(Duration::from_secs(30), || {
@@ -292,7 +265,10 @@ fn not_ready_when_the_database_is_gone() {
     );
     let (_, why) = &last;
     assert!(why.starts_with("not ready: database: "), "{why}");
-    assert!(why.contains(&db), "the reason names what is missing: {why}");
+    assert!(
+        why.contains(&db.name),
+        "the reason names what is missing: {why}"
+    );
     assert_eq!(why.lines().count(), 1, "{why}");
     assert!(
         !why.contains("sallyport_test@"),
