@@ -279,7 +279,11 @@ impl Backend {
             copied.push((t.clone(), n));
         }
         source.rollback().await?;
-        target.commit().await?;
+        target.commit().await.map_err(|e| {
+            AuthError::Storage(format!(
+                "the target did not confirm the copy ({e}): look at it before copying again"
+            ))
+        })?;
         Ok(copied)
     }
 }

@@ -32,10 +32,11 @@ pub async fn migrate(config: Option<PathBuf>, data_dir: Option<PathBuf>, to: Str
         .await
         .map_err(|e| anyhow!("nothing was copied: {e}"))?;
     let target = Backend::open(&to).await.map_err(|e| anyhow!("{e}"))?;
+    // Anything but an unconfirmed commit (which says so) leaves the target's tables empty.
     let copied = source
         .copy_into(&target)
         .await
-        .map_err(|e| anyhow!("nothing was copied: {e}"))?;
+        .map_err(|e| anyhow!("the copy failed: {e}"))?;
     let mut out = format!("copied {} into {}:\n", db.display(), redact(&to));
     for (table, rows) in &copied {
         out.push_str(&format!("  {table:<24} {rows:>8} rows\n"));
