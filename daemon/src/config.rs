@@ -775,7 +775,7 @@ sallyport:
   # ca_pin: sha256:...
   storage:
     type: sqlite          # sqlite (embedded, in data_dir) | postgres
-    # conn_string: "postgres://sallyport:PASSWORD@db.example.com/sallyport"   # with type: postgres
+    # conn_string: "postgres://sallyport:PASSWORD@db.example.com/sallyport?sslmode=verify-full&sslrootcert=/etc/sallyport/pg-ca.pem"   # with type: postgres
   # Diagnostics, plain HTTP (off unless set; keep it on a private address): /healthz,
   # /readyz (the database answers; auth, or the agent's tunnel, is reachable) and /metrics
   # (Prometheus text format).
