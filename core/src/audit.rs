@@ -57,7 +57,6 @@ impl Event {
     }
 }
 
-/// Seals `event` as record number `seq` following `prev_hash`; returns the record and its hash.
 /// `s` as PostgreSQL can store it: its `text` and `jsonb` refuse U+0000, which SQLite keeps.
 /// A NUL becomes U+FFFD, as an invalid byte does in a recording.
 pub fn storable_text(s: &str) -> std::borrow::Cow<'_, str> {
@@ -68,18 +67,30 @@ pub fn storable_text(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// [`storable_text`] of an owned string: the same string, not a copy, when it has no NUL (every
+/// record is made storable, and almost none has one).
+fn storable_string(s: String) -> String {
+    if s.contains('\0') {
+        storable_text(&s).into_owned()
+    } else {
+        s
+    }
+}
+
 /// `v` with every string in it [`storable_text`] (keys too).
 fn storable_value(v: Value) -> Value {
     match v {
-        Value::String(s) if s.contains('\0') => Value::String(storable_text(&s).into_owned()),
+        Value::String(s) => Value::String(storable_string(s)),
         Value::Array(a) => Value::Array(a.into_iter().map(storable_value).collect()),
-        Value::Object(m) => Value::Object(
-            m.into_iter()
-                .map(|(k, v)| (storable_text(&k).into_owned(), storable_value(v)))
-                .collect(),
-        ),
+        Value::Object(m) => Value::Object(storable_map(m)),
         v => v,
     }
+}
+
+fn storable_map(m: Map<String, Value>) -> Map<String, Value> {
+    m.into_iter()
+        .map(|(k, v)| (storable_string(k), storable_value(v)))
+        .collect()
 }
 
 impl Event {
@@ -89,16 +100,13 @@ impl Event {
     pub fn storable(self) -> Event {
         Event {
             event: self.event,
-            user: self.user.map(|u| storable_text(&u).into_owned()),
-            fields: self
-                .fields
-                .into_iter()
-                .map(|(k, v)| (storable_text(&k).into_owned(), storable_value(v)))
-                .collect(),
+            user: self.user.map(storable_string),
+            fields: storable_map(self.fields),
         }
     }
 }
 
+/// Seals `event` as record number `seq` following `prev_hash`; returns the record and its hash.
 pub fn seal(
     event: &Event,
     cluster: &str,
