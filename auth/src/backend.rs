@@ -38,24 +38,14 @@ static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgre
 impl Backend {
     /// Connects and runs the migrations of that database.
     pub async fn open(url: &str) -> Result<Self, AuthError> {
-        sqlx::any::install_default_drivers();
-        let kind = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Kind::Postgres
-        } else if url.starts_with("sqlite:") {
-            Kind::Sqlite
-        } else {
+        let Some(kind) = Kind::of(url) else {
             return Err(AuthError::BadRequest(format!(
                 "unsupported storage URL {}: use sqlite:PATH or postgres://...",
                 redact(url)
             )));
         };
         let max = if kind == Kind::Sqlite { 1 } else { 10 };
-        let pool = AnyPoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(std::time::Duration::from_secs(10))
-            .connect(url)
-            .await
-            .map_err(|e| AuthError::Storage(format!("cannot open storage {}: {e}", redact(url))))?;
+        let pool = connect(url, max).await?;
         if kind == Kind::Sqlite {
             for pragma in [
                 "PRAGMA journal_mode = WAL",
@@ -104,17 +94,36 @@ impl Backend {
     }
 }
 
+impl Kind {
+    /// The database a storage URL names: `sqlite:PATH`, `postgres://...`.
+    pub fn of(url: &str) -> Option<Kind> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Kind::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Kind::Sqlite)
+        } else {
+            None
+        }
+    }
+}
+
+/// A pool of at most `max` connections to `url`, one of them opened now (so a wrong address,
+/// password or certificate is the error here, its URL without the password).
+async fn connect(url: &str, max: u32) -> Result<AnyPool, AuthError> {
+    sqlx::any::install_default_drivers();
+    AnyPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect(url)
+        .await
+        .map_err(|e| AuthError::Storage(format!("cannot open storage {}: {e}", redact(url))))
+}
+
 /// Refuses a PostgreSQL database that holds tables none of Sallyport's migrations made,
 /// before anything runs on it (`sallyport storage migrate`: another application's database is
 /// left as it was).
 pub async fn refuse_foreign(url: &str) -> Result<(), AuthError> {
-    sqlx::any::install_default_drivers();
-    let pool = AnyPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect(url)
-        .await
-        .map_err(|e| AuthError::Storage(format!("cannot open storage {}: {e}", redact(url))))?;
+    let pool = connect(url, 1).await?;
     let tables: Vec<String> = sqlx::query(
         "SELECT table_name::text AS t FROM information_schema.tables WHERE table_schema = current_schema()",
     )

@@ -5,11 +5,11 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow, bail};
-use sallyport_auth::backend::{Backend, redact};
+use sallyport_auth::backend::{Backend, Kind, redact};
 
 pub async fn migrate(config: Option<PathBuf>, data_dir: Option<PathBuf>, to: String) -> Result<()> {
     let cfg = crate::start::config_of(config.as_deref(), data_dir)?;
-    if !(to.starts_with("postgres://") || to.starts_with("postgresql://")) {
+    if Kind::of(&to) != Some(Kind::Postgres) {
         // Not echoed: it may hold a password in another form.
         bail!(
             "--to: give the PostgreSQL database to copy into as a URL, postgres://USER@HOST:5432/DB (the password in PGPASSWORD)"
