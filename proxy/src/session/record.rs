@@ -98,6 +98,9 @@ pub struct Limits {
 /// `max_recording_size` when the configuration does not say.
 pub const DEFAULT_MAX_RECORDING_SIZE: u64 = 1 << 30;
 
+/// Why a recording stopped when its writer thread panicked or went away unanswering.
+pub const WRITER_FAILED: &str = "the recording's writer failed";
+
 /// Why a recording stopped before its session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stop {
@@ -371,10 +374,7 @@ impl Recorder {
     }
 
     fn writer_failed(&self) {
-        let _ = self
-            .shared
-            .failed
-            .set("the recording's writer failed".into());
+        let _ = self.shared.failed.set(WRITER_FAILED.into());
     }
 }
 

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::super::Door;
 use super::super::relay::Live;
-use super::{Recorder, Stop};
+use super::{Recorder, Stop, WRITER_FAILED};
 
 /// A completed recording's sync, running: answers a stop it met that completing had not.
 pub(in crate::session) type Syncing = tokio::task::JoinHandle<Option<Stop>>;
@@ -63,7 +63,7 @@ impl<D: Door> Live<D> {
         if let Some(syncing) = syncing {
             let stop = syncing
                 .await
-                .unwrap_or_else(|_| Some(Stop::Failed("the recording's writer failed".into())));
+                .unwrap_or_else(|_| Some(Stop::Failed(WRITER_FAILED.into())));
             if let Some(stop) = stop {
                 self.recording_ended(stop).await;
             }
