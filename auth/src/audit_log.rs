@@ -736,14 +736,7 @@ impl AuthServer {
         for (seq, record) in records {
             let covered = span.as_ref().is_some_and(|s| s.from < *seq && *seq <= s.to);
             if !covered {
-                let next = sqlx::query(
-                    "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq >= $1 ORDER BY seq LIMIT 1",
-                )
-                .bind(seq)
-                .fetch_optional(pool)
-                .await?
-                .map(|row| checkpoint_row(&row))
-                .transpose()?;
+                let next = self.checkpoint_from(*seq).await?;
                 span = Some(match next {
                     Some(cp) => self.signed_span(a, &cp).await?,
                     None => {
@@ -752,8 +745,18 @@ impl AuthServer {
                                 "audit record {seq} is past the chain head (record {head_seq}): it was added in the database"
                             )));
                         }
-                        unanchored_from = Some(*seq);
-                        self.unsigned_tail(a, head_seq, &head_hash).await?
+                        let tail = self.unsigned_tail(a, head_seq, &head_hash).await?;
+                        if tail.from < *seq {
+                            unanchored_from = Some(*seq);
+                            tail
+                        } else {
+                            // The background task anchored this record between the two reads:
+                            // its checkpoint is there now.
+                            match self.checkpoint_from(*seq).await? {
+                                Some(cp) => self.signed_span(a, &cp).await?,
+                                None => tail,
+                            }
+                        }
                     }
                 });
             }
@@ -773,6 +776,18 @@ impl AuthServer {
             }
         }
         Ok(unanchored_from)
+    }
+
+    /// The first checkpoint at or after record `seq`: the one whose span holds it.
+    async fn checkpoint_from(&self, seq: i64) -> Result<Option<Checkpoint>, AuthError> {
+        sqlx::query(
+            "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints WHERE seq >= $1 ORDER BY seq LIMIT 1",
+        )
+        .bind(seq)
+        .fetch_optional(&self.backend.pool)
+        .await?
+        .map(|row| checkpoint_row(&row))
+        .transpose()
     }
 
     /// The span checkpoint `cp` signs: the records after the checkpoint before it up to `cp`,
