@@ -218,6 +218,54 @@ fn metrics_follow_tunnels_sessions_refusals_and_calls_to_auth() {
     assert_eq!(http_get(&diag, "/").0, 404);
 }
 
+/// `/v1/webapi/ping` is open to anyone, and each ask costs auth two database reads: the proxy
+/// asks auth one ask at a time, so callers that ping together share answers (200 pings, 50 at a
+/// time, cost auth far fewer than 200 asks), every caller still gets the whole answer, and no
+/// caller gets one older than its own ping (a user added just before is seen at once).
+#[test]
+fn pings_together_share_auths_answers_and_none_is_stale() {
+    let c = diag_cluster(Options::default());
+    let diag = c.diag.clone().expect("a `diag` line in the banner");
+    let asked = |t: &str| {
+        total(
+            t,
+            "sallyport_auth_client_request_duration_seconds_count",
+            r#"method="GET",route="/v1/ping""#,
+        )
+    };
+    let url = format!("https://{}/v1/webapi/ping", c.proxy);
+    let ping = || {
+        let out = Command::new("curl")
+            .args(["-sk", &url])
+            .output()
+            .expect("curl");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("a JSON answer")
+    };
+    let before = asked(&scrape(&diag));
+    let mut args = vec!["-sk", "--parallel", "--parallel-max", "50"];
+    args.extend(std::iter::repeat_n(url.as_str(), 200));
+    let out = Command::new("curl").args(&args).output().expect("curl");
+    assert!(out.status.success(), "{out:?}");
+    let answers = String::from_utf8_lossy(&out.stdout);
+    let whole = answers
+        .split_inclusive('}')
+        .filter(|a| a.contains("\"cluster_name\"") && a.contains("\"ssh_port\""))
+        .count();
+    assert_eq!(
+        whole, 200,
+        "every caller gets auth's answer and the doors: {answers}"
+    );
+    let during = asked(&scrape(&diag)) - before;
+    assert!(
+        (1.0..=100.0).contains(&during),
+        "auth was asked {during} times for 200 pings"
+    );
+    // Nothing older than the caller's own ping: a user added just before is there.
+    assert_eq!(ping()["local_users"], false);
+    c.add_user("carol", "access", "root");
+    assert_eq!(ping()["local_users"], true);
+}
+
 #[test]
 fn no_listener_unless_one_is_configured() {
     let c = Cluster::start();

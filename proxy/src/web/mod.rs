@@ -19,6 +19,7 @@ pub mod terminal;
 pub mod ui;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
@@ -87,6 +88,7 @@ pub fn router(auth: AuthClient, doors: Doors, browser: browser::Browser) -> Rout
             auth,
             doors,
             browser: Arc::new(browser),
+            ping: PingCache::default(),
         }))
         // The UI's pages and files, after the API's layers: they carry their own headers
         // (cacheable with ETags, the CSP), not the API's no-store.
@@ -111,6 +113,7 @@ pub(crate) struct Web {
     auth: AuthClient,
     doors: Doors,
     browser: Arc<browser::Browser>,
+    ping: PingCache,
 }
 
 type Auth = State<Arc<Web>>;
@@ -146,6 +149,11 @@ fn relay(answer: Result<(u16, Vec<u8>), crate::auth_client::ClientError>) -> Res
 /// The answer when auth cannot be reached (the cause goes to the log only).
 fn auth_unreachable(e: &dyn std::fmt::Display) -> Response {
     tracing::error!(error = %e, "auth unreachable");
+    unreachable_answer()
+}
+
+/// What a client reads when auth cannot be reached.
+fn unreachable_answer() -> Response {
     (
         StatusCode::BAD_GATEWAY,
         Json(ErrorBody {
@@ -166,12 +174,55 @@ fn with_remote(mut body: serde_json::Value, remote: RemoteAddr) -> serde_json::V
     body
 }
 
+/// Auth's last ping answer.
+#[derive(Default)]
+struct PingCache(tokio::sync::Mutex<Option<PingAsk>>);
+
+struct PingAsk {
+    began: Instant,
+    ended: Instant,
+    /// `Err`: auth could not be asked.
+    answer: Result<serde_json::Value, ()>,
+}
+
+impl PingAsk {
+    /// Whether a caller that came at `came` may take this answer: auth answered after it came
+    /// (the ask began after), or could not be reached after it came (the ask failed after).
+    fn fresh_for(&self, came: Instant) -> bool {
+        self.began >= came || (self.answer.is_err() && self.ended >= came)
+    }
+}
+
+/// `GET /v1/webapi/ping`, open to anyone. Each ask costs auth two database reads, so the proxy
+/// asks one at a time: a caller gets the answer of an ask that began after it came (as fresh as
+/// asking itself), and every caller that came before an ask began shares it ([`PingAsk`]).
+/// However many ping at once, auth answers one ask at a time from this proxy.
 async fn ping(State(web): Auth) -> Response {
-    match web
-        .auth
-        .json::<serde_json::Value, serde_json::Value>(Method::GET, auth::PING, None)
-        .await
-    {
+    let came = Instant::now();
+    let answer = {
+        let mut last = web.ping.0.lock().await;
+        match last.as_ref() {
+            Some(ask) if ask.fresh_for(came) => ask.answer.clone(),
+            _ => {
+                let began = Instant::now();
+                let answer = web
+                    .auth
+                    .json::<serde_json::Value, serde_json::Value>(Method::GET, auth::PING, None)
+                    .await
+                    .map_err(|e| {
+                        // Logged once per ask, not once per caller.
+                        tracing::error!(error = %e, "auth unreachable");
+                    });
+                *last = Some(PingAsk {
+                    began,
+                    ended: Instant::now(),
+                    answer: answer.clone(),
+                });
+                answer
+            }
+        }
+    };
+    match answer {
         Ok(mut v) => {
             v["ssh_port"] = web.doors.ssh_port.into();
             v["tunnel_port"] = web.doors.tunnel_port.into();
@@ -180,7 +231,7 @@ async fn ping(State(web): Auth) -> Response {
             }
             Json(v).into_response()
         }
-        Err(e) => auth_unreachable(&e),
+        Err(()) => unreachable_answer(),
     }
 }
 
