@@ -258,10 +258,13 @@ impl AuthServer {
                 )));
             }
         };
-        if let Some(why) = crate::ssh_access::over_limits(&set, req) {
-            self.emit_logged(reject(why.clone())).await;
-            return Err(AuthError::OverLimit(why));
-        }
+        let connection_registered = match self.limits(&set, req, proxy).await? {
+            crate::connections::Limits::Within { registered } => registered,
+            crate::connections::Limits::Over(why) => {
+                self.emit_logged(reject(why.clone())).await;
+                return Err(AuthError::OverLimit(why));
+            }
+        };
         let exec = sallyport_core::kube::KubeExec {
             kube_user: principals.user.clone(),
             kube_groups: principals.groups.clone(),
@@ -325,6 +328,7 @@ impl AuthServer {
         .await?;
         Ok(SessionGrant {
             session_id: id,
+            connection_registered,
             node: cluster,
             ssh_cert: cert
                 .to_openssh()

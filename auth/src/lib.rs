@@ -8,6 +8,7 @@ pub mod api;
 pub mod audit_log;
 pub mod authority;
 pub mod backend;
+pub mod connections;
 pub mod failures;
 pub mod kube;
 pub mod locks;

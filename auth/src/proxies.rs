@@ -249,9 +249,11 @@ impl AuthServer {
     }
 
     /// Proxy `id` started again: the tunnels it held are gone (each node's presence is what
-    /// other proxies still hold) and its running sessions ended incomplete. Returns how many.
+    /// other proxies still hold), so are its users' connections, and its running sessions
+    /// ended incomplete. Returns how many.
     pub async fn proxy_started(&self, id: &str) -> Result<u64, AuthError> {
         self.drop_proxy_presence(id).await?;
+        self.drop_proxy_connections(id).await?;
         // Sessions from before proxies were recorded (`''`) were the all-in-one's.
         let r = sqlx::query("UPDATE sessions SET status = $1 WHERE status = $2 AND (proxy = $3 OR ($3 = 'proxy' AND proxy = ''))")
             .bind(SessionStatus::Incomplete.as_str())

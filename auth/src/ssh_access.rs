@@ -569,10 +569,13 @@ impl AuthServer {
                 req.user, req.login, node.hostname, decision.explanation
             )));
         }
-        if let Some(why) = over_limits(&set, req) {
-            self.emit_logged(reject(why.clone())).await;
-            return Err(AuthError::OverLimit(why));
-        }
+        let connection_registered = match self.limits(&set, req, proxy).await? {
+            crate::connections::Limits::Within { registered } => registered,
+            crate::connections::Limits::Over(why) => {
+                self.emit_logged(reject(why.clone())).await;
+                return Err(AuthError::OverLimit(why));
+            }
+        };
         let key = PublicKey::from_openssh(req.public_key.trim())
             .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let now = sshcert::now();
@@ -637,6 +640,7 @@ impl AuthServer {
         .await?;
         Ok(SessionGrant {
             session_id: id,
+            connection_registered,
             ssh_cert: cert
                 .to_openssh()
                 .map_err(|e| AuthError::Internal(e.to_string()))?,
@@ -838,34 +842,39 @@ impl AuthServer {
 }
 
 /// Why a session would exceed the roles' `max_sessions` (session channels on one SSH
-/// connection; [`DEFAULT_MAX_SESSIONS`] when no role sets it) or `max_connections` (the user's
-/// open SSH connections; the oldest ones keep working), if it would.
+/// connection; [`DEFAULT_MAX_SESSIONS`] when no role sets it), if it would.
 ///
 /// [`DEFAULT_MAX_SESSIONS`]: sallyport_core::api::DEFAULT_MAX_SESSIONS
-pub(crate) fn over_limits(
+pub(crate) fn over_sessions(
     set: &sallyport_core::role::RoleSet,
     req: &SessionRequest,
 ) -> Option<String> {
     let max_sessions = set
         .max_sessions()
         .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS);
-    if let Some(open) = req.open_sessions
-        && open >= max_sessions
-    {
-        return Some(sallyport_core::api::max_sessions_refusal(
+    match req.open_sessions {
+        Some(open) if open >= max_sessions => Some(sallyport_core::api::max_sessions_refusal(
             open,
             max_sessions,
-        ));
+        )),
+        _ => None,
     }
-    if let Some(max) = set.max_connections()
-        && req.older_connections >= max
-    {
-        return Some(format!(
-            "{} has {} other connections open, the most your roles allow (max_connections: {max})",
-            req.user, req.older_connections
-        ));
-    }
-    None
+}
+
+/// Why a connection of `user` with `older` of the user's connections opened before it and
+/// still open would exceed the roles' `max_connections` (the oldest ones keep working), if it
+/// would.
+pub(crate) fn over_connections(
+    set: &sallyport_core::role::RoleSet,
+    user: &str,
+    older: u32,
+) -> Option<String> {
+    let max = set.max_connections()?;
+    (older >= max).then(|| {
+        format!(
+            "{user} has {older} other connections open, the most your roles allow (max_connections: {max})"
+        )
+    })
 }
 
 /// `$first, $first+1, ...`: `n` numbered placeholders for an `IN (...)` list.

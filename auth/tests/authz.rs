@@ -155,6 +155,9 @@ fn rows() -> Vec<Row> {
         row(Post, "/v1/nodes/nobody/renew", p::NODE_RENEW, Some(r#"{"tls_spki":"x","ssh_host_key":"x"}"#), PROXY, MISSING),
         row(Get, p::SESSIONS, p::SESSIONS, None, USERS, OK),
         row(Post, p::SESSIONS, p::SESSIONS, Some(grant), PROXY, FORBIDDEN),
+        // A proxy's own connections only (its certificate names it): ids it never registered
+        // change nothing.
+        row(Post, p::CONNECTIONS_CLOSED, p::CONNECTIONS_CLOSED, Some(r#"{"ids":[1,2]}"#), PROXY, OK),
         row(Post, "/v1/sessions/nope/end", p::SESSION_END, Some(end), PROXY, MISSING),
         row(Post, "/v1/sessions/nope/check", p::SESSION_CHECK, None, PROXY, MISSING),
         // An update for a session auth does not know changes nothing (as before the split).

@@ -643,7 +643,31 @@ pub struct SessionRequest {
     /// session certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube: Option<crate::kube::KubeExec>,
+    /// The person's connection this session runs on, for `max_connections` across proxies:
+    /// when a role sets it, auth registers the connection and counts the user's older ones
+    /// on every other live proxy too ([`older_connections`](Self::older_connections) are this
+    /// proxy's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionRef>,
 }
+
+/// One of a user's connections to a proxy: the proxy's id for it and when it opened (Unix
+/// milliseconds, the proxy's clock), which orders a user's connections across proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionRef {
+    pub id: u64,
+    pub opened_ms: i64,
+}
+
+/// A proxy's connections that closed, among those auth registered
+/// ([`SessionGrant::connection_registered`]): `POST /v1/connections/closed`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClosedConnections {
+    pub ids: Vec<u64>,
+}
+
+/// The most ids one [`ClosedConnections`] carries.
+pub const MAX_CLOSED_CONNECTIONS: usize = 10_000;
 
 /// Session channels per SSH connection when no role sets `max_sessions` (OpenSSH's own
 /// `MaxSessions` default).
@@ -676,6 +700,10 @@ pub struct GrantCheck {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionGrant {
     pub session_id: String,
+    /// Auth registered the request's connection (a role sets `max_connections`): the proxy
+    /// says when it closes ([`ClosedConnections`]).
+    #[serde(default)]
+    pub connection_registered: bool,
     pub node: NodeInfo,
     pub ssh_cert: String,
     pub record: RecordMode,

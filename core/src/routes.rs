@@ -100,6 +100,8 @@ pub mod auth {
     pub const NODE_RENEW: &str = "/v1/nodes/{name}/renew";
 
     pub const SESSIONS: &str = "/v1/sessions";
+    /// A proxy's registered connections that closed (`max_connections` across proxies).
+    pub const CONNECTIONS_CLOSED: &str = "/v1/connections/closed";
     /// One session's record and its recording's size, for whom may replay it.
     pub const SESSION: &str = "/v1/sessions/{id}";
     pub const SESSION_END: &str = "/v1/sessions/{id}/end";
@@ -323,6 +325,7 @@ pub const AUTH: &[Route] = &[
     r(Get, auth::SESSIONS),
     r(Get, auth::SESSION),
     r(Post, auth::SESSIONS),
+    r(Post, auth::CONNECTIONS_CLOSED),
     r(Post, auth::SESSION_END),
     r(Post, auth::SESSION_CHECK),
     r(Post, auth::SESSION_UPDATE),

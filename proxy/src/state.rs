@@ -6,11 +6,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use russh::keys::ssh_key::{PrivateKey, PublicKey};
+use sallyport_core::api::ConnectionRef;
 
 use crate::AuthClient;
 use crate::tunnels::Tunnels;
@@ -56,6 +57,10 @@ pub struct ProxyState {
     /// Open node connections: their user by the order they authenticated in, for the roles'
     /// `max_connections`.
     open: Mutex<BTreeMap<u64, String>>,
+    /// Registered connections that closed, not yet told to auth, and whether a task is
+    /// telling it ([`ProxyState::closed`]).
+    closed: Mutex<Vec<u64>>,
+    telling_closed: AtomicBool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -69,6 +74,34 @@ pub fn next_id() -> u64 {
 pub struct OpenConnection {
     state: Arc<ProxyState>,
     seq: u64,
+    opened_ms: i64,
+    /// Auth holds it among the user's connections (`max_connections` across proxies): it is
+    /// told when the connection closes.
+    registered: AtomicBool,
+}
+
+impl std::fmt::Debug for OpenConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenConnection")
+            .field("seq", &self.seq)
+            .field("opened_ms", &self.opened_ms)
+            .finish()
+    }
+}
+
+impl OpenConnection {
+    /// What auth knows the connection by.
+    pub fn reference(&self) -> ConnectionRef {
+        ConnectionRef {
+            id: self.seq,
+            opened_ms: self.opened_ms,
+        }
+    }
+
+    /// Auth registered the connection (or may have): it is told when it closes.
+    pub fn registered(&self) {
+        self.registered.store(true, Ordering::Release);
+    }
 }
 
 impl Drop for OpenConnection {
@@ -76,8 +109,15 @@ impl Drop for OpenConnection {
         if let Ok(mut open) = self.state.open.lock() {
             open.remove(&self.seq);
         }
+        if self.registered.load(Ordering::Acquire) {
+            self.state.closed(self.seq);
+        }
     }
 }
+
+/// How long the proxy waits before telling auth again about closed connections it could not
+/// tell it about.
+const CLOSED_RETRY: Duration = Duration::from_secs(1);
 
 impl ProxyState {
     pub fn new(
@@ -100,6 +140,8 @@ impl ProxyState {
             locked: RwLock::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             open: Mutex::new(BTreeMap::new()),
+            closed: Mutex::new(Vec::new()),
+            telling_closed: AtomicBool::new(false),
         }
     }
 
@@ -129,7 +171,61 @@ impl ProxyState {
         OpenConnection {
             state: self.clone(),
             seq,
+            opened_ms: i64::try_from(sallyport_core::unix_now_ms()).unwrap_or(i64::MAX),
+            registered: AtomicBool::new(false),
         }
+    }
+
+    /// Tells auth that registered connection `seq` closed, soon: one task at a time sends what
+    /// closed meanwhile in one request, and keeps what auth could not take for the next try.
+    fn closed(self: &Arc<Self>, seq: u64) {
+        if let Ok(mut closed) = self.closed.lock() {
+            closed.push(seq);
+        }
+        if self.telling_closed.swap(true, Ordering::AcqRel) {
+            return; // the running task takes it
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.telling_closed.store(false, Ordering::Release);
+            return;
+        };
+        let state = self.clone();
+        rt.spawn(async move {
+            loop {
+                let ids: Vec<u64> = match state.closed.lock() {
+                    Ok(mut c) => {
+                        let n = c.len().min(sallyport_core::api::MAX_CLOSED_CONNECTIONS);
+                        c.drain(..n).collect()
+                    }
+                    Err(_) => Vec::new(),
+                };
+                if ids.is_empty() {
+                    state.telling_closed.store(false, Ordering::Release);
+                    // A close queued after the take and before the flag fell: take it too.
+                    let more = state.closed.lock().map(|c| !c.is_empty()).unwrap_or(false);
+                    if more && !state.telling_closed.swap(true, Ordering::AcqRel) {
+                        continue;
+                    }
+                    return;
+                }
+                let body = sallyport_core::api::ClosedConnections { ids: ids.clone() };
+                let told = state
+                    .auth
+                    .json::<_, serde_json::Value>(
+                        reqwest::Method::POST,
+                        sallyport_core::routes::auth::CONNECTIONS_CLOSED,
+                        Some(&body),
+                    )
+                    .await;
+                if let Err(e) = told {
+                    tracing::warn!(error = %e, connections = ids.len(), "could not tell auth of closed connections; retrying");
+                    if let Ok(mut c) = state.closed.lock() {
+                        c.extend(ids);
+                    }
+                    tokio::time::sleep(CLOSED_RETRY).await;
+                }
+            }
+        });
     }
 
     /// How many of its user's connections opened before `conn` are still open.

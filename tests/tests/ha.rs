@@ -443,3 +443,135 @@ fn a_proxy_renews_its_certificates_while_it_runs() {
     let ls = t.sallyctl(&["proxies", "ls", "--format", "json"]).ok();
     assert!(ls.stdout.contains("\"online\": true"), "{}", ls.stdout);
 }
+
+/// The roles' `max_connections` holds across proxies, as a person behind a load balancer
+/// meets them: with `max_connections: 1`, a connection open through one proxy refuses a second
+/// through the other (saying why, the first unharmed), and once the first closes there is room
+/// again at once, through either proxy.
+#[test]
+fn max_connections_counts_a_users_connections_on_every_proxy() {
+    let mut t = Topology::start(1, 2, 1);
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            t.query("SELECT COUNT(*) FROM node_tunnels") == "2"
+        }),
+        "node1 keeps a tunnel to both proxies"
+    );
+    let role = t.dir.path().join("one.yaml");
+    std::fs::write(
+        &role,
+        "kind: role\nversion: v1\nmetadata: {name: one}\nspec:\n  options: {max_connections: 1}\n  allow:\n    logins: [root]\n    node_labels: {'*': '*'}\n",
+    )
+    .unwrap();
+    t.sallyctl(&["create", role.to_str().unwrap()]).ok();
+    let home = t.user("olga", "one", "root", 0);
+    let cfgs = [
+        t.ssh_config(&home, "olga", 0, 0),
+        t.ssh_config(&home, "olga", 1, 0),
+    ];
+    let via = |proxy: usize| cfgs[proxy].clone();
+    let ssh = |proxy: usize, cmd: &str| {
+        sallyport_tests::run(
+            Command::new("ssh")
+                .arg("-F")
+                .arg(via(proxy))
+                .args(["-J", "proxy", "root@node1", cmd]),
+            "",
+        )
+    };
+
+    // The first connection, through proxy 1, stays open until told to end.
+    let mut first = Command::new("ssh")
+        .arg("-F")
+        .arg(via(0))
+        .args([
+            "-J",
+            "proxy",
+            "root@node1",
+            "echo up; read x; echo first done",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = first.stdout.take().unwrap();
+    let mut up = [0u8; 3];
+    out.read_exact(&mut up).unwrap();
+    assert_eq!(&up, b"up\n");
+    assert_eq!(
+        t.query("SELECT COUNT(*) FROM user_connections WHERE user_name = 'olga'"),
+        "1"
+    );
+
+    // Through proxy 2: refused, naming the limit; the first goes on.
+    ssh(1, "echo second").fails_with("max_connections: 1");
+    {
+        use std::io::Write;
+        first.stdin.take().unwrap().write_all(b"\n").unwrap();
+    }
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "first done\n");
+    assert!(first.wait().unwrap().success());
+
+    // Closed: room again through proxy 2 within a moment (the proxy tells auth at once).
+    let (took, said) = within(Duration::from_secs(5), || {
+        let r = ssh(1, "echo third");
+        if r.code == 0 {
+            Ok(r.stdout)
+        } else {
+            Err(r.stderr)
+        }
+    });
+    assert_eq!(said, "third\n");
+    assert!(
+        took < Duration::from_secs(3),
+        "room again only after {took:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || t.query(
+            "SELECT COUNT(*) FROM user_connections WHERE user_name = 'olga'"
+        ) == "0"),
+        "closed connections stay registered"
+    );
+
+    // A proxy killed with olga's connection open holds it only until it starts again (or, if
+    // it never does, until its heartbeats are PROXY_TTL_SECS old).
+    let mut held = Command::new("ssh")
+        .arg("-F")
+        .arg(via(0))
+        .args(["-J", "proxy", "root@node1", "echo up; sleep 60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = [0u8; 3];
+    held.stdout.take().unwrap().read_exact(&mut up).unwrap();
+    ssh(1, "true").fails_with("max_connections: 1");
+    t.proxies[0].kill();
+    let _ = held.wait();
+    ssh(1, "true").fails_with("max_connections: 1");
+    t.proxies[0].start();
+    let (_, said) = within(Duration::from_secs(10), || {
+        let r = ssh(1, "echo after the restart");
+        if r.code == 0 {
+            Ok(r.stdout)
+        } else {
+            Err(r.stderr)
+        }
+    });
+    assert_eq!(said, "after the restart\n");
+
+    // Another user's connections are not olga's.
+    let other = t.user("otto", "one", "root", 1);
+    let r = sallyport_tests::run(
+        Command::new("ssh")
+            .arg("-F")
+            .arg(t.ssh_config(&other, "otto", 0, 1))
+            .args(["-J", "proxy", "root@node1", "echo otto"]),
+        "",
+    );
+    assert_eq!(r.ok().stdout, "otto\n");
+}

@@ -106,6 +106,7 @@ pub fn handlers() -> Vec<(Route, MethodRouter<Arc<AuthServer>>)> {
         on(Get, p::SESSIONS, sessions::list),
         on(Get, p::SESSION, sessions::get),
         on(Post, p::SESSIONS, sessions::grant),
+        on(Post, p::CONNECTIONS_CLOSED, sessions::connections_closed),
         on(Post, p::SESSION_END, sessions::end),
         on(Post, p::SESSION_CHECK, sessions::check),
         on(Post, p::SESSION_UPDATE, sessions::update),

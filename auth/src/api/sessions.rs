@@ -20,6 +20,17 @@ pub(super) async fn grant(
     Ok(Json(auth.session_grant(&req, &proxy.name).await?))
 }
 
+/// A proxy's registered connections that closed (`max_connections` across proxies): only its
+/// own, as its certificate says.
+pub(super) async fn connections_closed(
+    State(auth): Auth,
+    proxy: Proxy,
+    Json(closed): Json<sallyport_core::api::ClosedConnections>,
+) -> Result<Json<serde_json::Value>, AuthError> {
+    auth.connections_closed(&proxy.name, &closed.ids).await?;
+    Ok(done())
+}
+
 pub(super) async fn end(
     State(auth): Auth,
     _proxy: Proxy,

@@ -326,7 +326,7 @@ pub async fn run(
     target: Target,
     exec: KubeExec,
     pending: Pending,
-    _counted: crate::state::OpenConnection,
+    _counted: Arc<crate::state::OpenConnection>,
     ws: WebSocket,
 ) {
     let Some(opened) = pending.take() else {

@@ -550,7 +550,7 @@ async fn open_exec(
     let Ok(addr) = remote_addr.parse() else {
         return fail(StatusCode::BAD_REQUEST, "no client address".into());
     };
-    let counted = door.state.open_connection(&snap.user);
+    let counted = Arc::new(door.state.open_connection(&snap.user));
     let target = crate::session::Target {
         user: snap.user.clone(),
         login: principals.user.clone(),
@@ -561,6 +561,7 @@ async fn open_exec(
         // An exec is a connection of its user for the roles' `max_connections`, as an SSH
         // connection is.
         older_connections: door.state.older_connections(&counted, &snap.user),
+        connection: Some(counted.clone()),
         credential_refusal: None,
         kube: Some(kube.clone()),
         door: sallyport_core::metrics::SessionDoor::Kube,

@@ -343,7 +343,7 @@ pub async fn run(
     exec: KubeExec,
     expected: Expected,
     pending: exec::Pending,
-    _counted: OpenConnection,
+    _counted: Arc<OpenConnection>,
     upgrade: hyper::upgrade::OnUpgrade,
 ) {
     let upgraded = match upgrade.await {

@@ -13,7 +13,7 @@ use sallyport_core::api::{
 
 use super::Refusal;
 use crate::auth_client::ClientError;
-use crate::state::ProxyState;
+use crate::state::{OpenConnection, ProxyState};
 
 /// Who wants a session where, as the door established it.
 #[derive(Debug, Clone)]
@@ -30,6 +30,10 @@ pub struct Target {
     pub open_sessions: Option<u32>,
     /// The user's connections opened before this one and still open (`max_connections`).
     pub older_connections: u32,
+    /// The person's connection the session runs on, counted among the user's open ones on
+    /// this proxy; auth registers it when a role sets `max_connections`, for the other proxies'
+    /// counts.
+    pub connection: Option<Arc<OpenConnection>>,
     /// Set when the person's credential is genuine but does not cover the login: auth is still
     /// asked (it audits the refusal with the roles' explanation) and the session refused with
     /// these words, the door's own remedy in them.
@@ -51,16 +55,29 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
         open_sessions: target.open_sessions,
         older_connections: target.older_connections,
         kube: target.kube.clone(),
+        connection: target.connection.as_ref().map(|c| c.reference()),
     };
-    let grant: SessionGrant = state
+    let answer: Result<SessionGrant, ClientError> = state
         .auth
         .json(
             reqwest::Method::POST,
             sallyport_core::routes::auth::SESSIONS,
             Some(&req),
         )
-        .await
-        .map_err(refusal)?;
+        .await;
+    if let Some(c) = &target.connection {
+        match &answer {
+            Ok(g) if g.connection_registered => c.registered(),
+            Ok(_)
+            | Err(ClientError::Refused {
+                status: 400..=499, ..
+            }) => {}
+            // Auth may have registered it before failing: it is said to close all the same
+            // (for a connection auth does not hold, that changes nothing).
+            Err(_) => c.registered(),
+        }
+    }
+    let grant = answer.map_err(refusal)?;
     if let Some(why) = &target.credential_refusal {
         super::audit::end_now(state, &grant.session_id, failed_end()).await;
         // The door's words, with its own remedy (`sally login`, or signing in again).

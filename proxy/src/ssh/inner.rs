@@ -153,6 +153,7 @@ impl Inner {
             cert_expires: self.cert_expires,
             open_sessions,
             older_connections,
+            connection: self.counted.clone(),
             credential_refusal: self.refusal.clone(),
             kube: None,
             door: sallyport_core::metrics::SessionDoor::Ssh,

@@ -384,7 +384,7 @@ async fn run(
             .await;
     };
     let state = browser.state.clone();
-    let counted = state.open_connection(&session.user);
+    let counted = Arc::new(state.open_connection(&session.user));
     let target = Target {
         user: session.user.clone(),
         login: asked.login.clone(),
@@ -394,6 +394,7 @@ async fn run(
         // One terminal is one connection with one session channel.
         open_sessions: Some(0),
         older_connections: state.older_connections(&counted, &session.user),
+        connection: Some(counted.clone()),
         // As the SSH door does for a certificate without the login: auth still decides and
         // audits, and the session is refused.
         credential_refusal: (!session.logins.contains(&asked.login)).then(|| {
