@@ -1,17 +1,20 @@
 //! The roles' `max_connections` across proxies. Each proxy counts its own connections of a
 //! user (`SessionRequest::older_connections`); a user behind a load balancer reaches several
 //! proxies, so when a role sets the limit auth also registers the connection a session runs on
-//! (`user_connections`) and counts the user's older ones on every *other* live proxy. The
-//! registration and the count are one transaction, serialised per user (PostgreSQL: the
-//! user's row locked; SQLite: one writer), so two proxies granting at once cannot both see the
-//! other's connection as not yet there.
+//! (`user_connections`) and counts the user's connections registered before it on every
+//! *other* live proxy. Registering and counting are one transaction, one per user at a time
+//! (PostgreSQL: an advisory lock on the user's name; SQLite: one writer, taken by the
+//! transaction's first statement), and the order is the registrations' own (`seq`), not the
+//! proxies' clocks: of connections granted at once through two proxies, exactly the first
+//! counts against the second.
 //!
-//! A registered connection goes away when its proxy says it closed (`POST
-//! /v1/connections/closed`), when that proxy starts again or is removed; meanwhile a proxy that
-//! stopped heartbeating (`PROXY_TTL_SECS`) counts for nothing, so a crashed proxy does not hold
-//! a user's connections for longer than that.
+//! What is counted elsewhere is what was registered: a connection that has had no session
+//! since a role set the limit is counted only by its own proxy. A registered connection goes
+//! away when its proxy says it closed (`POST /v1/connections/closed`), when that proxy starts
+//! again or is removed; meanwhile a proxy that stopped heartbeating (`PROXY_TTL_SECS`) counts
+//! for nothing, so a crashed proxy does not hold a user's connections for longer than that.
 
-use sallyport_core::api::{ConnectionRef, PROXY_TTL_SECS, SessionRequest};
+use sallyport_core::api::{PROXY_TTL_SECS, SessionRequest};
 use sallyport_core::role::RoleSet;
 use sqlx::Row;
 
@@ -44,38 +47,63 @@ impl AuthServer {
         if let Some(why) = crate::ssh_access::over_sessions(set, req) {
             return Ok(Limits::Over(why));
         }
-        let (Some(_), Some(conn)) = (set.max_connections(), req.connection) else {
-            return Ok(
-                match crate::ssh_access::over_connections(set, &req.user, req.older_connections) {
-                    Some(why) => Limits::Over(why),
-                    None => Limits::Within { registered: false },
-                },
-            );
+        let over = |older| crate::ssh_access::over_connections(set, &req.user, older);
+        let (Some(max), Some(conn)) = (set.max_connections(), req.connection) else {
+            return Ok(match over(req.older_connections) {
+                Some(why) => Limits::Over(why),
+                None => Limits::Within { registered: false },
+            });
         };
+        // Over on this proxy alone: no need to ask the database.
+        if req.older_connections >= max {
+            return Ok(match over(req.older_connections) {
+                Some(why) => Limits::Over(why),
+                None => Limits::Within { registered: false },
+            });
+        }
+        let id = db_id(conn.id)?;
         let mut tx = self.backend.pool.begin().await?;
         if self.backend.kind == Kind::Postgres {
-            // One grant of this user's at a time, whichever auth instance makes it.
-            sqlx::query("SELECT name FROM users WHERE name = $1 FOR UPDATE")
-                .bind(&req.user)
-                .execute(&mut *tx)
-                .await?;
+            // One registration of this user's at a time, whichever auth instance makes it.
+            sqlx::query(
+                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 1330))) l",
+            )
+            .bind(&req.user)
+            .execute(&mut *tx)
+            .await?;
         }
-        // SQLite: this write takes the database's one write lock before the count.
+        // One statement, so on SQLite the transaction's first act is a write (the database's
+        // one write lock, taken before anything is read). `seq`: after every registered
+        // connection of the user's.
         sqlx::query(
-            "INSERT INTO user_connections (proxy, id, user_name, opened) VALUES ($1, $2, $3, $4)
+            "INSERT INTO user_connections (proxy, id, user_name, seq, opened)
+             SELECT $1, $2, $3, COALESCE(MAX(seq), 0) + 1, $4 FROM user_connections WHERE user_name = $3
              ON CONFLICT (proxy, id) DO NOTHING",
         )
         .bind(proxy)
-        .bind(db_id(conn.id)?)
+        .bind(id)
         .bind(&req.user)
         .bind(conn.opened_ms)
         .execute(&mut *tx)
         .await?;
+        let row =
+            sqlx::query("SELECT user_name, seq FROM user_connections WHERE proxy = $1 AND id = $2")
+                .bind(proxy)
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+        let (owner, seq): (String, i64) = (row.try_get("user_name")?, row.try_get("seq")?);
+        if owner != req.user {
+            // Only a proxy reusing its connection ids without starting afresh could do this.
+            return Err(AuthError::Conflict(format!(
+                "connection {} of this proxy is registered to another user",
+                conn.id
+            )));
+        }
         let elsewhere = self
-            .older_elsewhere(&mut tx, &req.user, proxy, conn)
+            .earlier_elsewhere(&mut tx, &req.user, proxy, seq)
             .await?;
-        let older = req.older_connections.saturating_add(elsewhere);
-        match crate::ssh_access::over_connections(set, &req.user, older) {
+        match over(req.older_connections.saturating_add(elsewhere)) {
             Some(why) => {
                 tx.rollback().await?;
                 Ok(Limits::Over(why))
@@ -87,26 +115,25 @@ impl AuthServer {
         }
     }
 
-    /// The user's registered connections through proxies other than `proxy` that are still
-    /// heartbeating, opened before `conn` (ties broken by the proxy's id, so of two connections
-    /// opened in the same millisecond exactly one is the older).
-    async fn older_elsewhere(
+    /// The user's connections registered before `seq` through proxies other than `proxy`
+    /// that are still heartbeating. Registration order, not the proxies' clocks: of two
+    /// connections, the one granted first is the older, whatever each proxy's clock says.
+    async fn earlier_elsewhere(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         user: &str,
         proxy: &str,
-        conn: ConnectionRef,
+        seq: i64,
     ) -> Result<u32, AuthError> {
         let alive = sallyport_core::unix_now() - PROXY_TTL_SECS;
         let n: i64 = sqlx::query(
             "SELECT COUNT(*) FROM user_connections c JOIN proxies p ON p.id = c.proxy
-             WHERE c.user_name = $1 AND c.proxy <> $2 AND p.last_seen > $3
-               AND (c.opened < $4 OR (c.opened = $4 AND c.proxy < $2))",
+             WHERE c.user_name = $1 AND c.proxy <> $2 AND p.last_seen > $3 AND c.seq < $4",
         )
         .bind(user)
         .bind(proxy)
         .bind(alive)
-        .bind(conn.opened_ms)
+        .bind(seq)
         .fetch_one(&mut **tx)
         .await?
         .try_get(0)?;
@@ -121,15 +148,22 @@ impl AuthServer {
                 sallyport_core::api::MAX_CLOSED_CONNECTIONS
             )));
         }
-        let mut tx = self.backend.pool.begin().await?;
-        for id in ids {
-            sqlx::query("DELETE FROM user_connections WHERE proxy = $1 AND id = $2")
-                .bind(proxy)
-                .bind(db_id(*id)?)
-                .execute(&mut *tx)
-                .await?;
+        let ids = ids
+            .iter()
+            .map(|i| db_id(*i))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A few hundred at a time: one statement each, no long hold of SQLite's write lock.
+        for chunk in ids.chunks(500) {
+            let list = crate::ssh_access::placeholders(2, chunk.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM user_connections WHERE proxy = $1 AND id IN ({list})"
+            )))
+            .bind(proxy);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            q.execute(&self.backend.pool).await?;
         }
-        tx.commit().await?;
         Ok(())
     }
 

@@ -258,6 +258,10 @@ impl AuthServer {
                 )));
             }
         };
+        // Read before the connection is registered: nothing after the registration refuses
+        // the request as a bad one (the proxy then says when the connection closes).
+        let key = PublicKey::from_openssh(req.public_key.trim())
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let connection_registered = match self.limits(&set, req, proxy).await? {
             crate::connections::Limits::Within { registered } => registered,
             crate::connections::Limits::Over(why) => {
@@ -270,8 +274,6 @@ impl AuthServer {
             kube_groups: principals.groups.clone(),
             ..exec.clone()
         };
-        let key = PublicKey::from_openssh(req.public_key.trim())
-            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let now = sshcert::now();
         let logins = vec![principals.user.clone()];
         let cert = sshcert::issue_kube_session(

@@ -303,7 +303,7 @@ impl AuthServer {
     }
 
     /// Removes a proxy (by name or id): its certificate is refused from this moment, and the
-    /// agent tunnels it reported no longer count.
+    /// agent tunnels and user connections it reported no longer count.
     pub async fn remove_proxy(&self, name_or_id: &str, by: &str) -> Result<(), AuthError> {
         let row = sqlx::query("SELECT id FROM proxies WHERE name = $1 OR id = $1")
             .bind(name_or_id)

@@ -569,6 +569,10 @@ impl AuthServer {
                 req.user, req.login, node.hostname, decision.explanation
             )));
         }
+        // Read before the connection is registered: nothing after the registration refuses
+        // the request as a bad one (the proxy then says when the connection closes).
+        let key = PublicKey::from_openssh(req.public_key.trim())
+            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let connection_registered = match self.limits(&set, req, proxy).await? {
             crate::connections::Limits::Within { registered } => registered,
             crate::connections::Limits::Over(why) => {
@@ -576,8 +580,6 @@ impl AuthServer {
                 return Err(AuthError::OverLimit(why));
             }
         };
-        let key = PublicKey::from_openssh(req.public_key.trim())
-            .map_err(|e| AuthError::BadRequest(e.to_string()))?;
         let now = sshcert::now();
         let logins = vec![req.login.clone()];
         // An agentless sshd trusts the OpenSSH CA, which signs nothing but these; agents check
@@ -878,7 +880,7 @@ pub(crate) fn over_connections(
 }
 
 /// `$first, $first+1, ...`: `n` numbered placeholders for an `IN (...)` list.
-fn placeholders(first: usize, n: usize) -> String {
+pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n)
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()

@@ -217,12 +217,24 @@ impl ProxyState {
                         Some(&body),
                     )
                     .await;
-                if let Err(e) = told {
-                    tracing::warn!(error = %e, connections = ids.len(), "could not tell auth of closed connections; retrying");
-                    if let Ok(mut c) = state.closed.lock() {
-                        c.extend(ids);
+                match told {
+                    Ok(_) => {}
+                    // Refused as asked (an auth that does not know the route): retrying will
+                    // not help, and what it would have removed it never held.
+                    Err(crate::auth_client::ClientError::Refused {
+                        status: status @ 400..=499,
+                        message,
+                        ..
+                    }) if status != 408 && status != 429 => {
+                        tracing::warn!(status, error = %message, connections = ids.len(), "auth refused the closed connections; not retrying");
                     }
-                    tokio::time::sleep(CLOSED_RETRY).await;
+                    Err(e) => {
+                        tracing::warn!(error = %e, connections = ids.len(), "could not tell auth of closed connections; retrying");
+                        if let Ok(mut c) = state.closed.lock() {
+                            c.extend(ids);
+                        }
+                        tokio::time::sleep(CLOSED_RETRY).await;
+                    }
                 }
             }
         });

@@ -564,6 +564,32 @@ fn max_connections_counts_a_users_connections_on_every_proxy() {
     });
     assert_eq!(said, "after the restart\n");
 
+    // Ten at once, five through each proxy: exactly one is let in (the first auth registers;
+    // the proxies' clocks do not matter), the others told why.
+    let racing: Vec<_> = (0..10)
+        .map(|i| {
+            Command::new("ssh")
+                .arg("-F")
+                .arg(via(i % 2))
+                .args(["-J", "proxy", "root@node1", "echo in; sleep 3"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = racing
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let inside = outs.iter().filter(|o| o.stdout == b"in\n").count();
+    assert_eq!(inside, 1, "{outs:?}");
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("max_connections: 1"), "{err}");
+    }
+
     // Another user's connections are not olga's.
     let other = t.user("otto", "one", "root", 1);
     let r = sallyport_tests::run(

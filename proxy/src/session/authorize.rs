@@ -57,27 +57,37 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
         kube: target.kube.clone(),
         connection: target.connection.as_ref().map(|c| c.reference()),
     };
-    let answer: Result<SessionGrant, ClientError> = state
-        .auth
-        .json(
-            reqwest::Method::POST,
-            sallyport_core::routes::auth::SESSIONS,
-            Some(&req),
-        )
-        .await;
-    if let Some(c) = &target.connection {
-        match &answer {
-            Ok(g) if g.connection_registered => c.registered(),
-            Ok(_)
-            | Err(ClientError::Refused {
-                status: 400..=499, ..
-            }) => {}
-            // Auth may have registered it before failing: it is said to close all the same
-            // (for a connection auth does not hold, that changes nothing).
-            Err(_) => c.registered(),
+    // Asked on a task of its own, holding the connection: a door that stops waiting (kubectl
+    // gone mid-request) cannot lose auth's answer, and with it a registration to undo.
+    let auth = state.auth.clone();
+    let connection = target.connection.clone();
+    let asking = tokio::spawn(async move {
+        let answer: Result<SessionGrant, ClientError> = auth
+            .json(
+                reqwest::Method::POST,
+                sallyport_core::routes::auth::SESSIONS,
+                Some(&req),
+            )
+            .await;
+        if let Some(c) = &connection {
+            match &answer {
+                Ok(g) if g.connection_registered => c.registered(),
+                // Refused as asked: auth registers nothing it refuses.
+                Ok(_)
+                | Err(ClientError::Refused {
+                    status: 400..=499, ..
+                }) => {}
+                // Auth may have registered it before failing: it is said to close all the same
+                // (for a connection auth does not hold, that changes nothing).
+                Err(_) => c.registered(),
+            }
         }
-    }
-    let grant = answer.map_err(refusal)?;
+        answer
+    });
+    let grant = asking
+        .await
+        .map_err(|e| Refusal::Failed(format!("the grant was not asked: {e}")))?
+        .map_err(refusal)?;
     if let Some(why) = &target.credential_refusal {
         super::audit::end_now(state, &grant.session_id, failed_end()).await;
         // The door's words, with its own remedy (`sally login`, or signing in again).

@@ -176,7 +176,7 @@ fn with_remote(mut body: serde_json::Value, remote: RemoteAddr) -> serde_json::V
 
 /// Auth's last ping answer.
 #[derive(Default)]
-struct PingCache(tokio::sync::Mutex<Option<PingAsk>>);
+struct PingCache(Arc<tokio::sync::Mutex<Option<PingAsk>>>);
 
 struct PingAsk {
     began: Instant,
@@ -199,14 +199,17 @@ impl PingAsk {
 /// However many ping at once, auth answers one ask at a time from this proxy.
 async fn ping(State(web): Auth) -> Response {
     let came = Instant::now();
-    let answer = {
-        let mut last = web.ping.0.lock().await;
-        match last.as_ref() {
-            Some(ask) if ask.fresh_for(came) => ask.answer.clone(),
-            _ => {
+    let mut last = web.ping.0.clone().lock_owned().await;
+    let answer = match last.as_ref() {
+        Some(ask) if ask.fresh_for(came) => ask.answer.clone(),
+        _ => {
+            // The ask runs on a task of its own, which holds the lock until the answer is
+            // stored: a caller that goes away (a reset stream) does not cancel it for the
+            // others waiting.
+            let client = web.auth.clone();
+            let asking = tokio::spawn(async move {
                 let began = Instant::now();
-                let answer = web
-                    .auth
+                let answer = client
                     .json::<serde_json::Value, serde_json::Value>(Method::GET, auth::PING, None)
                     .await
                     .map_err(|e| {
@@ -219,7 +222,8 @@ async fn ping(State(web): Auth) -> Response {
                     answer: answer.clone(),
                 });
                 answer
-            }
+            });
+            asking.await.unwrap_or(Err(()))
         }
     };
     match answer {
