@@ -10,11 +10,15 @@
 //!
 //! What is counted elsewhere is what was registered: a connection that has had no session
 //! since a role set the limit is counted only by its own proxy. A registered connection goes
-//! away when its proxy says it closed (`POST /v1/connections/closed`), when that proxy starts
-//! again or is removed; meanwhile a proxy that stopped heartbeating (`PROXY_TTL_SECS`) counts
+//! away when its proxy says it closed (`POST /v1/connections/closed`), when the proxy's list of
+//! its open ones, sent every 10 s, no longer has it (unless registered in the last
+//! `RECONCILE_GRACE_MS`), when that proxy starts again or is removed; meanwhile a proxy that stopped heartbeating (`PROXY_TTL_SECS`) counts
 //! for nothing, so a crashed proxy does not hold a user's connections for longer than that.
 
-use sallyport_core::api::{PROXY_TTL_SECS, SessionRequest};
+use sallyport_core::api::{
+    ClosedConnections, MAX_CLOSED_CONNECTIONS, MAX_OPEN_CONNECTIONS, PROXY_TTL_SECS,
+    RECONCILE_GRACE_MS, SessionRequest,
+};
 use sallyport_core::role::RoleSet;
 use sqlx::Row;
 
@@ -28,6 +32,10 @@ pub(crate) enum Limits {
     Within { registered: bool },
     /// Past one, saying which (nothing registered).
     Over(String),
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(sallyport_core::unix_now_ms()).unwrap_or(i64::MAX)
 }
 
 fn db_id(id: u64) -> Result<i64, AuthError> {
@@ -76,14 +84,15 @@ impl AuthServer {
         // one write lock, taken before anything is read). `seq`: after every registered
         // connection of the user's.
         sqlx::query(
-            "INSERT INTO user_connections (proxy, id, user_name, seq, opened)
-             SELECT $1, $2, $3, COALESCE(MAX(seq), 0) + 1, $4 FROM user_connections WHERE user_name = $3
+            "INSERT INTO user_connections (proxy, id, user_name, seq, opened, registered)
+             SELECT $1, $2, $3, COALESCE(MAX(seq), 0) + 1, $4, $5 FROM user_connections WHERE user_name = $3
              ON CONFLICT (proxy, id) DO NOTHING",
         )
         .bind(proxy)
         .bind(id)
         .bind(&req.user)
         .bind(conn.opened_ms)
+        .bind(now_ms())
         .execute(&mut *tx)
         .await?;
         let row =
@@ -140,18 +149,44 @@ impl AuthServer {
         Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
-    /// Proxy `proxy` says these of its registered connections closed.
-    pub async fn connections_closed(&self, proxy: &str, ids: &[u64]) -> Result<(), AuthError> {
-        if ids.len() > sallyport_core::api::MAX_CLOSED_CONNECTIONS {
+    /// Proxy `proxy` says these of its registered connections closed, and (`open`) which of
+    /// its connections auth may hold are still open: its other rows go, but for those
+    /// registered in the last [`RECONCILE_GRACE_MS`].
+    pub async fn connections_closed(
+        &self,
+        proxy: &str,
+        closed: &ClosedConnections,
+    ) -> Result<(), AuthError> {
+        if closed.ids.len() > MAX_CLOSED_CONNECTIONS
+            || closed
+                .open
+                .as_ref()
+                .is_some_and(|o| o.len() > MAX_OPEN_CONNECTIONS)
+        {
             return Err(AuthError::BadRequest(format!(
-                "at most {} connections at a time",
-                sallyport_core::api::MAX_CLOSED_CONNECTIONS
+                "at most {MAX_CLOSED_CONNECTIONS} closed and {MAX_OPEN_CONNECTIONS} open connections at a time"
             )));
         }
-        let ids = ids
+        let mut ids = closed
+            .ids
             .iter()
             .map(|i| db_id(*i))
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(open) = &closed.open {
+            let open: std::collections::HashSet<u64> = open.iter().copied().collect();
+            let rows =
+                sqlx::query("SELECT id FROM user_connections WHERE proxy = $1 AND registered < $2")
+                    .bind(proxy)
+                    .bind(now_ms() - RECONCILE_GRACE_MS)
+                    .fetch_all(&self.backend.pool)
+                    .await?;
+            for row in rows {
+                let id: i64 = row.try_get("id")?;
+                if u64::try_from(id).map_or(true, |id| !open.contains(&id)) {
+                    ids.push(id);
+                }
+            }
+        }
         // A few hundred at a time: one statement each, no long hold of SQLite's write lock.
         for chunk in ids.chunks(500) {
             let list = crate::ssh_access::placeholders(2, chunk.len());

@@ -664,10 +664,20 @@ pub struct ConnectionRef {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ClosedConnections {
     pub ids: Vec<u64>,
+    /// Every connection of the proxy's that auth may hold (registered, or a grant on its way)
+    /// and that is still open: auth drops the proxy's other rows, unless registered in the
+    /// last [`RECONCILE_GRACE_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open: Option<Vec<u64>>,
 }
 
-/// The most ids one [`ClosedConnections`] carries.
+/// The most ids one [`ClosedConnections`] carries in `ids`.
 pub const MAX_CLOSED_CONNECTIONS: usize = 10_000;
+/// The most ids one [`ClosedConnections`] carries in `open`.
+pub const MAX_OPEN_CONNECTIONS: usize = 100_000;
+/// A registration this recent is never dropped for being missing from a proxy's `open`: the
+/// proxy's list may have been made before it.
+pub const RECONCILE_GRACE_MS: i64 = 15_000;
 
 /// Session channels per SSH connection when no role sets `max_sessions` (OpenSSH's own
 /// `MaxSessions` default).

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -56,11 +56,23 @@ pub struct ProxyState {
     live: Mutex<HashMap<u64, LiveConnection>>,
     /// Open node connections: their user by the order they authenticated in, for the roles'
     /// `max_connections`.
-    open: Mutex<BTreeMap<u64, String>>,
+    open: Mutex<BTreeMap<u64, (String, Arc<Held>)>>,
     /// Registered connections that closed, not yet told to auth, and whether a task is
     /// telling it ([`ProxyState::closed`]).
     closed: Mutex<Vec<u64>>,
     telling_closed: AtomicBool,
+    /// Whether the task that tells auth which registered connections are still open runs
+    /// ([`ProxyState::reconcile`]).
+    reconciling: AtomicBool,
+}
+
+/// What auth may hold of an open connection (`max_connections` across proxies).
+#[derive(Default)]
+struct Held {
+    /// Auth registered it, or may have: it is told when the connection closes.
+    registered: AtomicBool,
+    /// Grants being asked for on it: auth may be registering it now.
+    asking: AtomicU32,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -75,9 +87,7 @@ pub struct OpenConnection {
     state: Arc<ProxyState>,
     seq: u64,
     opened_ms: i64,
-    /// Auth holds it among the user's connections (`max_connections` across proxies): it is
-    /// told when the connection closes.
-    registered: AtomicBool,
+    held: Arc<Held>,
 }
 
 impl std::fmt::Debug for OpenConnection {
@@ -98,9 +108,26 @@ impl OpenConnection {
         }
     }
 
-    /// Auth registered the connection (or may have): it is told when it closes.
+    /// Auth registered the connection (or may have): it is told when it closes, and from now
+    /// on that it is open ([`ProxyState::reconcile`]).
     pub fn registered(&self) {
-        self.registered.store(true, Ordering::Release);
+        self.held.registered.store(true, Ordering::Release);
+        self.state.reconcile();
+    }
+
+    /// A grant is being asked for on the connection until the returned guard is dropped.
+    pub fn asking(&self) -> Asking {
+        self.held.asking.fetch_add(1, Ordering::AcqRel);
+        Asking(self.held.clone())
+    }
+}
+
+/// A grant being asked for on a connection ([`OpenConnection::asking`]).
+pub struct Asking(Arc<Held>);
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.asking.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -109,7 +136,7 @@ impl Drop for OpenConnection {
         if let Ok(mut open) = self.state.open.lock() {
             open.remove(&self.seq);
         }
-        if self.registered.load(Ordering::Acquire) {
+        if self.held.registered.load(Ordering::Acquire) {
             self.state.closed(self.seq);
         }
     }
@@ -118,6 +145,9 @@ impl Drop for OpenConnection {
 /// How long the proxy waits before telling auth again about closed connections it could not
 /// tell it about.
 const CLOSED_RETRY: Duration = Duration::from_secs(1);
+
+/// How often a proxy tells auth which of its registered connections are open.
+const RECONCILE_EVERY: Duration = Duration::from_secs(10);
 
 impl ProxyState {
     pub fn new(
@@ -142,6 +172,7 @@ impl ProxyState {
             open: Mutex::new(BTreeMap::new()),
             closed: Mutex::new(Vec::new()),
             telling_closed: AtomicBool::new(false),
+            reconciling: AtomicBool::new(false),
         }
     }
 
@@ -165,14 +196,15 @@ impl ProxyState {
     /// Counts a node connection of `user` as open until the returned value is dropped.
     pub fn open_connection(self: &Arc<Self>, user: &str) -> OpenConnection {
         let seq = next_id();
+        let held = Arc::new(Held::default());
         if let Ok(mut open) = self.open.lock() {
-            open.insert(seq, user.to_string());
+            open.insert(seq, (user.to_string(), held.clone()));
         }
         OpenConnection {
             state: self.clone(),
             seq,
             opened_ms: i64::try_from(sallyport_core::unix_now_ms()).unwrap_or(i64::MAX),
-            registered: AtomicBool::new(false),
+            held,
         }
     }
 
@@ -208,7 +240,10 @@ impl ProxyState {
                     }
                     return;
                 }
-                let body = sallyport_core::api::ClosedConnections { ids: ids.clone() };
+                let body = sallyport_core::api::ClosedConnections {
+                    ids: ids.clone(),
+                    open: None,
+                };
                 let told = state
                     .auth
                     .json::<_, serde_json::Value>(
@@ -240,11 +275,70 @@ impl ProxyState {
         });
     }
 
+    /// From the first registration on, every [`RECONCILE_EVERY`] tells auth which of this
+    /// proxy's connections it may hold are still open, so that what a close could not remove
+    /// (a grant auth committed after the proxy stopped waiting for it, then the connection
+    /// closed) goes too. Auth keeps rows registered in the last
+    /// `sallyport_core::api::RECONCILE_GRACE_MS`, which a grant still on its way may have made.
+    fn reconcile(self: &Arc<Self>) {
+        if self.reconciling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.reconciling.store(false, Ordering::Release);
+            return;
+        };
+        let state = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(RECONCILE_EVERY).await;
+                let Some(state) = state.upgrade() else { return };
+                let open: Vec<u64> = match state.open.lock() {
+                    Ok(o) => o
+                        .iter()
+                        .filter(|(_, (_, h))| {
+                            h.registered.load(Ordering::Acquire)
+                                || h.asking.load(Ordering::Acquire) > 0
+                        })
+                        .map(|(id, _)| *id)
+                        .collect(),
+                    Err(_) => continue,
+                };
+                if open.len() > sallyport_core::api::MAX_OPEN_CONNECTIONS {
+                    tracing::warn!(
+                        open = open.len(),
+                        "too many registered connections to reconcile with auth"
+                    );
+                    continue;
+                }
+                let body = sallyport_core::api::ClosedConnections {
+                    ids: Vec::new(),
+                    open: Some(open),
+                };
+                if let Err(e) = state
+                    .auth
+                    .json::<_, serde_json::Value>(
+                        reqwest::Method::POST,
+                        sallyport_core::routes::auth::CONNECTIONS_CLOSED,
+                        Some(&body),
+                    )
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not tell auth which connections are open");
+                }
+            }
+        });
+    }
+
     /// How many of its user's connections opened before `conn` are still open.
     pub fn older_connections(&self, conn: &OpenConnection, user: &str) -> u32 {
         self.open
             .lock()
-            .map(|open| open.range(..conn.seq).filter(|(_, u)| *u == user).count() as u32)
+            .map(|open| {
+                open.range(..conn.seq)
+                    .filter(|(_, (u, _))| *u == user)
+                    .count() as u32
+            })
             .unwrap_or(0)
     }
 

@@ -590,6 +590,67 @@ fn max_connections_counts_a_users_connections_on_every_proxy() {
         assert!(err.contains("max_connections: 1"), "{err}");
     }
 
+    // A connection that closes while auth is down is told to auth once it is back: the
+    // proxy keeps the close and tries again, and olga is not held over her limit.
+    let mut held = Command::new("ssh")
+        .arg("-F")
+        .arg(via(0))
+        .args(["-J", "proxy", "root@node1", "echo up; read x"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = [0u8; 3];
+    held.stdout.take().unwrap().read_exact(&mut up).unwrap();
+    let olgas = "SELECT COUNT(*) FROM user_connections WHERE user_name = 'olga'";
+    assert_eq!(t.query(olgas), "1");
+    t.auths[0].kill();
+    drop(held.stdin.take());
+    let _ = held.wait();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        t.query(olgas),
+        "1",
+        "auth was down: nobody could take the close"
+    );
+    t.auths[0].start();
+    assert!(
+        eventually(Duration::from_secs(15), || t.query(olgas) == "0"),
+        "the close was not told once auth came back"
+    );
+    let (_, said) = within(Duration::from_secs(10), || {
+        let r = ssh(1, "echo auth is back");
+        if r.code == 0 {
+            Ok(r.stdout)
+        } else {
+            Err(r.stderr)
+        }
+    });
+    assert_eq!(said, "auth is back\n");
+
+    // A row auth holds for a connection its proxy no longer has (a grant auth committed after
+    // the proxy stopped waiting for it): the proxy's list of what is open, sent every 10 s,
+    // drops it.
+    let proxy1 = t.query("SELECT id FROM proxies WHERE name = 'proxy1'");
+    t.query(&format!(
+        "INSERT INTO user_connections (proxy, id, user_name, seq, opened, registered) VALUES ('{proxy1}', 999999, 'olga', 0, 0, 0)"
+    ));
+    ssh(1, "true").fails_with("max_connections: 1");
+    let (took, said) = within(Duration::from_secs(25), || {
+        let r = ssh(1, "echo reconciled");
+        if r.code == 0 {
+            Ok(r.stdout)
+        } else {
+            Err(r.stderr)
+        }
+    });
+    assert_eq!(said, "reconciled\n", "after {took:?}");
+    assert_eq!(
+        t.query("SELECT COUNT(*) FROM user_connections WHERE id = 999999"),
+        "0"
+    );
+
     // Another user's connections are not olga's.
     let other = t.user("otto", "one", "root", 1);
     let r = sallyport_tests::run(

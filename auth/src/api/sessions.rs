@@ -27,7 +27,7 @@ pub(super) async fn connections_closed(
     proxy: Proxy,
     Json(closed): Json<sallyport_core::api::ClosedConnections>,
 ) -> Result<Json<serde_json::Value>, AuthError> {
-    auth.connections_closed(&proxy.name, &closed.ids).await?;
+    auth.connections_closed(&proxy.name, &closed).await?;
     Ok(done())
 }
 

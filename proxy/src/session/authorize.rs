@@ -62,6 +62,8 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
     let auth = state.auth.clone();
     let connection = target.connection.clone();
     let asking = tokio::spawn(async move {
+        // While asked, the connection is among those auth may be registering.
+        let _asking = connection.as_ref().map(|c| c.asking());
         let answer: Result<SessionGrant, ClientError> = auth
             .json(
                 reqwest::Method::POST,
