@@ -1,23 +1,23 @@
-//! The roles' `max_connections` across proxies. Each proxy counts its own connections of a
-//! user (`SessionRequest::older_connections`); a user behind a load balancer reaches several
-//! proxies, so when a role sets the limit auth also registers the connection a session runs on
-//! (`user_connections`) and counts the user's connections registered before it on every
-//! *other* live proxy. Registering and counting are one transaction, one per user at a time
-//! (PostgreSQL: an advisory lock on the user's name; SQLite: one writer, taken by the
-//! transaction's first statement), and the order is the registrations' own (`seq`), not the
-//! proxies' clocks: of connections granted at once through two proxies, exactly the first
-//! counts against the second.
+//! The roles' `max_connections` across proxies. A user behind a load balancer reaches several
+//! proxies, so when a role sets the limit auth registers the connection a session runs on
+//! (`user_connections`) and counts the user's connections registered before it on every live
+//! proxy, plus those older ones on the asking proxy it has not registered (the proxy counts
+//! them, `ConnectionRef::unconfirmed_older`). Registering and counting are one transaction, one
+//! per user at a time (PostgreSQL: an advisory lock on the user's name; SQLite: one writer,
+//! taken by the transaction's first statement), and the order is the registrations' own
+//! (`seq`), not the proxies' clocks: the connection registered last has counted every other
+//! one registered and open, so no more than the limit are.
 //!
-//! What is counted elsewhere is what was registered: a connection that has had no session
-//! since a role set the limit is counted only by its own proxy. A registered connection goes
-//! away when its proxy says it closed (`POST /v1/connections/closed`), when the proxy's list of
-//! its open ones, sent every 10 s, no longer has it (unless registered in the last
-//! `RECONCILE_GRACE_MS`), when that proxy starts again or is removed; meanwhile a proxy that stopped heartbeating (`PROXY_TTL_SECS`) counts
-//! for nothing, so a crashed proxy does not hold a user's connections for longer than that.
+//! What is counted is what was registered: a connection that has had no session since a role
+//! set the limit is counted only by its own proxy. A registered connection goes away when its
+//! proxy says it closed (`POST /v1/connections/closed`), when the proxy's list of its open
+//! connections (sent every 10 s, whole below an id it names) no longer has it, when that proxy
+//! starts again or is removed; meanwhile a proxy that stopped heartbeating (`PROXY_TTL_SECS`)
+//! counts for nothing, so a crashed proxy does not hold a user's connections for longer than
+//! that.
 
 use sallyport_core::api::{
-    ClosedConnections, MAX_CLOSED_CONNECTIONS, MAX_OPEN_CONNECTIONS, PROXY_TTL_SECS,
-    RECONCILE_GRACE_MS, SessionRequest,
+    ClosedConnections, MAX_CLOSED_CONNECTIONS, MAX_OPEN_CONNECTIONS, PROXY_TTL_SECS, SessionRequest,
 };
 use sallyport_core::role::RoleSet;
 use sqlx::Row;
@@ -34,15 +34,29 @@ pub(crate) enum Limits {
     Over(String),
 }
 
-fn now_ms() -> i64 {
-    i64::try_from(sallyport_core::unix_now_ms()).unwrap_or(i64::MAX)
-}
-
 fn db_id(id: u64) -> Result<i64, AuthError> {
     i64::try_from(id).map_err(|_| AuthError::BadRequest(format!("connection id {id} is too large")))
 }
 
 impl AuthServer {
+    /// [`AuthServer::limits`], a refusal audited with `reject` and answered as
+    /// [`AuthError::OverLimit`]; within them, whether the connection is registered.
+    pub(crate) async fn within_limits(
+        &self,
+        set: &RoleSet,
+        req: &SessionRequest,
+        proxy: &str,
+        reject: impl FnOnce(String) -> sallyport_core::audit::Event,
+    ) -> Result<bool, AuthError> {
+        match self.limits(set, req, proxy).await? {
+            Limits::Within { registered } => Ok(registered),
+            Limits::Over(why) => {
+                self.emit_logged(reject(why.clone())).await;
+                Err(AuthError::OverLimit(why))
+            }
+        }
+    }
+
     /// Checks `max_sessions` and `max_connections` for `req` through `proxy`; under
     /// `max_connections`, registers the request's connection and counts the user's older
     /// connections on other live proxies with this proxy's own.
@@ -84,15 +98,14 @@ impl AuthServer {
         // one write lock, taken before anything is read). `seq`: after every registered
         // connection of the user's.
         sqlx::query(
-            "INSERT INTO user_connections (proxy, id, user_name, seq, opened, registered)
-             SELECT $1, $2, $3, COALESCE(MAX(seq), 0) + 1, $4, $5 FROM user_connections WHERE user_name = $3
+            "INSERT INTO user_connections (proxy, id, user_name, seq, opened)
+             SELECT $1, $2, $3, COALESCE(MAX(seq), 0) + 1, $4 FROM user_connections WHERE user_name = $3
              ON CONFLICT (proxy, id) DO NOTHING",
         )
         .bind(proxy)
         .bind(id)
         .bind(&req.user)
         .bind(conn.opened_ms)
-        .bind(now_ms())
         .execute(&mut *tx)
         .await?;
         let row =
@@ -109,10 +122,8 @@ impl AuthServer {
                 conn.id
             )));
         }
-        let elsewhere = self
-            .earlier_elsewhere(&mut tx, &req.user, proxy, seq)
-            .await?;
-        match over(req.older_connections.saturating_add(elsewhere)) {
+        let earlier = self.registered_earlier(&mut tx, &req.user, seq).await?;
+        match over(conn.unconfirmed_older.saturating_add(earlier)) {
             Some(why) => {
                 tx.rollback().await?;
                 Ok(Limits::Over(why))
@@ -124,23 +135,22 @@ impl AuthServer {
         }
     }
 
-    /// The user's connections registered before `seq` through proxies other than `proxy`
-    /// that are still heartbeating. Registration order, not the proxies' clocks: of two
-    /// connections, the one granted first is the older, whatever each proxy's clock says.
-    async fn earlier_elsewhere(
+    /// The user's connections registered before `seq`, through any proxy still heartbeating
+    /// (this one's too: the proxy counts only those auth has not confirmed registering).
+    /// Registration order, not the proxies' clocks: the connection registered last has
+    /// counted every other one registered and open, so no more than the limit are.
+    async fn registered_earlier(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         user: &str,
-        proxy: &str,
         seq: i64,
     ) -> Result<u32, AuthError> {
         let alive = sallyport_core::unix_now() - PROXY_TTL_SECS;
         let n: i64 = sqlx::query(
             "SELECT COUNT(*) FROM user_connections c JOIN proxies p ON p.id = c.proxy
-             WHERE c.user_name = $1 AND c.proxy <> $2 AND p.last_seen > $3 AND c.seq < $4",
+             WHERE c.user_name = $1 AND p.last_seen > $2 AND c.seq < $3",
         )
         .bind(user)
-        .bind(proxy)
         .bind(alive)
         .bind(seq)
         .fetch_one(&mut **tx)
@@ -150,8 +160,7 @@ impl AuthServer {
     }
 
     /// Proxy `proxy` says these of its registered connections closed, and (`open`) which of
-    /// its connections auth may hold are still open: its other rows go, but for those
-    /// registered in the last [`RECONCILE_GRACE_MS`].
+    /// its connections are still open: its other rows below the list's `below` go too.
     pub async fn connections_closed(
         &self,
         proxy: &str,
@@ -161,7 +170,7 @@ impl AuthServer {
             || closed
                 .open
                 .as_ref()
-                .is_some_and(|o| o.len() > MAX_OPEN_CONNECTIONS)
+                .is_some_and(|o| o.ids.len() > MAX_OPEN_CONNECTIONS)
         {
             return Err(AuthError::BadRequest(format!(
                 "at most {MAX_CLOSED_CONNECTIONS} closed and {MAX_OPEN_CONNECTIONS} open connections at a time"
@@ -173,16 +182,16 @@ impl AuthServer {
             .map(|i| db_id(*i))
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(open) = &closed.open {
-            let open: std::collections::HashSet<u64> = open.iter().copied().collect();
-            let rows =
-                sqlx::query("SELECT id FROM user_connections WHERE proxy = $1 AND registered < $2")
-                    .bind(proxy)
-                    .bind(now_ms() - RECONCILE_GRACE_MS)
-                    .fetch_all(&self.backend.pool)
-                    .await?;
+            let below = i64::try_from(open.below).unwrap_or(i64::MAX);
+            let listed: std::collections::HashSet<u64> = open.ids.iter().copied().collect();
+            let rows = sqlx::query("SELECT id FROM user_connections WHERE proxy = $1 AND id < $2")
+                .bind(proxy)
+                .bind(below)
+                .fetch_all(&self.backend.pool)
+                .await?;
             for row in rows {
                 let id: i64 = row.try_get("id")?;
-                if u64::try_from(id).map_or(true, |id| !open.contains(&id)) {
+                if u64::try_from(id).map_or(true, |id| !listed.contains(&id)) {
                     ids.push(id);
                 }
             }

@@ -573,13 +573,7 @@ impl AuthServer {
         // the request as a bad one (the proxy then says when the connection closes).
         let key = PublicKey::from_openssh(req.public_key.trim())
             .map_err(|e| AuthError::BadRequest(e.to_string()))?;
-        let connection_registered = match self.limits(&set, req, proxy).await? {
-            crate::connections::Limits::Within { registered } => registered,
-            crate::connections::Limits::Over(why) => {
-                self.emit_logged(reject(why.clone())).await;
-                return Err(AuthError::OverLimit(why));
-            }
-        };
+        let connection_registered = self.within_limits(&set, req, proxy, reject).await?;
         let now = sshcert::now();
         let logins = vec![req.login.clone()];
         // An agentless sshd trusts the OpenSSH CA, which signs nothing but these; agents check

@@ -651,33 +651,41 @@ pub struct SessionRequest {
     pub connection: Option<ConnectionRef>,
 }
 
-/// One of a user's connections to a proxy: the proxy's id for it and when it opened (Unix
-/// milliseconds, the proxy's clock), which orders a user's connections across proxies.
+/// One of a user's connections to a proxy: the proxy's id for it, when it opened (Unix
+/// milliseconds, the proxy's clock; for people reading auth's table), and how many of the
+/// user's connections on that proxy opened before it and still open auth has not registered
+/// (auth counts the registered ones itself, in the order it registered them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnectionRef {
     pub id: u64,
     pub opened_ms: i64,
+    #[serde(default)]
+    pub unconfirmed_older: u32,
 }
 
 /// A proxy's connections that closed, among those auth registered
-/// ([`SessionGrant::connection_registered`]): `POST /v1/connections/closed`.
+/// ([`SessionGrant::connection_registered`]), and from time to time the list of every one still
+/// open: `POST /v1/connections/closed`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ClosedConnections {
     pub ids: Vec<u64>,
-    /// Every connection of the proxy's that auth may hold (registered, or a grant on its way)
-    /// and that is still open: auth drops the proxy's other rows, unless registered in the
-    /// last [`RECONCILE_GRACE_MS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub open: Option<Vec<u64>>,
+    pub open: Option<OpenConnections>,
+}
+
+/// Every connection of a proxy's still open, whole below `below`: auth drops its rows of that
+/// proxy with an id below `below` that are not in `ids`. Ids are the proxy's, given in order
+/// with the list's lock held, so one opened after the list was made is at `below` or above.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OpenConnections {
+    pub ids: Vec<u64>,
+    pub below: u64,
 }
 
 /// The most ids one [`ClosedConnections`] carries in `ids`.
 pub const MAX_CLOSED_CONNECTIONS: usize = 10_000;
-/// The most ids one [`ClosedConnections`] carries in `open`.
+/// The most ids one [`OpenConnections`] carries.
 pub const MAX_OPEN_CONNECTIONS: usize = 100_000;
-/// A registration this recent is never dropped for being missing from a proxy's `open`: the
-/// proxy's list may have been made before it.
-pub const RECONCILE_GRACE_MS: i64 = 15_000;
 
 /// Session channels per SSH connection when no role sets `max_sessions` (OpenSSH's own
 /// `MaxSessions` default).

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -66,13 +66,14 @@ pub struct ProxyState {
     reconciling: AtomicBool,
 }
 
-/// What auth may hold of an open connection (`max_connections` across proxies).
+/// What auth holds of an open connection (`max_connections` across proxies).
 #[derive(Default)]
 struct Held {
-    /// Auth registered it, or may have: it is told when the connection closes.
-    registered: AtomicBool,
-    /// Grants being asked for on it: auth may be registering it now.
-    asking: AtomicU32,
+    /// Auth said it registered it: auth counts it, so the proxy does not count it again.
+    confirmed: AtomicBool,
+    /// Auth registered it or may have (a grant that failed after auth could have): it is told
+    /// when the connection closes.
+    maybe: AtomicBool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -100,34 +101,28 @@ impl std::fmt::Debug for OpenConnection {
 }
 
 impl OpenConnection {
-    /// What auth knows the connection by.
+    /// What auth knows the connection by, with the user's older connections on this proxy that
+    /// auth does not count itself.
     pub fn reference(&self) -> ConnectionRef {
         ConnectionRef {
             id: self.seq,
             opened_ms: self.opened_ms,
+            unconfirmed_older: self.state.unconfirmed_older(self.seq),
         }
     }
 
-    /// Auth registered the connection (or may have): it is told when it closes, and from now
-    /// on that it is open ([`ProxyState::reconcile`]).
+    /// Auth registered the connection: it counts it from now on.
     pub fn registered(&self) {
-        self.held.registered.store(true, Ordering::Release);
+        self.held.confirmed.store(true, Ordering::Release);
+        self.maybe_registered();
+    }
+
+    /// Auth may have registered the connection (a grant failed after it could have): it is
+    /// told when the connection closes, and meanwhile that it is open
+    /// ([`ProxyState::reconcile`]).
+    pub fn maybe_registered(&self) {
+        self.held.maybe.store(true, Ordering::Release);
         self.state.reconcile();
-    }
-
-    /// A grant is being asked for on the connection until the returned guard is dropped.
-    pub fn asking(&self) -> Asking {
-        self.held.asking.fetch_add(1, Ordering::AcqRel);
-        Asking(self.held.clone())
-    }
-}
-
-/// A grant being asked for on a connection ([`OpenConnection::asking`]).
-pub struct Asking(Arc<Held>);
-
-impl Drop for Asking {
-    fn drop(&mut self) {
-        self.0.asking.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -136,7 +131,7 @@ impl Drop for OpenConnection {
         if let Ok(mut open) = self.state.open.lock() {
             open.remove(&self.seq);
         }
-        if self.held.registered.load(Ordering::Acquire) {
+        if self.held.maybe.load(Ordering::Acquire) {
             self.state.closed(self.seq);
         }
     }
@@ -145,6 +140,9 @@ impl Drop for OpenConnection {
 /// How long the proxy waits before telling auth again about closed connections it could not
 /// tell it about.
 const CLOSED_RETRY: Duration = Duration::from_secs(1);
+
+/// The most closes kept while auth cannot be told.
+const MAX_CLOSED_QUEUED: usize = 100_000;
 
 /// How often a proxy tells auth which of its registered connections are open.
 const RECONCILE_EVERY: Duration = Duration::from_secs(10);
@@ -195,11 +193,17 @@ impl ProxyState {
 
     /// Counts a node connection of `user` as open until the returned value is dropped.
     pub fn open_connection(self: &Arc<Self>, user: &str) -> OpenConnection {
-        let seq = next_id();
         let held = Arc::new(Held::default());
-        if let Ok(mut open) = self.open.lock() {
-            open.insert(seq, (user.to_string(), held.clone()));
-        }
+        // The id is taken with the lock held, so a list of the open connections made under it
+        // holds every id below the next one ([`ProxyState::reconcile`]).
+        let seq = match self.open.lock() {
+            Ok(mut open) => {
+                let seq = next_id();
+                open.insert(seq, (user.to_string(), held.clone()));
+                seq
+            }
+            Err(_) => next_id(),
+        };
         OpenConnection {
             state: self.clone(),
             seq,
@@ -212,6 +216,11 @@ impl ProxyState {
     /// closed meanwhile in one request, and keeps what auth could not take for the next try.
     fn closed(self: &Arc<Self>, seq: u64) {
         if let Ok(mut closed) = self.closed.lock() {
+            // While auth cannot be told, the oldest closes give way (the reconciliation removes
+            // what they would have).
+            if closed.len() >= MAX_CLOSED_QUEUED {
+                closed.remove(0);
+            }
             closed.push(seq);
         }
         if self.telling_closed.swap(true, Ordering::AcqRel) {
@@ -275,11 +284,12 @@ impl ProxyState {
         });
     }
 
-    /// From the first registration on, every [`RECONCILE_EVERY`] tells auth which of this
-    /// proxy's connections it may hold are still open, so that what a close could not remove
+    /// From the first registration on, every [`RECONCILE_EVERY`] tells auth every connection
+    /// of this proxy's still open, and the id below which that list is whole: auth drops its
+    /// rows of this proxy below that id and not in the list, so what a close could not remove
     /// (a grant auth committed after the proxy stopped waiting for it, then the connection
-    /// closed) goes too. Auth keeps rows registered in the last
-    /// `sallyport_core::api::RECONCILE_GRACE_MS`, which a grant still on its way may have made.
+    /// closed) goes too. A connection opened after the list has a higher id and is not touched;
+    /// no clock is compared.
     fn reconcile(self: &Arc<Self>) {
         if self.reconciling.swap(true, Ordering::AcqRel) {
             return;
@@ -293,27 +303,20 @@ impl ProxyState {
             loop {
                 tokio::time::sleep(RECONCILE_EVERY).await;
                 let Some(state) = state.upgrade() else { return };
-                let open: Vec<u64> = match state.open.lock() {
-                    Ok(o) => o
-                        .iter()
-                        .filter(|(_, (_, h))| {
-                            h.registered.load(Ordering::Acquire)
-                                || h.asking.load(Ordering::Acquire) > 0
-                        })
-                        .map(|(id, _)| *id)
-                        .collect(),
+                let (open, below): (Vec<u64>, u64) = match state.open.lock() {
+                    Ok(o) => (o.keys().copied().collect(), next_id()),
                     Err(_) => continue,
                 };
                 if open.len() > sallyport_core::api::MAX_OPEN_CONNECTIONS {
                     tracing::warn!(
                         open = open.len(),
-                        "too many registered connections to reconcile with auth"
+                        "too many open connections to reconcile with auth"
                     );
                     continue;
                 }
                 let body = sallyport_core::api::ClosedConnections {
                     ids: Vec::new(),
-                    open: Some(open),
+                    open: Some(sallyport_core::api::OpenConnections { ids: open, below }),
                 };
                 if let Err(e) = state
                     .auth
@@ -328,6 +331,22 @@ impl ProxyState {
                 }
             }
         });
+    }
+
+    /// How many of its user's connections opened before connection `seq` and still open auth
+    /// has not confirmed registering (auth counts the others itself).
+    fn unconfirmed_older(&self, seq: u64) -> u32 {
+        self.open
+            .lock()
+            .map(|open| {
+                let Some((user, _)) = open.get(&seq) else {
+                    return 0;
+                };
+                open.range(..seq)
+                    .filter(|(_, (u, h))| u == user && !h.confirmed.load(Ordering::Acquire))
+                    .count() as u32
+            })
+            .unwrap_or(0)
     }
 
     /// How many of its user's connections opened before `conn` are still open.

@@ -62,8 +62,6 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
     let auth = state.auth.clone();
     let connection = target.connection.clone();
     let asking = tokio::spawn(async move {
-        // While asked, the connection is among those auth may be registering.
-        let _asking = connection.as_ref().map(|c| c.asking());
         let answer: Result<SessionGrant, ClientError> = auth
             .json(
                 reqwest::Method::POST,
@@ -81,7 +79,7 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
                 }) => {}
                 // Auth may have registered it before failing: it is said to close all the same
                 // (for a connection auth does not hold, that changes nothing).
-                Err(_) => c.registered(),
+                Err(_) => c.maybe_registered(),
             }
         }
         answer
