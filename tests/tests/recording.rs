@@ -111,13 +111,10 @@ fn a_recording_that_cannot_be_written_ends_a_strict_session_and_stops_otherwise(
             .contains("and it must be recorded (record_session: strict); the session ends"),
         "{r:?}"
     );
-    // Ended before the command did. (What the relay queued before the writer met the error
-    // may have been shown: an I/O error is known only once written, unlike the size limit.)
-    assert!(
-        r.stdout.len() < full.len() - "after\n".len(),
-        "{}",
-        r.stdout.len()
-    );
+    // Ended before the command did: what came after the pause never shown. (What the relay
+    // queued before the writer met the error may have been shown, up to all of `seq`'s output
+    // on a slow host: an I/O error is known only once written, unlike the size limit.)
+    assert!(!r.stdout.contains("after"), "{}", r.stdout.len());
     assert!(full.starts_with(&r.stdout));
 
     free(&filler, 8192);
