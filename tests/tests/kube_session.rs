@@ -40,9 +40,10 @@ fn a_terminal_is_sized_by_kubectl_and_its_resizes_are_recorded() {
     // kubectl -t needs a terminal: `script` gives it one, 100x30, then makes it 120x40 while
     // the command runs (the kernel tells kubectl, which sends a resize).
     let inner = format!(
-        "stty cols 100 rows 30; (sleep 1.5; stty cols 120 rows 40 </dev/tty) & KUBECONFIG={} HOME={} {KUBECTL} exec -it -n dev web-1 -c main -- sh -c 'sleep 0.5; stty size; sleep 2.5; stty size; exit 4'",
+        "stty cols 100 rows 30; (while [ ! -e {sized} ]; do sleep 0.05; done; stty cols 120 rows 40 </dev/tty) & KUBECONFIG={} HOME={} {KUBECTL} exec -it -n dev web-1 -c main -- sh -c 'sleep 0.5; stty size; touch {sized}; sleep 2.5; stty size; exit 4'",
         s.kubeconfig.display(),
-        s.home.display()
+        s.home.display(),
+        sized = s.home.join("sized").display(),
     );
     let out = run(
         Command::new("script").args(["-qec", &inner, "/dev/null"]),
@@ -50,7 +51,10 @@ fn a_terminal_is_sized_by_kubectl_and_its_resizes_are_recorded() {
     );
     let (_, cast) = recording(
         &s.c,
-        "sh -c sleep 0.5; stty size; sleep 2.5; stty size; exit 4",
+        &format!(
+            "sh -c sleep 0.5; stty size; touch {}; sleep 2.5; stty size; exit 4",
+            s.home.join("sized").display()
+        ),
     );
     assert!(
         out.stdout.contains("30 100") && out.stdout.contains("40 120"),

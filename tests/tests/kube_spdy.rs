@@ -259,9 +259,10 @@ fn a_terminal_over_spdy_both_ways_is_sized_and_resized() {
     let s = setup_with("kube-dev", &[], &["--no-websocket"]);
     // As in kube_session.rs: `script` gives kubectl -t a terminal, 100x30, then 120x40.
     let inner = format!(
-        "stty cols 100 rows 30; (sleep 1.5; stty cols 120 rows 40 </dev/tty) & KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false KUBECONFIG={} HOME={} {KUBECTL} exec -it -n dev web-1 -c main -- sh -c 'sleep 0.5; stty size; sleep 2.5; stty size; exit 4'",
+        "stty cols 100 rows 30; (while [ ! -e {sized} ]; do sleep 0.05; done; stty cols 120 rows 40 </dev/tty) & KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false KUBECONFIG={} HOME={} {KUBECTL} exec -it -n dev web-1 -c main -- sh -c 'sleep 0.5; stty size; touch {sized}; sleep 2.5; stty size; exit 4'",
         s.kubeconfig.display(),
-        s.home.display()
+        s.home.display(),
+        sized = s.home.join("sized").display(),
     );
     let out = run(
         Command::new("script").args(["-qec", &inner, "/dev/null"]),
@@ -280,7 +281,10 @@ fn a_terminal_over_spdy_both_ways_is_sized_and_resized() {
     assert_eq!(up["transport"], "spdy", "{up}");
     let start = exec_session(
         &s.c,
-        "sh -c sleep 0.5; stty size; sleep 2.5; stty size; exit 4",
+        &format!(
+            "sh -c sleep 0.5; stty size; touch {}; sleep 2.5; stty size; exit 4",
+            s.home.join("sized").display()
+        ),
     );
     assert_eq!(start["tty"], true);
     let id = start["session_id"].as_str().unwrap();
