@@ -26,7 +26,7 @@ use crate::backend::Kind;
 use crate::{AuthError, AuthServer};
 
 /// What the roles' limits say of a session about to be granted.
-pub(crate) enum Limits {
+enum Limits {
     /// Within them; `registered`: the session's connection is registered (the proxy is told to
     /// say when it closes).
     Within { registered: bool },
@@ -58,18 +58,19 @@ impl AuthServer {
     }
 
     /// Checks `max_sessions` and `max_connections` for `req` through `proxy`; under
-    /// `max_connections`, registers the request's connection and counts the user's older
-    /// connections on other live proxies with this proxy's own.
-    pub(crate) async fn limits(
+    /// `max_connections`, registers the request's connection and counts the user's connections
+    /// registered before it on every live proxy, with the asking proxy's older ones it has not
+    /// registered.
+    async fn limits(
         &self,
         set: &RoleSet,
         req: &SessionRequest,
         proxy: &str,
     ) -> Result<Limits, AuthError> {
-        if let Some(why) = crate::ssh_access::over_sessions(set, req) {
+        if let Some(why) = over_sessions(set, req) {
             return Ok(Limits::Over(why));
         }
-        let over = |older| crate::ssh_access::over_connections(set, &req.user, older);
+        let over = |older| over_connections(set, &req.user, older);
         let (Some(max), Some(conn)) = (set.max_connections(), req.connection) else {
             return Ok(match over(req.older_connections) {
                 Some(why) => Limits::Over(why),
@@ -219,4 +220,33 @@ impl AuthServer {
             .await?;
         Ok(())
     }
+}
+
+/// Why a session would exceed the roles' `max_sessions` (session channels on one SSH
+/// connection; [`DEFAULT_MAX_SESSIONS`] when no role sets it), if it would.
+///
+/// [`DEFAULT_MAX_SESSIONS`]: sallyport_core::api::DEFAULT_MAX_SESSIONS
+fn over_sessions(set: &sallyport_core::role::RoleSet, req: &SessionRequest) -> Option<String> {
+    let max_sessions = set
+        .max_sessions()
+        .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS);
+    match req.open_sessions {
+        Some(open) if open >= max_sessions => Some(sallyport_core::api::max_sessions_refusal(
+            open,
+            max_sessions,
+        )),
+        _ => None,
+    }
+}
+
+/// Why a connection of `user` with `older` of the user's connections opened before it and
+/// still open would exceed the roles' `max_connections` (the oldest ones keep working), if it
+/// would.
+fn over_connections(set: &sallyport_core::role::RoleSet, user: &str, older: u32) -> Option<String> {
+    let max = set.max_connections()?;
+    (older >= max).then(|| {
+        format!(
+            "{user} has {older} other connections open, the most your roles allow (max_connections: {max})"
+        )
+    })
 }

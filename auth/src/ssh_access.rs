@@ -837,42 +837,6 @@ impl AuthServer {
     }
 }
 
-/// Why a session would exceed the roles' `max_sessions` (session channels on one SSH
-/// connection; [`DEFAULT_MAX_SESSIONS`] when no role sets it), if it would.
-///
-/// [`DEFAULT_MAX_SESSIONS`]: sallyport_core::api::DEFAULT_MAX_SESSIONS
-pub(crate) fn over_sessions(
-    set: &sallyport_core::role::RoleSet,
-    req: &SessionRequest,
-) -> Option<String> {
-    let max_sessions = set
-        .max_sessions()
-        .unwrap_or(sallyport_core::api::DEFAULT_MAX_SESSIONS);
-    match req.open_sessions {
-        Some(open) if open >= max_sessions => Some(sallyport_core::api::max_sessions_refusal(
-            open,
-            max_sessions,
-        )),
-        _ => None,
-    }
-}
-
-/// Why a connection of `user` with `older` of the user's connections opened before it and
-/// still open would exceed the roles' `max_connections` (the oldest ones keep working), if it
-/// would.
-pub(crate) fn over_connections(
-    set: &sallyport_core::role::RoleSet,
-    user: &str,
-    older: u32,
-) -> Option<String> {
-    let max = set.max_connections()?;
-    (older >= max).then(|| {
-        format!(
-            "{user} has {older} other connections open, the most your roles allow (max_connections: {max})"
-        )
-    })
-}
-
 /// `$first, $first+1, ...`: `n` numbered placeholders for an `IN (...)` list.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n)

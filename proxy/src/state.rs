@@ -107,8 +107,13 @@ impl OpenConnection {
         ConnectionRef {
             id: self.seq,
             opened_ms: self.opened_ms,
-            unconfirmed_older: self.state.unconfirmed_older(self.seq),
+            unconfirmed_older: self.state.older(self.seq, true),
         }
+    }
+
+    /// How many of its user's connections opened before this one are still open.
+    pub fn older(&self) -> u32 {
+        self.state.older(self.seq, false)
     }
 
     /// Auth registered the connection: it counts it from now on.
@@ -136,13 +141,6 @@ impl Drop for OpenConnection {
         }
     }
 }
-
-/// How long the proxy waits before telling auth again about closed connections it could not
-/// tell it about.
-const CLOSED_RETRY: Duration = Duration::from_secs(1);
-
-/// The most closes kept while auth cannot be told.
-const MAX_CLOSED_QUEUED: usize = 100_000;
 
 /// How often a proxy tells auth which of its registered connections are open.
 const RECONCILE_EVERY: Duration = Duration::from_secs(10);
@@ -213,14 +211,10 @@ impl ProxyState {
     }
 
     /// Tells auth that registered connection `seq` closed, soon: one task at a time sends what
-    /// closed meanwhile in one request, and keeps what auth could not take for the next try.
+    /// closed meanwhile in one request. What auth could not take is not sent again: the next
+    /// list of open connections ([`ProxyState::reconcile`]) removes it.
     fn closed(self: &Arc<Self>, seq: u64) {
         if let Ok(mut closed) = self.closed.lock() {
-            // While auth cannot be told, the oldest closes give way (the reconciliation removes
-            // what they would have).
-            if closed.len() >= MAX_CLOSED_QUEUED {
-                closed.remove(0);
-            }
             closed.push(seq);
         }
         if self.telling_closed.swap(true, Ordering::AcqRel) {
@@ -249,36 +243,10 @@ impl ProxyState {
                     }
                     return;
                 }
-                let body = sallyport_core::api::ClosedConnections {
-                    ids: ids.clone(),
-                    open: None,
-                };
-                let told = state
-                    .auth
-                    .json::<_, serde_json::Value>(
-                        reqwest::Method::POST,
-                        sallyport_core::routes::auth::CONNECTIONS_CLOSED,
-                        Some(&body),
-                    )
-                    .await;
-                match told {
-                    Ok(_) => {}
-                    // Refused as asked (an auth that does not know the route): retrying will
-                    // not help, and what it would have removed it never held.
-                    Err(crate::auth_client::ClientError::Refused {
-                        status: status @ 400..=499,
-                        message,
-                        ..
-                    }) if status != 408 && status != 429 => {
-                        tracing::warn!(status, error = %message, connections = ids.len(), "auth refused the closed connections; not retrying");
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, connections = ids.len(), "could not tell auth of closed connections; retrying");
-                        if let Ok(mut c) = state.closed.lock() {
-                            c.extend(ids);
-                        }
-                        tokio::time::sleep(CLOSED_RETRY).await;
-                    }
+                let n = ids.len();
+                let body = sallyport_core::api::ClosedConnections { ids, open: None };
+                if let Err(e) = state.tell_connections(&body).await {
+                    tracing::warn!(error = %e, connections = n, "could not tell auth of closed connections; the next list of open ones will");
                 }
             }
         });
@@ -318,24 +286,30 @@ impl ProxyState {
                     ids: Vec::new(),
                     open: Some(sallyport_core::api::OpenConnections { ids: open, below }),
                 };
-                if let Err(e) = state
-                    .auth
-                    .json::<_, serde_json::Value>(
-                        reqwest::Method::POST,
-                        sallyport_core::routes::auth::CONNECTIONS_CLOSED,
-                        Some(&body),
-                    )
-                    .await
-                {
+                if let Err(e) = state.tell_connections(&body).await {
                     tracing::warn!(error = %e, "could not tell auth which connections are open");
                 }
             }
         });
     }
 
-    /// How many of its user's connections opened before connection `seq` and still open auth
-    /// has not confirmed registering (auth counts the others itself).
-    fn unconfirmed_older(&self, seq: u64) -> u32 {
+    /// `POST /v1/connections/closed`.
+    async fn tell_connections(
+        &self,
+        body: &sallyport_core::api::ClosedConnections,
+    ) -> Result<serde_json::Value, crate::auth_client::ClientError> {
+        self.auth
+            .json(
+                reqwest::Method::POST,
+                sallyport_core::routes::auth::CONNECTIONS_CLOSED,
+                Some(body),
+            )
+            .await
+    }
+
+    /// How many of its user's connections opened before connection `seq` are still open (with
+    /// `unconfirmed`, only those auth has not confirmed registering: it counts the others).
+    fn older(&self, seq: u64, unconfirmed: bool) -> u32 {
         self.open
             .lock()
             .map(|open| {
@@ -343,19 +317,9 @@ impl ProxyState {
                     return 0;
                 };
                 open.range(..seq)
-                    .filter(|(_, (u, h))| u == user && !h.confirmed.load(Ordering::Acquire))
-                    .count() as u32
-            })
-            .unwrap_or(0)
-    }
-
-    /// How many of its user's connections opened before `conn` are still open.
-    pub fn older_connections(&self, conn: &OpenConnection, user: &str) -> u32 {
-        self.open
-            .lock()
-            .map(|open| {
-                open.range(..conn.seq)
-                    .filter(|(_, (u, _))| *u == user)
+                    .filter(|(_, (u, h))| {
+                        u == user && !(unconfirmed && h.confirmed.load(Ordering::Acquire))
+                    })
                     .count() as u32
             })
             .unwrap_or(0)

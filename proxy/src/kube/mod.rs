@@ -560,7 +560,6 @@ async fn open_exec(
         open_sessions: Some(0),
         // An exec is a connection of its user for the roles' `max_connections`, as an SSH
         // connection is.
-        older_connections: door.state.older_connections(&counted, &snap.user),
         connection: Some(counted.clone()),
         credential_refusal: None,
         kube: Some(kube.clone()),

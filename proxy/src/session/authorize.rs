@@ -28,11 +28,9 @@ pub struct Target {
     /// Sessions already open on the person's connection (`max_sessions`); `None` for a kind
     /// of session the limit does not count (forwarding).
     pub open_sessions: Option<u32>,
-    /// The user's connections opened before this one and still open (`max_connections`).
-    pub older_connections: u32,
     /// The person's connection the session runs on, counted among the user's open ones on
-    /// this proxy; auth registers it when a role sets `max_connections`, for the other proxies'
-    /// counts.
+    /// this proxy (`max_connections`: the older ones still open are counted when the grant is
+    /// asked for); auth registers it when a role sets the limit, for the other proxies' counts.
     pub connection: Option<Arc<OpenConnection>>,
     /// Set when the person's credential is genuine but does not cover the login: auth is still
     /// asked (it audits the refusal with the roles' explanation) and the session refused with
@@ -53,7 +51,7 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
         public_key: state.public_key()?,
         remote_addr: target.addr.to_string(),
         open_sessions: target.open_sessions,
-        older_connections: target.older_connections,
+        older_connections: target.connection.as_ref().map_or(0, |c| c.older()),
         kube: target.kube.clone(),
         connection: target.connection.as_ref().map(|c| c.reference()),
     };

@@ -141,10 +141,6 @@ impl Inner {
             .login
             .clone()
             .ok_or_else(|| Refusal::Failed("not authenticated".into()))?;
-        let older_connections = self
-            .counted
-            .as_ref()
-            .map_or(0, |c| self.state.proxy.older_connections(c, &self.user));
         Ok(Target {
             user: self.user.clone(),
             login,
@@ -152,7 +148,6 @@ impl Inner {
             addr: self.addr,
             cert_expires: self.cert_expires,
             open_sessions,
-            older_connections,
             connection: self.counted.clone(),
             credential_refusal: self.refusal.clone(),
             kube: None,

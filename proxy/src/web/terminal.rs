@@ -393,7 +393,6 @@ async fn run(
         cert_expires: session.expires,
         // One terminal is one connection with one session channel.
         open_sessions: Some(0),
-        older_connections: state.older_connections(&counted, &session.user),
         connection: Some(counted.clone()),
         // As the SSH door does for a certificate without the login: auth still decides and
         // audits, and the session is refused.
