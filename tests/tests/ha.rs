@@ -480,25 +480,27 @@ fn max_connections_counts_a_users_connections_on_every_proxy() {
         )
     };
 
+    // A session through proxy `proxy` running `echo up; CMD`, once it has said `up`: the
+    // connection is open and counted. Its stdin and the rest of its output are the caller's.
+    let open = |proxy: usize, cmd: &str| {
+        let mut child = Command::new("ssh")
+            .arg("-F")
+            .arg(via(proxy))
+            .args(["-J", "proxy", "root@node1", &format!("echo up; {cmd}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut up = [0u8; 3];
+        out.read_exact(&mut up).unwrap();
+        assert_eq!(&up, b"up\n");
+        (child, out)
+    };
+
     // The first connection, through proxy 1, stays open until told to end.
-    let mut first = Command::new("ssh")
-        .arg("-F")
-        .arg(via(0))
-        .args([
-            "-J",
-            "proxy",
-            "root@node1",
-            "echo up; read x; echo first done",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = first.stdout.take().unwrap();
-    let mut up = [0u8; 3];
-    out.read_exact(&mut up).unwrap();
-    assert_eq!(&up, b"up\n");
+    let (mut first, mut out) = open(0, "read x; echo first done");
     assert_eq!(
         t.query("SELECT COUNT(*) FROM user_connections WHERE user_name = 'olga'"),
         "1"
@@ -538,17 +540,7 @@ fn max_connections_counts_a_users_connections_on_every_proxy() {
 
     // A proxy killed with olga's connection open holds it only until it starts again (or, if
     // it never does, until its heartbeats are PROXY_TTL_SECS old).
-    let mut held = Command::new("ssh")
-        .arg("-F")
-        .arg(via(0))
-        .args(["-J", "proxy", "root@node1", "echo up; sleep 60"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut up = [0u8; 3];
-    held.stdout.take().unwrap().read_exact(&mut up).unwrap();
+    let (mut held, _out) = open(0, "sleep 60");
     ssh(1, "true").fails_with("max_connections: 1");
     t.proxies[0].kill();
     let _ = held.wait();
@@ -593,17 +585,7 @@ fn max_connections_counts_a_users_connections_on_every_proxy() {
     // A connection that closes while auth is down is gone from auth once it is back: the
     // proxy's next list of its open connections (every 10 s) no longer has it, and olga is not
     // held over her limit.
-    let mut held = Command::new("ssh")
-        .arg("-F")
-        .arg(via(0))
-        .args(["-J", "proxy", "root@node1", "echo up; read x"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut up = [0u8; 3];
-    held.stdout.take().unwrap().read_exact(&mut up).unwrap();
+    let (mut held, _out) = open(0, "read x");
     let olgas = "SELECT COUNT(*) FROM user_connections WHERE user_name = 'olga'";
     assert_eq!(t.query(olgas), "1");
     t.auths[0].kill();
