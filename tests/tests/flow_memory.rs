@@ -7,7 +7,9 @@
 //! The bound, per session: what russh may hold for a channel is its window (see
 //! `vendor/russh/PATCHES.md`, `core::flow`): the node connection's (8 MiB toward an agent),
 //! the inner connection's and the door's (2 MiB each, OpenSSH's own); the local agent runs in
-//! the same process and holds at most its own 8 MiB window. Four sessions: 4 × 20 MiB, over a
+//! the same process and holds at most its own 8 MiB window; the recording's queue holds at most
+//! 4 MiB for a writer behind (`record::QUEUE_BYTES`: 100 MB of zeros is 600 MB of asciicast, and
+//! a slow disk lags). Four sessions: 4 × 24 MiB, over a
 //! baseline taken after one session ran (so what every connection allocates once is in it),
 //! and 16 MiB for the allocator's slack. Measured here (debug build): 84→133 MiB down, 81→117
 //! MiB up; before the proxy reported consumption, 83→279 MiB down and 79→334 MiB up.
@@ -26,7 +28,7 @@ use sallyport_tests::*;
 const SESSIONS: usize = 4;
 const BYTES: u64 = 100_000_000;
 const MIB: u64 = 1024 * 1024;
-const PER_SESSION: u64 = 20 * MIB;
+const PER_SESSION: u64 = 24 * MIB;
 const SLACK: u64 = 16 * MIB;
 
 /// Reads stdin at about 8 MB/s (a millisecond per 8 KB, paced against the clock), checks that

@@ -90,7 +90,16 @@ fn cat_through(s: &Setup, env: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
         .unwrap();
     let status = child.wait().unwrap();
     writer.join().unwrap().unwrap();
-    assert!(status.success(), "kubectl exec -i cat: {status}: {err}");
+    // On failure, what the fixture says became of the exec too (`result`: its Status, or
+    // "client went away" when the agent's connection ended first).
+    assert!(
+        status.success(),
+        "kubectl exec -i cat: {status}: {err}\nthe API server's last cat: {:?}",
+        upstream_sessions(&s.api)
+            .into_iter()
+            .rev()
+            .find(|r| r["command"] == serde_json::json!(["cat"]))
+    );
     out
 }
 

@@ -130,7 +130,11 @@ impl SpdyExec {
             match exit_of(&said) {
                 Ok(code) => code,
                 Err(message) => {
-                    let message = if said.is_empty() {
+                    let message = if said.is_empty() && writer.is_finished() {
+                        // The channel closed first: the proxy ended the session, and this
+                        // side closed the API server's streams (`write_input`).
+                        "the session was closed before the API server's exec ended".to_string()
+                    } else if said.is_empty() {
                         "the API server's exec stream ended without a status".to_string()
                     } else {
                         message

@@ -22,7 +22,7 @@
 //! did not use. [`Recorder::output`] takes only as much of a chunk as surely fits; the relay
 //! shows the person exactly that much and ends the session. That is exact for the size limit
 //! only: an I/O error is met by the writer after the relay queued the event, so output queued
-//! before the error (at most the queue, [`QUEUE`] events) may have been shown and not be in the
+//! before the error (at most the queue: [`QUEUE`] events, [`QUEUE_BYTES`] raw bytes) may have been shown and not be in the
 //! file. Nothing is taken once the error is known.
 
 mod ended;
@@ -80,8 +80,14 @@ fn fitting(len: usize, accounted: u64, max: u64) -> usize {
 /// writer has caught up, so the space is known exactly); past that the session ends.
 const PIECES: usize = 64;
 
-/// How many events may wait for the writer (each at most one SSH packet, 32 KiB).
+/// How many events may wait for the writer.
 const QUEUE: usize = 1024;
+
+/// How many raw bytes may wait for the writer (a node's output comes in SSH packets of at most
+/// 32 KiB, kubectl's input in messages of up to 1 MiB). A writer behind a slow disk holds the
+/// relay back here rather than the proxy's memory growing: without this, 1024 events of 32 KiB
+/// (32 MiB a session) could wait, past every window's bound.
+const QUEUE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// What a recording may hold.
 #[derive(Debug, Clone, Copy)]
@@ -118,6 +124,20 @@ struct Shared {
     full: AtomicBool,
     /// The writer's first I/O error: nothing is written after it.
     failed: OnceLock<String>,
+    /// Raw bytes queued for the writer and not yet written ([`QUEUE_BYTES`]).
+    queued: Mutex<u64>,
+    /// Signalled as the writer takes bytes off the queue.
+    drained: std::sync::Condvar,
+}
+
+impl Shared {
+    /// The writer took an event of `len` raw bytes off the queue.
+    fn dequeued(&self, len: usize) {
+        let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        *q = q.saturating_sub(len as u64);
+        drop(q);
+        self.drained.notify_all();
+    }
 }
 
 /// A recording being written: the relay's handle on its writer thread.
@@ -165,16 +185,25 @@ impl Recorder {
             accounted: AtomicU64::new(0),
             full: AtomicBool::new(false),
             failed: OnceLock::new(),
+            queued: Mutex::new(0),
+            drained: std::sync::Condvar::new(),
         });
         let mut w = Writer::start(sink, h, limits.max_bytes, shared.clone())?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<Ev>(QUEUE);
+        let queue = shared.clone();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
                 loop {
                     match rx.recv_timeout(Duration::from_millis(500)) {
-                        Ok(Ev::Out(d)) => w.output(&d),
-                        Ok(Ev::In(d)) => w.input(&d),
+                        Ok(Ev::Out(d)) => {
+                            w.output(&d);
+                            queue.dequeued(d.len());
+                        }
+                        Ok(Ev::In(d)) => {
+                            w.input(&d);
+                            queue.dequeued(d.len());
+                        }
                         Ok(Ev::Resize(c, r)) => w.resize(c, r),
                         Ok(Ev::Sync(done)) => {
                             let _ = done.send(());
@@ -297,6 +326,9 @@ impl Recorder {
     }
 
     fn send(&self, ev: Ev) {
+        if let Ev::Out(d) | Ev::In(d) = &ev {
+            self.wait_for_room(d.len());
+        }
         match self.tx.try_send(ev) {
             Ok(()) | Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {}
             Err(std::sync::mpsc::TrySendError::Full(ev)) => {
@@ -304,6 +336,34 @@ impl Recorder {
                 let _ = tokio::task::block_in_place(|| self.tx.send(ev));
             }
         }
+    }
+
+    /// Counts `len` raw bytes into the queue, first waiting (off the async worker's hot path)
+    /// while the queue holds anything and `len` more would take it past [`QUEUE_BYTES`]. A
+    /// writer that is gone takes nothing more off it: then nothing is waited for.
+    fn wait_for_room(&self, len: usize) {
+        let len = len as u64;
+        let shared = &self.shared;
+        let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
+        if *q > 0 && q.saturating_add(len) > QUEUE_BYTES {
+            q = tokio::task::block_in_place(|| {
+                while *q > 0 && q.saturating_add(len) > QUEUE_BYTES && !self.writer_gone() {
+                    q = match shared.drained.wait_timeout(q, Duration::from_millis(100)) {
+                        Ok((q, _)) => q,
+                        Err(e) => e.into_inner().0,
+                    };
+                }
+                q
+            });
+        }
+        *q = q.saturating_add(len);
+    }
+
+    /// Whether the writer thread has ended (or was taken by [`Recorder::finish`]).
+    fn writer_gone(&self) -> bool {
+        self.thread
+            .lock()
+            .map_or(true, |t| t.as_ref().is_none_or(|t| t.is_finished()))
     }
 
     /// `data` is shared with the relay, not copied. Answers how many leading bytes the

@@ -381,3 +381,74 @@ fn two_tasks_taking_at_once_under_strict_never_pass_the_limit() {
     assert!(size > max * 3 / 4, "{size}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A destination whose writes wait while a test holds `gate` (a disk that stalls).
+#[derive(Clone, Default)]
+struct Gated {
+    gate: Arc<Mutex<()>>,
+    got: Arc<AtomicU64>,
+}
+
+impl std::io::Write for Gated {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        drop(self.gate.lock());
+        self.got.fetch_add(buf.len() as u64, Ordering::AcqRel);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl writer::Durable for Gated {
+    fn sync_all(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
+    let sink = Gated::default();
+    let r = Arc::new(
+        Recorder::start(
+            std::io::BufWriter::new(sink.clone()),
+            PathBuf::from("mem.cast"),
+            &header(),
+            UNLIMITED,
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
+    );
+    // The header is written: now the disk stalls.
+    let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
+    const EVENTS: usize = 400;
+    const CHUNK: usize = 32 * 1024;
+    let sent = Arc::new(AtomicU64::new(0));
+    let relay = {
+        let (r, sent) = (r.clone(), sent.clone());
+        std::thread::spawn(move || {
+            for _ in 0..EVENTS {
+                assert_eq!(r.output(bytes::Bytes::from(vec![b'x'; CHUNK])), CHUNK);
+                sent.fetch_add(1, Ordering::AcqRel);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // The disk stalls: the relay is held back once 4 MiB wait (the event being written
+    // counts until it is written), not after 1024 events.
+    let waiting = sent.load(Ordering::Acquire);
+    let most = QUEUE_BYTES / CHUNK as u64 + 1;
+    assert!(
+        waiting >= most - 1 && waiting <= most,
+        "{waiting} events of 32 KiB were taken while the writer was stalled"
+    );
+    drop(held);
+    relay
+        .join()
+        .unwrap_or_else(|_| panic!("the relay thread panicked"));
+    assert_eq!(sent.load(Ordering::Acquire), EVENTS as u64);
+    r.finish();
+    // Everything reached the destination: 400 lines of 32 KiB of text and their framing.
+    let got = sink.got.load(Ordering::Acquire);
+    assert!(got > (EVENTS * CHUNK) as u64, "{got}");
+}
