@@ -7,12 +7,18 @@ with a kube agent for it (cluster `lab`) and a logged-in user whose kubeconfig `
 lab` wrote. Prints median and p90 for (a) `kubectl exec -- true` set-up and (b) 32 MiB through
 `kubectl exec -i -- cat` and back (checked with SHA-256 every run), each over WebSocket
 (kubectl's default) and SPDY (KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false), direct and through
-Sallyport, the four clients taking turns run after run. A path the proxy refuses to serve
+Sallyport, the four clients taking turns run after run; with socat installed, two more over
+WebSocket: through two plain TCP relays and through two TLS relays, what any two extra processes
+on the path cost on this machine. A path the proxy refuses to serve
 (SPDY, until it is served) is printed as refused, with the proxy's words, instead of measured.
 """
 import hashlib, os, re, resource, statistics, subprocess, sys, time
 
 POD = ["-n", "dev", "web-1", "-c", "main"]
+# The reference paths (bench/kube.sh): two relays between kubectl and the API server, plain TCP
+# or ending and starting TLS on each leg.
+TCP_RELAY = "two TCP relays (socat)"
+TLS_RELAY = "two TLS relays (socat)"
 TICK = os.sysconf("SC_CLK_TCK")
 # Seconds after which a run is taken for hung (a run takes well under one).
 STALL = float(os.environ.get("STALL_SECONDS", "30"))
@@ -138,6 +144,10 @@ def main():
         Client("direct", "SPDY", env["DIRECT_KUBECONFIG"], spdy),
         Client("Sallyport", "SPDY", env["PROXY_KUBECONFIG"], spdy),
     ]
+    # The reference paths (bench/kube.sh), over WebSocket only.
+    for i, (path, var) in enumerate([(TCP_RELAY, "TCP_RELAY_KUBECONFIG"), (TLS_RELAY, "TLS_RELAY_KUBECONFIG")]):
+        if env.get(var):
+            clients.insert(2 + i, Client(path, "WebSocket", env[var], {}))
     # One run each first: it warms caches (the credential plugin's certificate, kubectl's own
     # files) and finds out whether the proxy serves the protocol at all.
     for c in clients:
@@ -150,7 +160,10 @@ def main():
             sys.exit(f"failed ({c.name()}): kubectl exec -- true: {err[-800:]}")
     live = [c for c in clients if not c.refused]
 
-    setup = interleaved(live, lambda c, i: c.must(["exec", *POD, "--", "true"]), runs)
+    # The reference paths only in the transfers: socat forks a process per connection, which
+    # says nothing about a relay's set-up.
+    setup = interleaved([c for c in live if c.path not in (TCP_RELAY, TLS_RELAY)],
+                        lambda c, i: c.must(["exec", *POD, "--", "true"]), runs)
 
     def transfer(c, i):
         out = os.path.join(work, "out")
@@ -185,11 +198,15 @@ def main():
             if c.refused:
                 print(f"| {workload} | {c.protocol} | {c.path} | refused (not yet served) | | | |")
                 continue
+            if c.name() not in samples or not samples[c.name()]:
+                continue
             v = samples[c.name()]
             med = statistics.median(v)
             base = statistics.median(samples[f"{c.protocol} direct"])
             if c.path == "direct":
                 rel = ""
+            elif c.path in (TCP_RELAY, TLS_RELAY):
+                rel = f"{base / med:.2f}× throughput (reference)" if bulk else f"{med / base:.2f}× time (reference)"
             elif bulk:
                 rel = f"{base / med:.2f}× throughput (goal ≥ 0.8×)"
             else:

@@ -6,7 +6,8 @@
 # as local processes; needs aiohttp==3.11.18 and openssl); kubectl is 1.32 ($KUBECTL to change).
 # Through Sallyport: an all-in-one daemon (recording on, as by default), a kube agent for cluster
 # `lab` in its own process (`sallyport start --roles=kube`, as the tests run it), a user whose
-# role allows exec in namespace dev, `sally login` and `sally kube login lab`.
+# role allows exec in namespace dev, `sally login` and `sally kube login lab`. With socat
+# installed (`apt-get install socat`), two reference rows: two plain TCP relays, two TLS relays.
 # RUNS=15 (set-up runs; the transfers run max(5, RUNS/2) times), XFER_RUNS, STALL_SECONDS=30 (a run
 # longer than that is killed, reported and run again), SALLYPORT_LOG=debug for timings (the
 # daemon's, the agent's and the fixture's stderr are copied to $KEEP_LOGS if set). Builds into
@@ -79,6 +80,37 @@ printf 'benchmark-password\n' | $B/sally signup --proxy 127.0.0.1:$web --token "
 printf 'benchmark-password\n' | $B/sally login --proxy 127.0.0.1:$web --user bench --ca-pin "$pin" > /dev/null
 KUBECONFIG=$dir/proxy-kubeconfig $B/sally kube login lab > /dev/null
 
+# Two reference paths (with socat installed), each through two relays in their own processes
+# (as the proxy and the agent are two), 256 KiB buffers: plain TCP relays, which copy bytes and
+# do nothing else (kubectl's TLS goes through to the API server), and TLS relays (OpenSSL), which
+# end TLS and start it again on each leg, as the proxy and the agent do, and nothing more (no
+# tunnel, no HTTP, no recording). What they cost is what any two extra processes on the path cost
+# on this machine.
+tcp_kubeconfig= tls_kubeconfig=
+if command -v socat > /dev/null; then
+  api_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$dir/apiserver.out")
+  a=$dir/apiserver
+  hop1=$(port); hop2=$(port); tls1=$(port); tls2=$(port)
+  socat -b 262144 TCP-LISTEN:$hop1,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:$api_port 2> "$dir/socat1.err" &
+  pids+=($!)
+  socat -b 262144 TCP-LISTEN:$hop2,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:$hop1 2> "$dir/socat2.err" &
+  pids+=($!)
+  sed "s|127.0.0.1:$api_port|127.0.0.1:$hop2|" "$a/kubeconfig" > "$dir/tcp-kubeconfig"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=relay \
+    -addext subjectAltName=IP:127.0.0.1 -keyout "$dir/relay.key" -out "$dir/relay.crt" 2> /dev/null
+  cat "$dir/relay.key" "$dir/relay.crt" > "$dir/relay.pem"
+  socat -b 262144 OPENSSL-LISTEN:$tls2,bind=127.0.0.1,reuseaddr,fork,cert=$dir/relay.pem,verify=0 \
+    OPENSSL:127.0.0.1:$api_port,cert=$a/agent.crt,key=$a/agent.key,verify=0 2> "$dir/socat3.err" &
+  pids+=($!)
+  socat -b 262144 OPENSSL-LISTEN:$tls1,bind=127.0.0.1,reuseaddr,fork,cert=$dir/relay.pem,verify=0 \
+    OPENSSL:127.0.0.1:$tls2,cafile=$dir/relay.crt 2> "$dir/socat4.err" &
+  pids+=($!)
+  sed -e "s|127.0.0.1:$api_port|127.0.0.1:$tls1|" -e "s|certificate-authority: .*|certificate-authority: \"$dir/relay.crt\"|" \
+    "$a/kubeconfig" > "$dir/tls-kubeconfig"
+  tcp_kubeconfig=$dir/tcp-kubeconfig tls_kubeconfig=$dir/tls-kubeconfig
+  sleep 0.2
+fi
+
 head -c $((32 * 1024 * 1024)) /dev/urandom > "$dir/blob"
 if rev=$(git rev-parse --short HEAD 2>/dev/null); then
   git diff --quiet HEAD -- . ':!bench' || rev="$rev + uncommitted changes"
@@ -87,5 +119,6 @@ else
 fi
 echo "Sallyport kubectl exec benchmark — $(date -u +%Y-%m-%d), $rev, $(nproc) cores, $(uname -m), kubectl $("$KUBECTL" version --client -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'), fixture API server (Python $(python3 -c 'import platform; print(platform.python_version())'), aiohttp)"
 WORK=$dir KUBECTL=$KUBECTL DIRECT_KUBECONFIG=$dir/apiserver/kubeconfig PROXY_KUBECONFIG=$dir/proxy-kubeconfig \
+  TCP_RELAY_KUBECONFIG=$tcp_kubeconfig TLS_RELAY_KUBECONFIG=$tls_kubeconfig \
   PIDS="fixture API server (+ cat)=$api_pid,sallyport (auth + proxy)=$daemon_pid,kube agent=$agent_pid" \
   BLOB=$dir/blob RECORDINGS=$dir/data/recordings python3 bench/kube.py
