@@ -22,8 +22,9 @@
 //! did not use. [`Recorder::output`] takes only as much of a chunk as surely fits; the relay
 //! shows the person exactly that much and ends the session. That is exact for the size limit
 //! only: an I/O error is met by the writer after the relay queued the event, so output queued
-//! before the error (at most the queue: [`QUEUE`] events, [`QUEUE_BYTES`] raw bytes) may have been shown and not be in the
-//! file. Nothing is taken once the error is known.
+//! before the error (at most the queue: [`QUEUE`] events, about [`QUEUE_BYTES`] raw bytes) may
+//! have been shown and not be in the file. Nothing is taken once the error is known, nor once
+//! a wait for the writer ends past it.
 
 mod ended;
 #[cfg(test)]
@@ -84,9 +85,11 @@ const PIECES: usize = 64;
 const QUEUE: usize = 1024;
 
 /// How many raw bytes may wait for the writer (a node's output comes in SSH packets of at most
-/// 32 KiB, kubectl's input in messages of up to 1 MiB). A writer behind a slow disk holds the
-/// relay back here rather than the proxy's memory growing: without this, 1024 events of 32 KiB
-/// (32 MiB a session) could wait, past every window's bound.
+/// 32 KiB, kubectl's input in messages of up to 1 MiB; one event larger than this still goes
+/// in when nothing waits). A writer behind — a slow disk, or binary output that escapes to up
+/// to 6 bytes a byte — holds the relay back here, so what a session holds for its recording is
+/// bounded: without this, 1024 events of 32 KiB (32 MiB a session) could wait, past every
+/// window's bound.
 const QUEUE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// What a recording may hold.
@@ -126,8 +129,10 @@ struct Shared {
     failed: OnceLock<String>,
     /// Raw bytes queued for the writer and not yet written ([`QUEUE_BYTES`]).
     queued: Mutex<u64>,
-    /// Signalled as the writer takes bytes off the queue.
+    /// Signalled as the writer takes bytes off the queue, and when it ends.
     drained: std::sync::Condvar,
+    /// The writer thread has ended: nothing more is taken off the queue.
+    ended: AtomicBool,
 }
 
 impl Shared {
@@ -136,6 +141,13 @@ impl Shared {
         let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
         *q = q.saturating_sub(len as u64);
         drop(q);
+        self.drained.notify_all();
+    }
+
+    /// The writer thread ends: nobody waits for it any more.
+    fn writer_ended(&self) {
+        self.ended.store(true, Ordering::Release);
+        let _q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
         self.drained.notify_all();
     }
 }
@@ -187,6 +199,7 @@ impl Recorder {
             failed: OnceLock::new(),
             queued: Mutex::new(0),
             drained: std::sync::Condvar::new(),
+            ended: AtomicBool::new(false),
         });
         let mut w = Writer::start(sink, h, limits.max_bytes, shared.clone())?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<Ev>(QUEUE);
@@ -218,6 +231,7 @@ impl Recorder {
                     }
                 }
                 w.finish();
+                queue.writer_ended();
             })?;
         Ok(Recorder {
             tx,
@@ -289,10 +303,13 @@ impl Recorder {
             return if self.strict { 0 } else { len };
         }
         if !self.strict {
-            self.shared
-                .accounted
-                .fetch_add(bound(len), Ordering::AcqRel);
-            self.send(wrap(data));
+            // Past a failure or the end met while waiting, it goes on unrecorded.
+            if self.wait_for_room(len) {
+                self.shared
+                    .accounted
+                    .fetch_add(bound(len), Ordering::AcqRel);
+                self.send(wrap(data));
+            }
             return len;
         }
         if self.over.load(Ordering::Acquire) {
@@ -308,10 +325,13 @@ impl Recorder {
                     break;
                 }
             }
-            if self.failed() {
+            // Waiting for the writer may meet its failure, or the recording's end: then
+            // nothing more is taken.
+            if !self.wait_for_room(all) {
                 break;
             }
             let n = self.reserve(all);
+            self.shared.dequeued(all - n);
             if n == 0 {
                 break;
             }
@@ -325,10 +345,8 @@ impl Recorder {
         done
     }
 
+    /// Queues `ev` (its bytes counted by [`Recorder::wait_for_room`] first).
     fn send(&self, ev: Ev) {
-        if let Ev::Out(d) | Ev::In(d) = &ev {
-            self.wait_for_room(d.len());
-        }
         match self.tx.try_send(ev) {
             Ok(()) | Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {}
             Err(std::sync::mpsc::TrySendError::Full(ev)) => {
@@ -340,8 +358,10 @@ impl Recorder {
 
     /// Counts `len` raw bytes into the queue, first waiting (off the async worker's hot path)
     /// while the queue holds anything and `len` more would take it past [`QUEUE_BYTES`]. A
-    /// writer that is gone takes nothing more off it: then nothing is waited for.
-    fn wait_for_room(&self, len: usize) {
+    /// writer that is gone takes nothing more off it: then nothing is waited for. False, and
+    /// nothing counted, when the recording failed or was completed meanwhile: nothing more is
+    /// taken.
+    fn wait_for_room(&self, len: usize) -> bool {
         let len = len as u64;
         let shared = &self.shared;
         let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
@@ -355,15 +375,21 @@ impl Recorder {
                 }
                 q
             });
+            if self.closed.load(Ordering::Acquire) || self.failed() {
+                return false;
+            }
         }
         *q = q.saturating_add(len);
+        true
     }
 
     /// Whether the writer thread has ended (or was taken by [`Recorder::finish`]).
     fn writer_gone(&self) -> bool {
-        self.thread
-            .lock()
-            .map_or(true, |t| t.as_ref().is_none_or(|t| t.is_finished()))
+        self.shared.ended.load(Ordering::Acquire)
+            || self
+                .thread
+                .lock()
+                .map_or(true, |t| t.as_ref().is_none_or(|t| t.is_finished()))
     }
 
     /// `data` is shared with the relay, not copied. Answers how many leading bytes the

@@ -382,16 +382,21 @@ fn two_tasks_taking_at_once_under_strict_never_pass_the_limit() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A destination whose writes wait while a test holds `gate` (a disk that stalls).
+/// A destination whose writes wait while a test holds `gate` (a disk that stalls), and fail
+/// once `fail` is set (a disk that then fills up).
 #[derive(Clone, Default)]
 struct Gated {
     gate: Arc<Mutex<()>>,
     got: Arc<AtomicU64>,
+    fail: Arc<AtomicBool>,
 }
 
 impl std::io::Write for Gated {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         drop(self.gate.lock());
+        if self.fail.load(Ordering::Acquire) {
+            return Err(std::io::Error::other("disk full (test)"));
+        }
         self.got.fetch_add(buf.len() as u64, Ordering::AcqRel);
         Ok(buf.len())
     }
@@ -433,11 +438,15 @@ fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
     // The disk stalls: the relay is held back once 4 MiB wait (the event being written
     // counts until it is written), not after 1024 events.
-    let waiting = sent.load(Ordering::Acquire);
     let most = QUEUE_BYTES / CHUNK as u64 + 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sent.load(Ordering::Acquire) < most - 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let waiting = sent.load(Ordering::Acquire);
     assert!(
         waiting >= most - 1 && waiting <= most,
         "{waiting} events of 32 KiB were taken while the writer was stalled"
@@ -451,4 +460,57 @@ fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
     // Everything reached the destination: 400 lines of 32 KiB of text and their framing.
     let got = sink.got.load(Ordering::Acquire);
     assert!(got > (EVENTS * CHUNK) as u64, "{got}");
+}
+
+#[test]
+fn a_strict_relay_waiting_for_its_writer_takes_nothing_once_the_writer_failed() {
+    let sink = Gated::default();
+    let strict = Limits {
+        input: false,
+        max_bytes: u64::MAX,
+        strict: true,
+    };
+    let r = Arc::new(
+        Recorder::start(
+            std::io::BufWriter::new(sink.clone()),
+            PathBuf::from("mem.cast"),
+            &header(),
+            strict,
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
+    const CHUNK: usize = 32 * 1024;
+    // What the relay was told it may show, chunk by chunk, until it is told nothing.
+    let taken = Arc::new(Mutex::new(Vec::new()));
+    let relay = {
+        let (r, taken) = (r.clone(), taken.clone());
+        std::thread::spawn(move || {
+            for _ in 0..1000 {
+                let n = r.output(bytes::Bytes::from(vec![b'x'; CHUNK]));
+                taken.lock().unwrap_or_else(|e| e.into_inner()).push(n);
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+    };
+    // The relay fills the queue and waits for the stalled writer...
+    let full = QUEUE_BYTES as usize / CHUNK;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while taken.lock().map_or(0, |t| t.len()) < full && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = taken.lock().map_or(0, |t| t.len());
+    assert!(before >= full, "only {before} chunks were taken before the queue was full");
+    // ...which then fails: the chunk the relay waited with is not taken, nor anything after.
+    sink.fail.store(true, Ordering::Release);
+    drop(held);
+    relay.join().unwrap_or_else(|_| panic!("the relay thread panicked"));
+    let taken = taken.lock().map(|t| t.clone()).unwrap_or_default();
+    assert_eq!(taken.len(), before + 1, "{taken:?}");
+    assert_eq!(taken.last(), Some(&0), "{taken:?}");
+    assert!(matches!(r.stopped(), Some(Stop::Failed(_))), "{:?}", r.stopped());
+    r.finish();
 }
