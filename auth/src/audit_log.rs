@@ -770,6 +770,20 @@ impl AuthServer {
                 .and_then(Value::as_str)
                 .and_then(|h| hex::decode(h).ok());
             if actual.as_deref() != expected.map(|h| h.as_slice()) {
+                // What the result was checked against, for whoever reads the log after a
+                // search refused its results.
+                if let Some(s) = &span {
+                    tracing::warn!(
+                        seq,
+                        span_from = s.from,
+                        span_to = s.to,
+                        span_records = s.hashes.len(),
+                        head_seq,
+                        expected = %expected.map(hex::encode).unwrap_or_default(),
+                        actual = %actual.as_deref().map(hex::encode).unwrap_or_default(),
+                        "an audit search result does not match the chain"
+                    );
+                }
                 return Err(tampered(format!(
                     "audit record {seq} is not the one in the checked chain: it was changed in the database"
                 )));

@@ -131,11 +131,16 @@ impl SpdyExec {
                 Ok(code) => code,
                 Err(message) => {
                     let message = if said.is_empty() && writer.is_finished() {
-                        // The channel closed first: the proxy ended the session, and this
-                        // side closed the API server's streams (`write_input`).
-                        "the session was closed before the API server's exec ended".to_string()
+                        // The channel closed first: the proxy ended the session (kubectl
+                        // left, say), and this side closed the API server's streams
+                        // (`write_input`). Nobody reads the channel any more.
+                        let m = "the session was closed before the API server's exec ended";
+                        tracing::debug!("kube exec over SPDY: {m}");
+                        m.to_string()
                     } else if said.is_empty() {
-                        "the API server's exec stream ended without a status".to_string()
+                        let m = "the API server's exec stream ended without a status";
+                        tracing::warn!("kube exec over SPDY: {m}");
+                        m.to_string()
                     } else {
                         message
                     };
