@@ -7,7 +7,7 @@ with a kube agent for it (cluster `lab`) and a logged-in user whose kubeconfig `
 lab` wrote. Prints median and p90 for (a) `kubectl exec -- true` set-up and (b) 32 MiB through
 `kubectl exec -i -- cat` and back (checked with SHA-256 every run), each over WebSocket
 (kubectl's default) and SPDY (KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false), direct and through
-Sallyport, the four clients taking turns run after run; with socat installed, two more over
+Sallyport, the clients taking turns run after run; with socat installed, two more over
 WebSocket: through two plain TCP relays and through two TLS relays, what any two extra processes
 on the path cost on this machine. A path the proxy refuses to serve
 (SPDY, until it is served) is printed as refused, with the proxy's words, instead of measured.
@@ -24,15 +24,16 @@ TICK = os.sysconf("SC_CLK_TCK")
 STALL = float(os.environ.get("STALL_SECONDS", "30"))
 
 
-# The processes of the path: (name, pid) from $PIDS ("name=pid,…").
-PROCS = [(name, int(pid)) for name, pid in
+# The processes of the path: (name, [pid, …]) from $PIDS ("name=pid+pid,…"; several pids are
+# counted together).
+PROCS = [(name, [int(p) for p in pids.split("+")]) for name, pids in
          (p.split("=") for p in os.environ.get("PIDS", "").split(",") if p)]
 
 
 def sockets(procs):
     """The TCP connections these processes hold (`ss -tnp`), each named by its process, with
     its receive and send queues."""
-    names = {str(pid): name for name, pid in procs.items()}
+    names = {str(pid): name for name, pids in procs.items() for pid in pids}
     out = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True).stdout
     lines = []
     for line in out.splitlines():
@@ -90,7 +91,7 @@ class Client:
         except subprocess.TimeoutExpired:
             # Where the bytes stand, before the kill: each TCP connection of these processes
             # with its receive and send queues.
-            self.stalled_sockets.append(sockets({"kubectl": p.pid, **dict(PROCS)}))
+            self.stalled_sockets.append(sockets({"kubectl": [p.pid], **dict(PROCS)}))
             p.kill()
             _, err = p.communicate()
             code, err = None, err.decode(errors="replace")
@@ -179,9 +180,9 @@ def main():
     cpu = {c.name(): [] for c in live}
 
     def transfer_cpu(c, i):
-        before = [kubectl_cpu()] + [cpu_seconds(pid) for _, pid in procs]
+        before = [kubectl_cpu()] + [sum(map(cpu_seconds, pids)) for _, pids in procs]
         t = transfer(c, i)
-        after = [kubectl_cpu()] + [cpu_seconds(pid) for _, pid in procs]
+        after = [kubectl_cpu()] + [sum(map(cpu_seconds, pids)) for _, pids in procs]
         cpu[c.name()].append([b - a for a, b in zip(before, after)])
         return t
 

@@ -86,29 +86,37 @@ KUBECONFIG=$dir/proxy-kubeconfig $B/sally kube login lab > /dev/null
 # end TLS and start it again on each leg, as the proxy and the agent do, and nothing more (no
 # tunnel, no HTTP, no recording). What they cost is what any two extra processes on the path cost
 # on this machine.
-tcp_kubeconfig= tls_kubeconfig=
+tcp_kubeconfig= tls_kubeconfig= relay_pids=
 if command -v socat > /dev/null; then
   api_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$dir/apiserver.out")
   a=$dir/apiserver
   hop1=$(port); hop2=$(port); tls1=$(port); tls2=$(port)
   socat -b 262144 TCP-LISTEN:$hop1,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:$api_port 2> "$dir/socat1.err" &
-  pids+=($!)
+  pids+=($!); tcp_pids=$!
   socat -b 262144 TCP-LISTEN:$hop2,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:$hop1 2> "$dir/socat2.err" &
-  pids+=($!)
+  pids+=($!); tcp_pids+="+$!"
   sed "s|127.0.0.1:$api_port|127.0.0.1:$hop2|" "$a/kubeconfig" > "$dir/tcp-kubeconfig"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=relay \
     -addext subjectAltName=IP:127.0.0.1 -keyout "$dir/relay.key" -out "$dir/relay.crt" 2> /dev/null
   cat "$dir/relay.key" "$dir/relay.crt" > "$dir/relay.pem"
   socat -b 262144 OPENSSL-LISTEN:$tls2,bind=127.0.0.1,reuseaddr,fork,cert=$dir/relay.pem,verify=0 \
     OPENSSL:127.0.0.1:$api_port,cert=$a/agent.crt,key=$a/agent.key,verify=0 2> "$dir/socat3.err" &
-  pids+=($!)
+  pids+=($!); tls_pids=$!
   socat -b 262144 OPENSSL-LISTEN:$tls1,bind=127.0.0.1,reuseaddr,fork,cert=$dir/relay.pem,verify=0 \
     OPENSSL:127.0.0.1:$tls2,cafile=$dir/relay.crt 2> "$dir/socat4.err" &
-  pids+=($!)
+  pids+=($!); tls_pids+="+$!"
   sed -e "s|127.0.0.1:$api_port|127.0.0.1:$tls1|" -e "s|certificate-authority: .*|certificate-authority: \"$dir/relay.crt\"|" \
     "$a/kubeconfig" > "$dir/tls-kubeconfig"
-  tcp_kubeconfig=$dir/tcp-kubeconfig tls_kubeconfig=$dir/tls-kubeconfig
-  sleep 0.2
+  # Each relay listening, or its rows left out (and why said).
+  listening() { for p in "$@"; do (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null || return 1; done; }
+  for _ in $(seq 1 50); do listening $hop1 $hop2 $tls1 $tls2 && break; sleep 0.1; done
+  if listening $hop1 $hop2 $tls1 $tls2; then
+    tcp_kubeconfig=$dir/tcp-kubeconfig tls_kubeconfig=$dir/tls-kubeconfig
+    relay_pids=",two TCP relays (socat)=$tcp_pids,two TLS relays (socat)=$tls_pids"
+  else
+    echo "the socat relays did not start; their rows are left out:" >&2
+    cat "$dir"/socat*.err >&2
+  fi
 fi
 
 head -c $((32 * 1024 * 1024)) /dev/urandom > "$dir/blob"
@@ -120,5 +128,5 @@ fi
 echo "Sallyport kubectl exec benchmark — $(date -u +%Y-%m-%d), $rev, $(nproc) cores, $(uname -m), kubectl $("$KUBECTL" version --client -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'), fixture API server (Python $(python3 -c 'import platform; print(platform.python_version())'), aiohttp)"
 WORK=$dir KUBECTL=$KUBECTL DIRECT_KUBECONFIG=$dir/apiserver/kubeconfig PROXY_KUBECONFIG=$dir/proxy-kubeconfig \
   TCP_RELAY_KUBECONFIG=$tcp_kubeconfig TLS_RELAY_KUBECONFIG=$tls_kubeconfig \
-  PIDS="fixture API server (+ cat)=$api_pid,sallyport (auth + proxy)=$daemon_pid,kube agent=$agent_pid" \
+  PIDS="fixture API server (+ cat)=$api_pid,sallyport (auth + proxy)=$daemon_pid,kube agent=$agent_pid$relay_pids" \
   BLOB=$dir/blob RECORDINGS=$dir/data/recordings python3 bench/kube.py
