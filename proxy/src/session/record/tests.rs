@@ -412,18 +412,23 @@ impl writer::Durable for Gated {
     }
 }
 
-#[test]
-fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
-    let sink = Gated::default();
-    let r = Arc::new(
+/// A recorder writing to `sink` (its header already written), shared with a relay thread.
+fn gated(sink: &Gated, limits: Limits) -> Arc<Recorder> {
+    Arc::new(
         Recorder::start(
             std::io::BufWriter::new(sink.clone()),
             PathBuf::from("mem.cast"),
             &header(),
-            UNLIMITED,
+            limits,
         )
         .unwrap_or_else(|e| panic!("{e}")),
-    );
+    )
+}
+
+#[test]
+fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
+    let sink = Gated::default();
+    let r = gated(&sink, UNLIMITED);
     // The header is written: now the disk stalls.
     let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
     const EVENTS: usize = 400;
@@ -470,15 +475,7 @@ fn a_strict_relay_waiting_for_its_writer_takes_nothing_once_the_writer_failed() 
         max_bytes: u64::MAX,
         strict: true,
     };
-    let r = Arc::new(
-        Recorder::start(
-            std::io::BufWriter::new(sink.clone()),
-            PathBuf::from("mem.cast"),
-            &header(),
-            strict,
-        )
-        .unwrap_or_else(|e| panic!("{e}")),
-    );
+    let r = gated(&sink, strict);
     let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
     const CHUNK: usize = 32 * 1024;
     // What the relay was told it may show, chunk by chunk, until it is told nothing.
@@ -503,14 +500,23 @@ fn a_strict_relay_waiting_for_its_writer_takes_nothing_once_the_writer_failed() 
     }
     std::thread::sleep(Duration::from_millis(300));
     let before = taken.lock().map_or(0, |t| t.len());
-    assert!(before >= full, "only {before} chunks were taken before the queue was full");
+    assert!(
+        before >= full,
+        "only {before} chunks were taken before the queue was full"
+    );
     // ...which then fails: the chunk the relay waited with is not taken, nor anything after.
     sink.fail.store(true, Ordering::Release);
     drop(held);
-    relay.join().unwrap_or_else(|_| panic!("the relay thread panicked"));
+    relay
+        .join()
+        .unwrap_or_else(|_| panic!("the relay thread panicked"));
     let taken = taken.lock().map(|t| t.clone()).unwrap_or_default();
     assert_eq!(taken.len(), before + 1, "{taken:?}");
     assert_eq!(taken.last(), Some(&0), "{taken:?}");
-    assert!(matches!(r.stopped(), Some(Stop::Failed(_))), "{:?}", r.stopped());
+    assert!(
+        matches!(r.stopped(), Some(Stop::Failed(_))),
+        "{:?}",
+        r.stopped()
+    );
     r.finish();
 }
