@@ -102,18 +102,16 @@ impl std::fmt::Debug for OpenConnection {
 
 impl OpenConnection {
     /// What auth knows the connection by, with the user's older connections on this proxy that
-    /// auth does not count itself.
-    pub fn reference(&self) -> ConnectionRef {
-        ConnectionRef {
+    /// auth does not count itself; and how many of the user's connections opened before this
+    /// one are still open. One pass over the open connections for both.
+    pub fn reference(&self) -> (ConnectionRef, u32) {
+        let (older, unconfirmed_older) = self.state.older(self.seq);
+        let reference = ConnectionRef {
             id: self.seq,
             opened_ms: self.opened_ms,
-            unconfirmed_older: self.state.older(self.seq, true),
-        }
-    }
-
-    /// How many of its user's connections opened before this one are still open.
-    pub fn older(&self) -> u32 {
-        self.state.older(self.seq, false)
+            unconfirmed_older,
+        };
+        (reference, older)
     }
 
     /// Auth registered the connection: it counts it from now on.
@@ -307,22 +305,24 @@ impl ProxyState {
             .await
     }
 
-    /// How many of its user's connections opened before connection `seq` are still open (with
-    /// `unconfirmed`, only those auth has not confirmed registering: it counts the others).
-    fn older(&self, seq: u64, unconfirmed: bool) -> u32 {
+    /// How many of its user's connections opened before connection `seq` are still open, and
+    /// how many of those auth has not confirmed registering (it counts the others itself).
+    fn older(&self, seq: u64) -> (u32, u32) {
         self.open
             .lock()
             .map(|open| {
                 let Some((user, _)) = open.get(&seq) else {
-                    return 0;
+                    return (0, 0);
                 };
-                open.range(..seq)
-                    .filter(|(_, (u, h))| {
-                        u == user && !(unconfirmed && h.confirmed.load(Ordering::Acquire))
-                    })
-                    .count() as u32
+                open.range(..seq).filter(|(_, (u, _))| u == user).fold(
+                    (0, 0),
+                    |(all, unconfirmed), (_, (_, h))| {
+                        let confirmed = h.confirmed.load(Ordering::Acquire);
+                        (all + 1, unconfirmed + u32::from(!confirmed))
+                    },
+                )
             })
-            .unwrap_or(0)
+            .unwrap_or((0, 0))
     }
 
     /// Why `user` is locked, if they are.

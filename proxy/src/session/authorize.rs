@@ -44,6 +44,13 @@ pub struct Target {
 
 /// Asks auth for a session for `target`.
 pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, Refusal> {
+    let (connection, older_connections) = match &target.connection {
+        Some(c) => {
+            let (reference, older) = c.reference();
+            (Some(reference), older)
+        }
+        None => (None, 0),
+    };
     let req = SessionRequest {
         user: target.user.clone(),
         login: target.login.clone(),
@@ -51,9 +58,9 @@ pub async fn grant(state: &ProxyState, target: &Target) -> Result<SessionGrant, 
         public_key: state.public_key()?,
         remote_addr: target.addr.to_string(),
         open_sessions: target.open_sessions,
-        older_connections: target.connection.as_ref().map_or(0, |c| c.older()),
+        older_connections,
         kube: target.kube.clone(),
-        connection: target.connection.as_ref().map(|c| c.reference()),
+        connection,
     };
     // Asked on a task of its own, holding the connection: a door that stops waiting (kubectl
     // gone mid-request) cannot lose auth's answer, and with it a registration to undo.
