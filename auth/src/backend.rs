@@ -113,6 +113,11 @@ async fn connect(url: &str, max: u32) -> Result<AnyPool, AuthError> {
     sqlx::any::install_default_drivers();
     AnyPoolOptions::new()
         .max_connections(max)
+        // SQLite's connection is a file in this process: it cannot have gone away, and a ping
+        // before every query (sqlx's default) is a round trip to its worker thread for
+        // nothing — ~7 of them on a session's grant. PostgreSQL's connections are pinged, so
+        // one the server (or a failover) dropped is replaced before a query fails on it.
+        .test_before_acquire(Kind::of(url) != Some(Kind::Sqlite))
         .acquire_timeout(std::time::Duration::from_secs(10))
         .connect(url)
         .await
