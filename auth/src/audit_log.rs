@@ -315,31 +315,50 @@ impl Drop for WriterQueue {
 impl AuthServer {
     /// Appends one event to the chain.
     pub async fn emit(&self, event: Event) -> Result<(), AuthError> {
-        let event = event.storable();
+        self.emit_all(vec![event]).await
+    }
+
+    /// Appends `events` to the chain in their order, in one transaction: all of them or, if
+    /// it fails, none (a caller that is told so may send them again without doubling any).
+    /// A report of many records (a proxy's batch of `kube.request`s) is one write, not one each.
+    pub async fn emit_all(&self, events: Vec<Event>) -> Result<(), AuthError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let added = events.len() as i64;
         // Waiting for the chain's lock, or being written: auth's audit queue.
         let _queued = WriterQueue::enter();
         let _guard = self.audit_lock.lock().await;
         let mut tx = self.backend.pool.begin().await?;
-        let (seq, prev) = self.lock_head(&mut tx).await?;
+        let (mut seq, mut hash) = self.lock_head(&mut tx).await?;
         let now = time::OffsetDateTime::now_utc();
-        let (record, hash) = audit::seal(&event, &self.config.cluster_name, seq + 1, &prev, now);
-        sqlx::query("INSERT INTO audit_events (seq, time, event_type, user_name, record, hash) VALUES ($1, $2, $3, $4, $5, $6)")
-            .bind(seq + 1)
-            .bind(now.unix_timestamp())
-            .bind(event.event.name())
-            .bind(event.user.clone())
-            .bind(record.to_string())
-            .bind(&hash)
-            .execute(&mut *tx)
-            .await?;
+        for event in events {
+            let event = event.storable();
+            let (record, sealed) =
+                audit::seal(&event, &self.config.cluster_name, seq + 1, &hash, now);
+            sqlx::query("INSERT INTO audit_events (seq, time, event_type, user_name, record, hash) VALUES ($1, $2, $3, $4, $5, $6)")
+                .bind(seq + 1)
+                .bind(now.unix_timestamp())
+                .bind(event.event.name())
+                .bind(event.user.clone())
+                .bind(record.to_string())
+                .bind(&sealed)
+                .execute(&mut *tx)
+                .await?;
+            seq += 1;
+            hash = sealed;
+        }
         sqlx::query("INSERT INTO cluster_state (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
             .bind(HEAD)
-            .bind(format!("{}:{hash}", seq + 1))
+            .bind(format!("{seq}:{hash}"))
             .execute(&mut *tx)
             .await?;
         // A checkpoint that cannot be signed is logged, never a reason to lose the record.
         let signed = match &self.audit_anchor {
-            Some(a) => match self.sign_checkpoint(&mut tx, a, seq + 1, &hash, true).await {
+            Some(a) => match self
+                .sign_checkpoint(&mut tx, a, seq, &hash, Some(added))
+                .await
+            {
                 Ok(cp) => cp,
                 Err(e) => {
                     tracing::error!(error = %e, "no audit checkpoint signed");
@@ -373,7 +392,7 @@ impl AuthServer {
         let _guard = self.audit_lock.lock().await;
         let mut tx = self.backend.pool.begin().await?;
         let (seq, hash) = self.lock_head(&mut tx).await?;
-        let signed = self.sign_checkpoint(&mut tx, a, seq, &hash, false).await?;
+        let signed = self.sign_checkpoint(&mut tx, a, seq, &hash, None).await?;
         tx.commit().await?;
         Ok(signed.map(|cp| {
             a.remember(&cp);
@@ -413,15 +432,15 @@ impl AuthServer {
     }
 
     /// Signs "record `head_seq` has hash `head_hash`" once the records since the last
-    /// checkpoint are checked to link to it; `only_when_due`: only at a multiple of `every`
-    /// records past it.
+    /// checkpoint are checked to link to it; `only_when_due`, with the records just added:
+    /// only when they reached or passed a multiple of `every` records past it.
     async fn sign_checkpoint(
         &self,
         tx: &mut Transaction<'_, Any>,
         a: &Anchor,
         head_seq: i64,
         head_hash: &str,
-        only_when_due: bool,
+        only_when_due: Option<i64>,
     ) -> Result<Option<Checkpoint>, AuthError> {
         let last = sqlx::query(
             "SELECT seq, hash, time, prev_seq, signature FROM audit_checkpoints ORDER BY seq DESC LIMIT 1",
@@ -432,7 +451,9 @@ impl AuthServer {
         .transpose()?;
         let last_seq = last.as_ref().map_or(0, |cp| cp.seq);
         let pending = head_seq - last_seq;
-        if pending <= 0 || (only_when_due && pending % a.every != 0) {
+        // Added one at a time, this is "at a multiple of `every`"; a batch may step over one.
+        let not_due = |added: i64| pending / a.every == (pending - added).max(0) / a.every;
+        if pending <= 0 || only_when_due.is_some_and(not_due) {
             return Ok(None);
         }
         let prev_seq = self

@@ -143,6 +143,7 @@ impl AuthServer {
                 "at most {MAX_REQUEST_BATCH} records a report"
             )));
         }
+        let mut events = Vec::with_capacity(records.len());
         for r in records {
             let e = match r {
                 KubeRecord::Request(r) => {
@@ -184,9 +185,10 @@ impl AuthServer {
                     e
                 }
             };
-            self.emit(e).await?;
+            events.push(e);
         }
-        Ok(())
+        // One write for the report, all or nothing: a report auth fails is sent again whole.
+        self.emit_all(events).await
     }
 }
 

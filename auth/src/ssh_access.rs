@@ -795,6 +795,7 @@ impl AuthServer {
             .get_session(id)
             .await?
             .ok_or_else(|| AuthError::NotFound(format!("session {id} does not exist")))?;
+        let mut batch = Vec::with_capacity(events.len());
         for (e, t) in events.iter().zip(types) {
             let mut event = Event::new(t, Some(&s.user));
             for (k, v) in &e.fields {
@@ -809,9 +810,9 @@ impl AuthServer {
                 .with("session_id", s.session_id.clone())
                 .with("login", s.login.clone())
                 .with("node", s.node.clone());
-            self.emit(event).await?;
+            batch.push(event);
         }
-        Ok(())
+        self.emit_all(batch).await
     }
 
     pub async fn list_sessions(

@@ -1,0 +1,106 @@
+//! A report of several audit records (a proxy's batch of `kube.request` records) is written as
+//! one: every record in the order reported, chained, and anchored by a checkpoint when the
+//! batch reaches or steps over a multiple of `audit_checkpoint_every`, as records written one
+//! at a time would be. SQLite, as the all-in-one runs it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use sallyport_auth::{AuthConfig, AuthServer};
+use sallyport_core::api::{AuditQuery, KubeRecord, KubeRequestRecord};
+
+fn request(path: &str) -> KubeRecord {
+    KubeRecord::Request(KubeRequestRecord {
+        user: "alice".into(),
+        kube_cluster: "lab".into(),
+        method: "GET".into(),
+        path: path.into(),
+        verb: "get".into(),
+        kind: "pod".into(),
+        namespace: "dev".into(),
+        name: "web-1".into(),
+        response_code: 200,
+        allowed: true,
+        reason: String::new(),
+        kube_users: vec!["alice".into()],
+        kube_groups: vec!["system:authenticated".into()],
+        kubectl_command: Some("kubectl get".into()),
+        remote_addr: "127.0.0.1:5000".into(),
+    })
+}
+
+/// The count in "..., N not yet anchored" of a verify that passed.
+async fn not_anchored(auth: &AuthServer) -> u64 {
+    let v = auth.audit_verify().await.unwrap();
+    assert!(v.ok, "{}", v.message);
+    let before = v.message.split(" not yet anchored").next().unwrap();
+    before.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoint() {
+    sallyport_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}?mode=rwc", dir.path().join("a.db").display());
+    let mut cfg = AuthConfig::new("batch", &url);
+    cfg.audit_checkpoint_key = Some(dir.path().join("audit-checkpoint.key"));
+    cfg.audit_checkpoint_every = 4;
+    cfg.audit_checkpoint_interval = Duration::from_secs(3600);
+    let auth = AuthServer::open(cfg).await.unwrap();
+    let base = auth.audit_count().await.unwrap();
+    let pending_at_start = not_anchored(&auth).await;
+
+    // Written one at a time up to one short of the next multiple of 4: nothing is due.
+    let singles = (3 + 4 - pending_at_start % 4) % 4;
+    for i in 0..singles {
+        auth.kube_records(&[request(&format!("/single/{i}"))])
+            .await
+            .unwrap();
+    }
+    assert_eq!(not_anchored(&auth).await, pending_at_start + singles);
+    assert_eq!((pending_at_start + singles) % 4, 3, "one short of due");
+
+    // Three more in one report: they step over the multiple (3 -> 6 past the last checkpoint)
+    // and the checkpoint is signed at the batch's last record, leaving nothing unanchored.
+    let batch: Vec<KubeRecord> = (0..3).map(|i| request(&format!("/batch/{i}"))).collect();
+    auth.kube_records(&batch).await.unwrap();
+    assert_eq!(auth.audit_count().await.unwrap(), base + singles + 3);
+    assert_eq!(
+        not_anchored(&auth).await,
+        0,
+        "a batch that steps over a multiple of checkpoint_every is anchored"
+    );
+
+    // In the order reported, each after the one before it in the chain.
+    let found = auth
+        .audit_search(&AuditQuery {
+            event_type: Some("kube.request".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let paths: Vec<&str> = found
+        .records
+        .iter()
+        .filter_map(|r| r["path"].as_str())
+        .filter(|p| p.starts_with("/batch/"))
+        .collect();
+    assert_eq!(paths, ["/batch/0", "/batch/1", "/batch/2"]);
+    let seqs: Vec<i64> = found
+        .records
+        .iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.starts_with("/batch/")))
+        .filter_map(|r| r["seq"].as_i64())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "consecutive records: {seqs:?}"
+    );
+
+    // A report past the limit is refused whole: nothing of it is written.
+    let too_many: Vec<KubeRecord> = (0..1025).map(|i| request(&format!("/many/{i}"))).collect();
+    let refused = auth.kube_records(&too_many).await;
+    assert!(refused.is_err(), "a report of 1025 records is refused");
+    assert_eq!(auth.audit_count().await.unwrap(), base + singles + 3);
+}
