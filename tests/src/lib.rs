@@ -680,6 +680,23 @@ sallyport:
             .collect()
     }
 
+    /// The audit records of `kind` once `done` holds for them, or as they are after 10 s: a
+    /// proxy's `kube.request` and `kube.port_forward` records reach auth a moment after the
+    /// request, gathered into one write.
+    pub fn events_when(
+        &self,
+        kind: &str,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let mut events = self.events(kind);
+        let start = Instant::now();
+        while !done(&events) && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            events = self.events(kind);
+        }
+        events
+    }
+
     /// Writes `yaml` to a file in the test dir and runs `sallyctl create` on it.
     pub fn create(&self, yaml: &str) -> Run {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

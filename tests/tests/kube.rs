@@ -111,10 +111,15 @@ fn kubectl_reaches_what_the_roles_allow_as_the_principals_they_give() {
     assert_eq!(masters, 0, "an asked-for group reached the API server");
 
     // Every request is audited, allowed or not, with who was impersonated.
-    let events = s.c.events("kube.request");
+    let allowed_one =
+        |e: &serde_json::Value| e["allowed"] == true && e["path"] == "/api/v1/namespaces/dev/pods";
+    let denied_one = |e: &serde_json::Value| e["allowed"] == false && e["namespace"] == "prod";
+    let events = s.c.events_when("kube.request", |ev| {
+        ev.iter().any(allowed_one) && ev.iter().any(denied_one)
+    });
     let allowed = events
         .iter()
-        .find(|e| e["allowed"] == true && e["path"] == "/api/v1/namespaces/dev/pods")
+        .find(|e| allowed_one(e))
         .unwrap_or_else(|| panic!("no allowed kube.request: {events:#?}"));
     assert_eq!(allowed["user"], "alice");
     assert_eq!(allowed["kube_cluster"], "lab");
@@ -132,7 +137,7 @@ fn kubectl_reaches_what_the_roles_allow_as_the_principals_they_give() {
     );
     let denied = events
         .iter()
-        .find(|e| e["allowed"] == false && e["namespace"] == "prod")
+        .find(|e| denied_one(e))
         .unwrap_or_else(|| panic!("no refused kube.request: {events:#?}"));
     assert_eq!(denied["response_code"], 403);
     assert!(
@@ -623,7 +628,14 @@ fn port_forward_is_audited_and_ended_by_a_lock() {
             .filter(|e| e["action"] == action)
             .collect::<Vec<_>>()
     };
-    let start = started(&s.c, "start");
+    let mut start = started(&s.c, "start");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            start = started(&s.c, "start");
+            start.len() >= 2
+        }),
+        "{start:#?}"
+    );
     assert_eq!(start.len(), 2, "{start:#?}");
     for e in &start {
         assert_eq!(e["pod"], "web-1");

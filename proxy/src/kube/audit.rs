@@ -15,6 +15,10 @@ const QUEUE: usize = 8192;
 /// Records in one post at most (auth takes up to 1024; a record is at most ~10 KiB, its path
 /// and reason cut, so a batch stays under auth's 2 MiB body limit).
 const BATCH: usize = 128;
+/// How long the first record of a post waits for others: `kubectl exec` sends its `GET` of
+/// the pod and then the exec within a few milliseconds, and the two go to auth as one write
+/// after the exec's grant rather than as two beside it.
+const GATHER: Duration = Duration::from_millis(25);
 
 #[derive(Clone)]
 pub struct RequestAudit {
@@ -52,6 +56,15 @@ async fn post(auth: AuthClient, mut rx: mpsc::Receiver<KubeRecord>) {
     loop {
         if rx.recv_many(&mut batch, BATCH).await == 0 {
             return;
+        }
+        let deadline = tokio::time::Instant::now() + GATHER;
+        while batch.len() < BATCH {
+            let room = BATCH - batch.len();
+            match tokio::time::timeout_at(deadline, rx.recv_many(&mut batch, room)).await {
+                Ok(n) if n > 0 => {}
+                // Closed (the proxy is stopping) or the moment is over: posted now.
+                Ok(_) | Err(_) => break,
+            }
         }
         let mut wait = Duration::from_millis(100);
         loop {
