@@ -340,7 +340,11 @@ impl<'a, D: Door> CommandState<'a, D> {
         if let Ok(mut slot) = live.kind.lock() {
             *slot = Some((kind, command.map(str::to_string)));
         }
-        live.audit.update(kind, command).await;
+        // A kube exec's kind and command are in its session row since the grant: auth wrote
+        // them there from the signed exec, and nothing needs telling while it starts.
+        if live.grant.node.kind != NodeKind::Kube {
+            live.audit.update(kind, command).await;
+        }
         if !record {
             return Ok(());
         }
