@@ -726,18 +726,18 @@ impl AuthServer {
             .bind(id)
             .execute(&self.backend.pool)
             .await?;
+        let mut events = Vec::with_capacity(2);
         if let Some(cmd) = &end.command {
-            self.emit(
+            events.push(
                 Event::new(EventType::Exec, Some(&s.user))
                     .with("session_id", id)
                     .with("login", s.login.clone())
                     .with("node", s.node.clone())
                     .with("command", cmd.clone())
                     .with("exit_code", end.exit_code),
-            )
-            .await?;
+            );
         }
-        self.emit(
+        events.push(
             Event::new(EventType::SessionEnd, Some(&s.user))
                 .with("session_id", id)
                 .with("login", s.login)
@@ -747,8 +747,9 @@ impl AuthServer {
                 .with("bytes_out", end.bytes_out)
                 .with("duration_secs", now - start)
                 .with("status", status.as_str()),
-        )
-        .await
+        );
+        // The command and the end in one write.
+        self.emit_all(events).await
     }
 
     /// What a running session is doing (shell or the command), so that even a session whose
