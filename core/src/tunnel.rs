@@ -47,6 +47,9 @@ impl Opener {
     }
 }
 
+/// Room for one whole yamux frame: a header and a body of at most the split size (16 KiB).
+const FRAME_BUFFER: usize = 64 * 1024;
+
 fn config() -> yamux::Config {
     let mut c = yamux::Config::default();
     c.set_max_num_streams(1024);
@@ -65,6 +68,10 @@ where
         Side::Proxy => yamux::Mode::Client,
         Side::Agent => yamux::Mode::Server,
     };
+    // yamux writes a frame's 12-byte header and its body with two writes; over TLS each would
+    // be a record and a segment of its own, and the peer woken for each. Buffered, a frame
+    // goes out whole when yamux flushes, which it does after every frame it writes.
+    let io = tokio::io::BufWriter::with_capacity(FRAME_BUFFER, io);
     let mut conn = yamux::Connection::new(io.compat(), config(), mode);
     let (open_tx, mut open_rx) = mpsc::channel::<oneshot::Sender<Result<TunnelStream, Closed>>>(64);
     let (in_tx, in_rx) = mpsc::channel::<TunnelStream>(64);
