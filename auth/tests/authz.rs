@@ -654,3 +654,52 @@ async fn only_the_proxy_holding_a_nodes_tunnel_renews_it() {
         "{events:?}"
     );
 }
+
+/// A chain's signatures are checked once a minute for the exact bytes that verified, never for
+/// anything else: on one router (one verifier), the editor's certificate with one byte of its
+/// signature changed is refused before and after the genuine one is taken, every time, and
+/// the certificate from another CA likewise; the genuine one keeps working in between.
+#[tokio::test]
+async fn only_the_exact_chain_that_verified_is_taken_without_checking_again() {
+    let f = fixture().await;
+    let cert = |k: Kind| f.certs.iter().find(|(c, _)| *c == k).unwrap().1.clone();
+    let router = sallyport_auth::api::router(f.auth.clone());
+    let status = |chain: Vec<CertificateDer<'static>>| {
+        let router = router.clone();
+        async move {
+            let mut req = Request::builder()
+                .method("GET")
+                .uri(routes::auth::STATUS)
+                .body(Body::empty())
+                .unwrap();
+            req.extensions_mut()
+                .insert(PeerCertificates(Arc::new(chain)));
+            req.extensions_mut()
+                .insert(RemoteAddr("192.0.2.7:40000".parse().unwrap()));
+            let resp = router.oneshot(req).await.unwrap();
+            let code = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap_or_default();
+            (code, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let genuine = cert(Editor);
+    let mut forged = genuine.clone();
+    let mut leaf = forged[0].to_vec();
+    let last = leaf.len() - 1;
+    leaf[last] ^= 0x01;
+    forged[0] = CertificateDer::from(leaf);
+    for round in 0..2 {
+        let (got, body) = status(forged.clone()).await;
+        assert_eq!(got, UNAUTH, "round {round}, forged: {body}");
+        assert!(
+            body.contains("is not one this cluster issued"),
+            "round {round}: {body}"
+        );
+        let (got, body) = status(genuine.clone()).await;
+        assert_eq!(got, OK, "round {round}, genuine: {body}");
+        let (got, body) = status(cert(WrongCa)).await;
+        assert_eq!(got, UNAUTH, "round {round}, another CA: {body}");
+    }
+}

@@ -8,8 +8,10 @@
 //! their locks, so a removed, locked or expired user is refused at once, even on an HTTP/2
 //! connection that was opened while they were still valid.
 
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -200,7 +202,34 @@ fn no_certificate() -> AuthError {
 /// request, with the same verifier the TLS layer uses at the handshake. The handshake alone is
 /// not enough: a connection outlives the certificate it was opened with, and the caller is
 /// attributed by its issuer's name, which only a verified chain makes true.
-pub struct PeerVerifier(Result<Arc<dyn ClientCertVerifier>, String>);
+///
+/// The leaf's expiry is checked on every request; the chain's signatures, which cannot change,
+/// once per [`VERIFIED_FOR`] for the exact bytes presented (a proxy asks several times per
+/// session, and a verification is most of what a request to auth costs its CPU).
+pub struct PeerVerifier {
+    verifier: Result<Arc<dyn ClientCertVerifier>, String>,
+    /// Chains verified lately, by the SHA-256 of their certificates, and when.
+    verified: std::sync::Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+/// How long a chain's verification stands for the same bytes (the leaf's expiry aside, which
+/// every request checks): far below any CA certificate's lifetime.
+const VERIFIED_FOR: Duration = Duration::from_secs(60);
+
+/// Chains remembered at most; past that the memory starts afresh.
+const VERIFIED_MAX: usize = 4096;
+
+/// The SHA-256 of a chain's certificates, each prefixed by its length.
+fn chain_digest(chain: &[CertificateDer<'_>]) -> [u8; 32] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    for cert in chain {
+        ctx.update(&(cert.len() as u64).to_be_bytes());
+        ctx.update(cert);
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
 
 impl PeerVerifier {
     pub fn new(auth: &AuthServer) -> Self {
@@ -217,7 +246,10 @@ impl PeerVerifier {
                 .build()
                 .map_err(|e| e.to_string())
         };
-        PeerVerifier(build())
+        PeerVerifier {
+            verifier: build(),
+            verified: std::sync::Mutex::new(HashMap::new()),
+        }
     }
 
     fn check(&self, chain: &[CertificateDer<'static>]) -> Result<(), AuthError> {
@@ -233,9 +265,19 @@ impl PeerVerifier {
         }
         // Fail closed: without a verifier no caller is believed.
         let verifier = self
-            .0
+            .verifier
             .as_ref()
             .map_err(|e| AuthError::Internal(format!("cannot check client certificates: {e}")))?;
+        let digest = chain_digest(chain);
+        let lately = self
+            .verified
+            .lock()
+            .ok()
+            .and_then(|v| v.get(&digest).copied())
+            .is_some_and(|at| at.elapsed() < VERIFIED_FOR);
+        if lately {
+            return Ok(());
+        }
         verifier
             .verify_client_cert(leaf, intermediates, UnixTime::now())
             .map_err(|e| {
@@ -244,6 +286,13 @@ impl PeerVerifier {
                     subject.common_name
                 ))
             })?;
+        // Only a chain that verified is remembered.
+        if let Ok(mut v) = self.verified.lock() {
+            if v.len() >= VERIFIED_MAX {
+                v.clear();
+            }
+            v.insert(digest, Instant::now());
+        }
         Ok(())
     }
 }
