@@ -2,11 +2,14 @@
 //! `[seconds, "o"|"i"|"r", data]` line per event, flushed at least every second so that a proxy
 //! killed mid-session leaves a readable recording of everything already seen.
 //!
-//! The writing runs on a thread of its own per recording ([`writer`]), fed through a bounded
-//! queue, so that turning a bulk transfer's bytes into asciicast text runs beside the relay
-//! rather than in it; when the queue is full the relay waits (`block_in_place`) rather than drop
-//! anything. A [`Recorder`] is shared by a session's two tasks (output, and input with
-//! `record_input`) and used through `&self`: the relay holds no lock while it waits here.
+//! The writing runs on a thread of its own per recording ([`writer`]), fed through a queue
+//! bounded in bytes ([`QUEUE_BYTES`]), so that turning a bulk transfer's bytes into asciicast
+//! text runs beside the relay rather than in it; when the queue is full the relay's task waits
+//! for the writer (asynchronously: a slow disk holds back its own sessions, never an async
+//! worker thread, so it cannot stall the proxy's other sessions) rather than drop anything. A
+//! [`Recorder`] is shared by a session's two tasks (output, and input with `record_input`) and
+//! used through `&self`: the relay holds no lock while it waits here, and a wait dropped midway
+//! (its task cancelled) has taken nothing.
 //!
 //! What is recorded is bounded ([`Limits`]): the person's input only when a role asks for it
 //! (`record_input`: keystrokes include passwords typed where nothing echoes), and no file grows
@@ -22,7 +25,7 @@
 //! did not use. [`Recorder::output`] takes only as much of a chunk as surely fits; the relay
 //! shows the person exactly that much and ends the session. That is exact for the size limit
 //! only: an I/O error is met by the writer after the relay queued the event, so output queued
-//! before the error (at most the queue: [`QUEUE`] events, about [`QUEUE_BYTES`] raw bytes) may
+//! before the error (at most the queue: about [`QUEUE_BYTES`] raw bytes) may
 //! have been shown and not be in the file. Nothing is taken once the error is known, nor once
 //! a wait for the writer ends past it.
 
@@ -47,10 +50,10 @@ enum Ev {
     In(bytes::Bytes),
     Resize(u32, u32),
     /// Answered once everything queued before it is written (and accounted exactly).
-    Sync(std::sync::mpsc::SyncSender<()>),
+    Sync(tokio::sync::oneshot::Sender<()>),
     /// Nothing follows: write what is held and flush, answer (the file is complete), then
     /// sync and end.
-    Finish(std::sync::mpsc::SyncSender<()>),
+    Finish(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The most one line adds besides its escaped data: `[`, the time (at most 24 characters),
@@ -81,16 +84,26 @@ fn fitting(len: usize, accounted: u64, max: u64) -> usize {
 /// writer has caught up, so the space is known exactly); past that the session ends.
 const PIECES: usize = 64;
 
-/// How many events may wait for the writer.
-const QUEUE: usize = 1024;
-
-/// How many raw bytes may wait for the writer (a node's output comes in SSH packets of at most
-/// 32 KiB, kubectl's input in messages of up to 1 MiB; one event larger than this still goes
-/// in when nothing waits). A writer behind — a slow disk, or binary output that escapes to up
-/// to 6 bytes a byte — holds the relay back here, so what a session holds for its recording is
-/// bounded: without this, 1024 events of 32 KiB (32 MiB a session) could wait, past every
-/// window's bound.
+/// How many raw bytes may wait for the writer, each event counted with [`EVENT`] more (a node's
+/// output comes in SSH packets of at most 32 KiB, kubectl's input in messages of up to 1 MiB;
+/// one event larger than this still goes in when nothing waits). A writer behind — a slow disk,
+/// or binary output that escapes to up to 6 bytes a byte — holds the relay back here, so what a
+/// session holds for its recording is bounded, however small its events: this is the queue's
+/// only bound.
 const QUEUE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// What one queued event counts for besides its raw bytes (its place in the queue, its
+/// handle on the bytes): a flood of one-byte events or resizes is bounded too.
+const EVENT: u64 = 64;
+
+/// What an event of `len` raw bytes counts for in the queue.
+fn cost(len: usize) -> u64 {
+    EVENT.saturating_add(len as u64)
+}
+
+/// How long a wait for the writer goes before looking again whether the writer is still there
+/// (a writer that ends says so at once; this is for one that died unannounced).
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// What a recording may hold.
 #[derive(Debug, Clone, Copy)]
@@ -127,10 +140,11 @@ struct Shared {
     full: AtomicBool,
     /// The writer's first I/O error: nothing is written after it.
     failed: OnceLock<String>,
-    /// Raw bytes queued for the writer and not yet written ([`QUEUE_BYTES`]).
+    /// What the events queued for the writer and not yet written count for ([`cost`],
+    /// [`QUEUE_BYTES`]).
     queued: Mutex<u64>,
-    /// Signalled as the writer takes bytes off the queue, and when it ends.
-    drained: std::sync::Condvar,
+    /// Signalled as the writer takes events off the queue, and when it ends.
+    drained: tokio::sync::Notify,
     /// The writer thread has ended: nothing more is taken off the queue.
     ended: AtomicBool,
 }
@@ -138,25 +152,32 @@ struct Shared {
 impl Shared {
     /// The writer took an event of `len` raw bytes off the queue.
     fn dequeued(&self, len: usize) {
+        self.uncount(cost(len));
+    }
+
+    /// Takes `n` off what the queue counts, and wakes the relay if it waits for room.
+    fn uncount(&self, n: u64) {
         let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
-        *q = q.saturating_sub(len as u64);
+        *q = q.saturating_sub(n);
         drop(q);
-        self.drained.notify_all();
+        self.drained.notify_waiters();
     }
 
     /// The writer thread ends: nobody waits for it any more.
     fn writer_ended(&self) {
         self.ended.store(true, Ordering::Release);
-        let _q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
-        self.drained.notify_all();
+        self.drained.notify_waiters();
     }
 }
 
 /// A recording being written: the relay's handle on its writer thread.
 pub struct Recorder {
-    tx: std::sync::mpsc::SyncSender<Ev>,
+    tx: std::sync::mpsc::Sender<Ev>,
     /// Taken by [`Recorder::finish`] alone.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Answered as the writer thread's last step; dropped unanswered if it panicked. Taken by
+    /// [`Recorder::finish`] alone.
+    writer_done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     input: bool,
     shared: Arc<Shared>,
     max: u64,
@@ -198,11 +219,12 @@ impl Recorder {
             full: AtomicBool::new(false),
             failed: OnceLock::new(),
             queued: Mutex::new(0),
-            drained: std::sync::Condvar::new(),
+            drained: tokio::sync::Notify::new(),
             ended: AtomicBool::new(false),
         });
         let mut w = Writer::start(sink, h, limits.max_bytes, shared.clone())?;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Ev>(QUEUE);
+        let (tx, rx) = std::sync::mpsc::channel::<Ev>();
+        let (done, writer_done) = tokio::sync::oneshot::channel();
         let queue = shared.clone();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
@@ -217,8 +239,12 @@ impl Recorder {
                             w.input(&d);
                             queue.dequeued(d.len());
                         }
-                        Ok(Ev::Resize(c, r)) => w.resize(c, r),
+                        Ok(Ev::Resize(c, r)) => {
+                            w.resize(c, r);
+                            queue.dequeued(0);
+                        }
                         Ok(Ev::Sync(done)) => {
+                            queue.uncount(EVENT);
                             let _ = done.send(());
                         }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => w.tick(),
@@ -231,11 +257,14 @@ impl Recorder {
                     }
                 }
                 w.finish();
+                drop(rx);
                 queue.writer_ended();
+                let _ = done.send(());
             })?;
         Ok(Recorder {
             tx,
             thread: Mutex::new(Some(thread)),
+            writer_done: Mutex::new(Some(writer_done)),
             input: limits.input,
             shared,
             max: limits.max_bytes,
@@ -263,11 +292,14 @@ impl Recorder {
     /// Waits until the writer has written everything queued, so that `accounted` holds the
     /// file's size (plus split UTF-8 tails) rather than bounds. False if the writer is gone
     /// (then the recording has failed).
-    fn settle(&self) -> bool {
-        let (done, wait) = std::sync::mpsc::sync_channel(1);
+    async fn settle(&self) -> bool {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        self.count(EVENT);
         self.send(Ev::Sync(done));
-        let settled =
-            tokio::task::block_in_place(|| wait.recv_timeout(Duration::from_secs(30))).is_ok();
+        let settled = matches!(
+            tokio::time::timeout(Duration::from_secs(30), wait).await,
+            Ok(Ok(()))
+        );
         if !settled {
             let _ = self
                 .shared
@@ -293,7 +325,7 @@ impl Recorder {
     /// Takes as much of `data` as surely fits under `strict` (all of it otherwise), queued in
     /// up to [`PIECES`] events, and answers how many leading bytes were taken: the relay shows
     /// the person those and no more. Taking less than all marks the recording over.
-    fn take(&self, data: bytes::Bytes, wrap: fn(bytes::Bytes) -> Ev) -> usize {
+    async fn take(&self, data: bytes::Bytes, wrap: fn(bytes::Bytes) -> Ev) -> usize {
         let len = data.len();
         if len == 0 {
             return 0;
@@ -304,7 +336,7 @@ impl Recorder {
         }
         if !self.strict {
             // Past a failure or the end met while waiting, it goes on unrecorded.
-            if self.wait_for_room(len) {
+            if self.wait_for_room(len).await {
                 self.shared
                     .accounted
                     .fetch_add(bound(len), Ordering::AcqRel);
@@ -321,13 +353,13 @@ impl Recorder {
             if fitting(all, self.shared.accounted.load(Ordering::Acquire), self.max) < all {
                 // The bounds of queued events may be far above what they will take: count
                 // exactly before giving anything up.
-                if !self.settle() {
+                if !self.settle().await {
                     break;
                 }
             }
             // Waiting for the writer may meet its failure, or the recording's end: then
             // nothing more is taken.
-            if !self.wait_for_room(all) {
+            if !self.wait_for_room(all).await {
                 break;
             }
             let n = self.reserve(all);
@@ -345,42 +377,46 @@ impl Recorder {
         done
     }
 
-    /// Queues `ev` (its bytes counted by [`Recorder::wait_for_room`] first).
+    /// Queues `ev`, counted first ([`Recorder::wait_for_room`], [`Recorder::count`]); never
+    /// waits (the count is the queue's bound). A writer that is gone drops it.
     fn send(&self, ev: Ev) {
-        match self.tx.try_send(ev) {
-            Ok(()) | Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {}
-            Err(std::sync::mpsc::TrySendError::Full(ev)) => {
-                // The writer is behind: wait for it, off the async worker's hot path.
-                let _ = tokio::task::block_in_place(|| self.tx.send(ev));
-            }
-        }
+        let _ = self.tx.send(ev);
     }
 
-    /// Counts `len` raw bytes into the queue, first waiting (off the async worker's hot path)
-    /// while the queue holds anything and `len` more would take it past [`QUEUE_BYTES`]. A
-    /// writer that is gone takes nothing more off it: then nothing is waited for. False, and
-    /// nothing counted, when the recording failed or was completed meanwhile: nothing more is
-    /// taken.
-    fn wait_for_room(&self, len: usize) -> bool {
-        let len = len as u64;
+    /// Counts `n` into the queue without waiting: the few events that are not data.
+    fn count(&self, n: u64) {
+        let mut q = self.shared.queued.lock().unwrap_or_else(|e| e.into_inner());
+        *q = q.saturating_add(n);
+    }
+
+    /// Counts an event of `len` raw bytes into the queue, first waiting for the writer while
+    /// the queue holds anything and this event would take it past [`QUEUE_BYTES`]. A writer
+    /// that is gone takes nothing more off it: then nothing is waited for. False, and nothing
+    /// counted, when the recording failed or was completed meanwhile: nothing more is taken.
+    /// Dropped while it waits, it has counted nothing.
+    async fn wait_for_room(&self, len: usize) -> bool {
+        let cost = cost(len);
         let shared = &self.shared;
-        let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
-        if *q > 0 && q.saturating_add(len) > QUEUE_BYTES {
-            q = tokio::task::block_in_place(|| {
-                while *q > 0 && q.saturating_add(len) > QUEUE_BYTES && !self.writer_gone() {
-                    q = match shared.drained.wait_timeout(q, Duration::from_millis(100)) {
-                        Ok((q, _)) => q,
-                        Err(e) => e.into_inner().0,
-                    };
+        let mut waited = false;
+        loop {
+            // Registered before looking, so that the writer's signal between the look and the
+            // wait is not missed.
+            let drained = shared.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
+                if *q == 0 || q.saturating_add(cost) <= QUEUE_BYTES || self.writer_gone() {
+                    if waited && (self.closed.load(Ordering::Acquire) || self.failed()) {
+                        return false;
+                    }
+                    *q = q.saturating_add(cost);
+                    return true;
                 }
-                q
-            });
-            if self.closed.load(Ordering::Acquire) || self.failed() {
-                return false;
             }
+            waited = true;
+            let _ = tokio::time::timeout(RECHECK, drained).await;
         }
-        *q = q.saturating_add(len);
-        true
     }
 
     /// Whether the writer thread has ended (or was taken by [`Recorder::finish`]).
@@ -395,15 +431,15 @@ impl Recorder {
     /// `data` is shared with the relay, not copied. Answers how many leading bytes the
     /// recording takes: all of them unless `strict` and the limit is near or the recording
     /// failed ([`Recorder::take`]).
-    pub fn output(&self, data: bytes::Bytes) -> usize {
-        self.take(data, Ev::Out)
+    pub async fn output(&self, data: bytes::Bytes) -> usize {
+        self.take(data, Ev::Out).await
     }
 
     /// Written only when the roles ask for input (`record_input`); answers how many leading
     /// bytes may go on to the node, as [`Recorder::output`].
-    pub fn input(&self, data: bytes::Bytes) -> usize {
+    pub async fn input(&self, data: bytes::Bytes) -> usize {
         if self.input {
-            self.take(data, Ev::In)
+            self.take(data, Ev::In).await
         } else {
             data.len()
         }
@@ -427,17 +463,19 @@ impl Recorder {
         } else {
             accounted.fetch_add(RESIZE, Ordering::AcqRel);
         }
+        // A resize is small and rare: counted, never waited for.
+        self.count(cost(0));
         self.send(Ev::Resize(cols, rows));
     }
 
     /// Waits until everything queued is written and flushed: the file is complete for any
     /// reader, its sync still to come ([`Recorder::finish`]). Answers whether the recording
     /// stopped early and why (the limit, or an error writing). Nothing is taken after it.
-    pub fn complete(&self) -> Option<Stop> {
+    pub async fn complete(&self) -> Option<Stop> {
         if !self.closed.swap(true, Ordering::AcqRel) {
-            let (done, written) = std::sync::mpsc::sync_channel(1);
+            let (done, written) = tokio::sync::oneshot::channel();
             self.send(Ev::Finish(done));
-            if tokio::task::block_in_place(|| written.recv()).is_err() {
+            if written.await.is_err() {
                 // The writer went without answering: it could not finish the file.
                 self.writer_failed();
             }
@@ -448,13 +486,16 @@ impl Recorder {
     /// Completes the recording ([`Recorder::complete`], if not done yet) and waits until it
     /// is synced; answers whether it stopped early and why (the writer may find so only now:
     /// an error syncing). Nothing is taken after it.
-    pub fn finish(&self) -> Option<Stop> {
-        self.complete();
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = thread
-            && tokio::task::block_in_place(|| t.join()).is_err()
-        {
-            self.writer_failed();
+    pub async fn finish(&self) -> Option<Stop> {
+        self.complete().await;
+        let done = self.writer_done.lock().ok().and_then(|mut d| d.take());
+        if let Some(done) = done {
+            // Unanswered: the writer thread panicked.
+            if done.await.is_err() {
+                self.writer_failed();
+            }
+            // The thread has nothing left to do: let it go rather than join it here.
+            drop(self.thread.lock().ok().and_then(|mut t| t.take()));
         }
         self.stopped()
     }

@@ -354,9 +354,11 @@ async fn output<D: Door>(
     // How many leading bytes of `data` the recording takes: under `strict` near the limit
     // (or once it failed), fewer than all, and the person is shown only those before the
     // session ends.
-    let record = |data: &Bytes| -> usize {
-        live.recorder()
-            .map_or(data.len(), |r| r.output(data.clone()))
+    let record = async |data: &Bytes| -> usize {
+        match live.recorder() {
+            Some(r) => r.output(data.clone()).await,
+            None => data.len(),
+        }
     };
     loop {
         // Checked before anything more reaches the person: under `strict` nothing is shown
@@ -391,7 +393,7 @@ async fn output<D: Door>(
                 watchdog::touch(&live.activity);
                 // What the recording does not take is not shown; the loop's check then ends
                 // the (`strict`) session.
-                data.truncate(record(&data));
+                data.truncate(record(&data).await);
                 let audited = match live.copy.lock() {
                     Ok(mut c) => match c.as_mut() {
                         Some(c) => c.feed(Direction::Download, &data),
@@ -449,7 +451,7 @@ async fn output<D: Door>(
                         copy_stderr_cut = true;
                     }
                 }
-                data.truncate(record(&data));
+                data.truncate(record(&data).await);
                 if !data.is_empty() {
                     let event = Event::Data {
                         ext: Some(ext),

@@ -203,7 +203,7 @@ impl<'a, D: Door> CommandState<'a, D> {
         if let Some(rec) = live.recorder() {
             // Under `strict` (and `record_input`), input the recording cannot hold does not
             // reach the node either; the output task then ends the session.
-            chunk.truncate(rec.input(chunk.clone()));
+            chunk.truncate(rec.input(chunk.clone()).await);
         }
         chunk.is_empty() || self.node.data_bytes(chunk).await.is_ok()
     }

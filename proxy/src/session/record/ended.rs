@@ -36,22 +36,24 @@ impl<D: Door> Live<D> {
             .lock()
             .ok()
             .and_then(|mut r| r.take_if(|r| r.stopped().is_some()))?;
-        let stop = stopped.finish()?;
+        let stop = stopped.finish().await?;
         self.recording_ended(stop).await
     }
 
     /// At the session's end, before the person sees it: the recording is complete (written
     /// and flushed, so any reader — the player, the uploader — finds all of it), and a stop
-    /// the writer met only now is audited. Its sync starts then, on a blocking thread, for
+    /// the writer met only now is audited. Its sync starts then, in a task of its own, for
     /// [`Live::recording_synced`].
     pub(in crate::session) async fn complete_recording(&self) -> Option<Syncing> {
         let rec = self.rec.lock().ok().and_then(|mut r| r.take())?;
-        let before = rec.complete();
+        let before = rec.complete().await;
         if let Some(stop) = before.clone() {
             self.recording_ended(stop).await;
         }
-        Some(tokio::task::spawn_blocking(move || {
-            rec.finish().filter(|after| Some(after) != before.as_ref())
+        Some(tokio::spawn(async move {
+            rec.finish()
+                .await
+                .filter(|after| Some(after) != before.as_ref())
         }))
     }
 

@@ -3,6 +3,44 @@
 
 use super::*;
 
+/// The recorder's async calls, run to their end on this thread (a test's relay is a thread).
+trait Now {
+    fn output_now(&self, data: bytes::Bytes) -> usize;
+    fn input_now(&self, data: bytes::Bytes) -> usize;
+    fn settle_now(&self) -> bool;
+    fn complete_now(&self) -> Option<Stop>;
+    fn finish_now(&self) -> Option<Stop>;
+}
+
+thread_local! {
+    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap_or_else(|e| panic!("a runtime for the test: {e}"));
+}
+
+fn now<T>(f: impl std::future::Future<Output = T>) -> T {
+    RUNTIME.with(|rt| rt.block_on(f))
+}
+
+impl Now for Recorder {
+    fn output_now(&self, data: bytes::Bytes) -> usize {
+        now(self.output(data))
+    }
+    fn input_now(&self, data: bytes::Bytes) -> usize {
+        now(self.input(data))
+    }
+    fn settle_now(&self) -> bool {
+        now(self.settle())
+    }
+    fn complete_now(&self) -> Option<Stop> {
+        now(self.complete())
+    }
+    fn finish_now(&self) -> Option<Stop> {
+        now(self.finish())
+    }
+}
+
 const UNLIMITED: Limits = Limits {
     input: true,
     max_bytes: u64::MAX,
@@ -32,12 +70,12 @@ fn binary_output_reads_as_lossy_utf8_however_it_is_cut() {
     let mut step = 1;
     while at < data.len() {
         let end = (at + step).min(data.len());
-        r.output(bytes::Bytes::copy_from_slice(&data[at..end]));
+        r.output_now(bytes::Bytes::copy_from_slice(&data[at..end]));
         at = end;
         step = step % 97 + 1;
     }
     let path = r.path.clone();
-    r.finish();
+    r.finish_now();
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     let mut got = String::new();
     for l in text.lines().skip(1) {
@@ -54,12 +92,12 @@ fn utf8_split_across_chunks_and_escaped_lines() {
     let h = header();
     let r = Recorder::create(&dir, "s1", &h, UNLIMITED).unwrap_or_else(|e| panic!("{e}"));
     let snow = "☃".as_bytes();
-    r.output(bytes::Bytes::copy_from_slice(&snow[..1]));
-    r.output(bytes::Bytes::copy_from_slice(&snow[1..]));
-    r.output(bytes::Bytes::from_static(b"a\nb\x1b[0m\xff"));
+    r.output_now(bytes::Bytes::copy_from_slice(&snow[..1]));
+    r.output_now(bytes::Bytes::copy_from_slice(&snow[1..]));
+    r.output_now(bytes::Bytes::from_static(b"a\nb\x1b[0m\xff"));
     r.resize(100, 30);
     let path = r.path.clone();
-    r.finish();
+    r.finish_now();
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     let lines: Vec<serde_json::Value> = text
         .lines()
@@ -92,10 +130,10 @@ fn input_is_written_only_when_asked_for() {
             strict: false,
         };
         let r = Recorder::create(&dir, &id, &header(), limits).unwrap_or_else(|e| panic!("{e}"));
-        r.input(bytes::Bytes::from_static(b"hunter2\n"));
-        r.output(bytes::Bytes::from_static(b"ok\n"));
+        r.input_now(bytes::Bytes::from_static(b"hunter2\n"));
+        r.output_now(bytes::Bytes::from_static(b"ok\n"));
         let path = r.path.clone();
-        r.finish();
+        r.finish_now();
         let kinds: Vec<String> = events(&path)
             .iter()
             .map(|e| e[1].as_str().unwrap_or_default().to_string())
@@ -123,10 +161,10 @@ fn a_recording_stops_whole_at_its_size_limit() {
     let r = Recorder::create(&dir, "limit", &header(), limits).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.stopped(), None);
     for i in 0..200 {
-        r.output(bytes::Bytes::from(format!("line {i} \x01\n")));
+        r.output_now(bytes::Bytes::from(format!("line {i} \x01\n")));
     }
     let path = r.path.clone();
-    assert_eq!(r.finish(), Some(Stop::Full));
+    assert_eq!(r.finish_now(), Some(Stop::Full));
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     assert!(size <= max && size > max / 2, "{size}");
     // Every line written is whole, and they stop at a line, not in the middle.
@@ -157,16 +195,16 @@ fn under_strict_only_what_the_recording_will_hold_is_taken() {
     chunk.truncate(32 * 1024 - 1);
     let mut taken = Vec::new();
     for _ in 0..40 {
-        let n = r.output(bytes::Bytes::from(chunk.clone()));
+        let n = r.output_now(bytes::Bytes::from(chunk.clone()));
         taken.extend_from_slice(&chunk[..n]);
         if n < chunk.len() {
             break;
         }
     }
     assert_eq!(r.stopped(), Some(Stop::Full), "the limit was reached");
-    assert_eq!(r.output(bytes::Bytes::from_static(b"more")), 0);
+    assert_eq!(r.output_now(bytes::Bytes::from_static(b"more")), 0);
     let path = r.path.clone();
-    r.finish();
+    r.finish_now();
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     assert!(size <= max, "{size}");
     // Close to the limit: the writer caught up before the last pieces were cut.
@@ -246,10 +284,13 @@ fn a_write_error_stops_the_recording_and_nothing_is_written_after_it() {
         let chunk = bytes::Bytes::from(vec![b'x'; 4096]);
         let mut taken = 0;
         for _ in 0..10 {
-            taken += r.output(chunk.clone());
+            taken += r.output_now(chunk.clone());
         }
         // Everything queued so far is written (or met the error).
-        assert!(r.settle(), "the writer goes on answering after a failure");
+        assert!(
+            r.settle_now(),
+            "the writer goes on answering after a failure"
+        );
         let stop = r.stopped();
         assert!(
             matches!(&stop, Some(Stop::Failed(e)) if e.contains("disk full (test)")),
@@ -257,15 +298,15 @@ fn a_write_error_stops_the_recording_and_nothing_is_written_after_it() {
         );
         // Nothing more is taken under strict (the relay shows nothing more and ends the
         // session); under best_effort the session goes on, unrecorded.
-        let more = r.output(chunk.clone());
-        let typed = r.input(bytes::Bytes::from_static(b"ls\n"));
+        let more = r.output_now(chunk.clone());
+        let typed = r.input_now(bytes::Bytes::from_static(b"ls\n"));
         if strict {
             assert_eq!((more, typed), (0, 0));
         } else {
             assert_eq!((taken, more, typed), (40_960, 4096, 3));
         }
         r.resize(100, 40);
-        assert_eq!(r.finish(), stop);
+        assert_eq!(r.finish_now(), stop);
         // The failed write's buffer was let go, not flushed when the file was dropped.
         let got = sink.got.lock().map(|g| g.len()).unwrap_or_default();
         assert_eq!(got, 20_000, "strict {strict}");
@@ -280,8 +321,11 @@ fn a_sync_error_at_the_end_is_a_failure() {
         ..Failing::default()
     };
     let r = failing(&sink, true);
-    assert_eq!(r.output(bytes::Bytes::from_static(b"hello\n")), 6);
-    assert_eq!(r.finish(), Some(Stop::Failed("sync failed (test)".into())));
+    assert_eq!(r.output_now(bytes::Bytes::from_static(b"hello\n")), 6);
+    assert_eq!(
+        r.finish_now(),
+        Some(Stop::Failed("sync failed (test)".into()))
+    );
 }
 
 /// The session's end is told once the recording is complete, before its sync: the file then
@@ -294,12 +338,15 @@ fn a_recording_is_whole_before_its_sync_and_a_failed_sync_still_counts() {
         ..Failing::default()
     };
     let r = Arc::new(failing(&sink, true));
-    assert_eq!(r.output(bytes::Bytes::from_static(b"hello \xe2\x98")), 8);
+    assert_eq!(
+        r.output_now(bytes::Bytes::from_static(b"hello \xe2\x98")),
+        8
+    );
     let syncing = sink.sync_gate.lock().unwrap_or_else(|e| e.into_inner());
     // Completing must not wait for the sync the gate holds back.
     let (tx, completed) = std::sync::mpsc::channel();
     let completing = r.clone();
-    std::thread::spawn(move || tx.send(completing.complete()));
+    std::thread::spawn(move || tx.send(completing.complete_now()));
     let stop = completed.recv_timeout(std::time::Duration::from_secs(20));
     assert_eq!(
         stop,
@@ -319,12 +366,15 @@ fn a_recording_is_whole_before_its_sync_and_a_failed_sync_still_counts() {
         "the cut sequence's tail is written too: {text}"
     );
     assert_eq!(
-        r.output(bytes::Bytes::from_static(b"late")),
+        r.output_now(bytes::Bytes::from_static(b"late")),
         0,
         "nothing is taken after"
     );
     drop(syncing);
-    assert_eq!(r.finish(), Some(Stop::Failed("sync failed (test)".into())));
+    assert_eq!(
+        r.finish_now(),
+        Some(Stop::Failed("sync failed (test)".into()))
+    );
     assert_eq!(
         sink.got.lock().map(|g| g.len()).unwrap_or_default(),
         written.len()
@@ -353,9 +403,9 @@ fn two_tasks_taking_at_once_under_strict_never_pass_the_limit() {
                 let mut taken = 0;
                 loop {
                     let n = if input {
-                        r.input(chunk.clone())
+                        r.input_now(chunk.clone())
                     } else {
-                        r.output(chunk.clone())
+                        r.output_now(chunk.clone())
                     };
                     taken += n;
                     if n < chunk.len() {
@@ -367,7 +417,7 @@ fn two_tasks_taking_at_once_under_strict_never_pass_the_limit() {
         let (o, i) = (take(false), take(true));
         (o.join().unwrap_or_default(), i.join().unwrap_or_default())
     });
-    assert_eq!(r.finish(), Some(Stop::Full));
+    assert_eq!(r.finish_now(), Some(Stop::Full));
     let size = std::fs::metadata(&r.path).map(|m| m.len()).unwrap_or(0);
     assert!(size <= max, "{size}");
     // Everything either side took is in the recording.
@@ -438,14 +488,14 @@ fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
         let (r, sent) = (r.clone(), sent.clone());
         std::thread::spawn(move || {
             for _ in 0..EVENTS {
-                assert_eq!(r.output(bytes::Bytes::from(vec![b'x'; CHUNK])), CHUNK);
+                assert_eq!(r.output_now(bytes::Bytes::from(vec![b'x'; CHUNK])), CHUNK);
                 sent.fetch_add(1, Ordering::AcqRel);
             }
         })
     };
     // The disk stalls: the relay is held back once 4 MiB wait (the event being written
     // counts until it is written), not after 1024 events.
-    let most = QUEUE_BYTES / CHUNK as u64 + 1;
+    let most = QUEUE_BYTES / cost(CHUNK) + 1;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while sent.load(Ordering::Acquire) < most - 1 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -461,7 +511,7 @@ fn a_writer_behind_holds_the_relay_back_at_a_few_mebibytes() {
         .join()
         .unwrap_or_else(|_| panic!("the relay thread panicked"));
     assert_eq!(sent.load(Ordering::Acquire), EVENTS as u64);
-    r.finish();
+    r.finish_now();
     // Everything reached the destination: 400 lines of 32 KiB of text and their framing.
     let got = sink.got.load(Ordering::Acquire);
     assert!(got > (EVENTS * CHUNK) as u64, "{got}");
@@ -484,7 +534,7 @@ fn a_strict_relay_waiting_for_its_writer_takes_nothing_once_the_writer_failed() 
         let (r, taken) = (r.clone(), taken.clone());
         std::thread::spawn(move || {
             for _ in 0..1000 {
-                let n = r.output(bytes::Bytes::from(vec![b'x'; CHUNK]));
+                let n = r.output_now(bytes::Bytes::from(vec![b'x'; CHUNK]));
                 taken.lock().unwrap_or_else(|e| e.into_inner()).push(n);
                 if n == 0 {
                     break;
@@ -493,7 +543,7 @@ fn a_strict_relay_waiting_for_its_writer_takes_nothing_once_the_writer_failed() 
         })
     };
     // The relay fills the queue and waits for the stalled writer...
-    let full = QUEUE_BYTES as usize / CHUNK;
+    let full = (QUEUE_BYTES / cost(CHUNK)) as usize;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while taken.lock().map_or(0, |t| t.len()) < full && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -518,5 +568,55 @@ fn a_strict_relay_waiting_for_its_writer_takes_nothing_once_the_writer_failed() 
         "{:?}",
         r.stopped()
     );
-    r.finish();
+    r.finish_now();
+}
+
+/// The wait for a stalled writer is the relay task's alone: on a runtime of one thread, other
+/// tasks (other sessions) go on meanwhile, and a wait dropped midway (its session's task
+/// cancelled) leaves nothing counted in the queue.
+#[test]
+fn a_relay_waiting_for_a_stalled_writer_holds_up_no_other_task_and_counts_nothing_when_dropped() {
+    let sink = Gated::default();
+    let r = gated(&sink, UNLIMITED);
+    let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
+    const CHUNK: usize = 32 * 1024;
+    let one_thread = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let sent = Arc::new(AtomicU64::new(0));
+    one_thread.block_on(async {
+        let relay = {
+            let (r, sent) = (r.clone(), sent.clone());
+            tokio::spawn(async move {
+                for _ in 0..400 {
+                    r.output(bytes::Bytes::from(vec![b'x'; CHUNK])).await;
+                    sent.fetch_add(1, Ordering::AcqRel);
+                }
+            })
+        };
+        // Another task on the same (only) thread keeps running while the relay waits.
+        let mut ticks = 0;
+        while ticks < 20 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            ticks += 1;
+        }
+        let waiting = sent.load(Ordering::Acquire);
+        assert!(
+            waiting < 400 && waiting >= QUEUE_BYTES / cost(CHUNK) - 1,
+            "the relay took {waiting} chunks with the writer stalled"
+        );
+        assert!(!relay.is_finished(), "the relay waits for the writer");
+        relay.abort();
+        assert!(relay.await.is_err_and(|e| e.is_cancelled()));
+    });
+    drop(held);
+    assert!(r.settle_now());
+    let queued = *r.shared.queued.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(queued, 0, "the dropped wait left a count behind");
+    // Everything taken before the relay was dropped was written, and the recorder goes on.
+    assert_eq!(r.output_now(bytes::Bytes::from_static(b"after\n")), 6);
+    assert_eq!(r.finish_now(), None);
+    let got = sink.got.load(Ordering::Acquire);
+    assert!(got > sent.load(Ordering::Acquire) * CHUNK as u64, "{got}");
 }
