@@ -397,24 +397,30 @@ impl Recorder {
     async fn wait_for_room(&self, len: usize) -> bool {
         let cost = cost(len);
         let shared = &self.shared;
-        let mut waited = false;
+        let fits = |q: u64| q == 0 || q.saturating_add(cost) <= QUEUE_BYTES;
+        {
+            let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
+            if fits(*q) {
+                *q = q.saturating_add(cost);
+                return true;
+            }
+        }
         loop {
-            // Registered before looking, so that the writer's signal between the look and the
-            // wait is not missed.
+            // Registered before looking again, so that the writer's signal between the look
+            // and the wait is not missed.
             let drained = shared.drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
             {
                 let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
-                if *q == 0 || q.saturating_add(cost) <= QUEUE_BYTES || self.writer_gone() {
-                    if waited && (self.closed.load(Ordering::Acquire) || self.failed()) {
+                if fits(*q) || self.writer_gone() {
+                    if self.closed.load(Ordering::Acquire) || self.failed() {
                         return false;
                     }
                     *q = q.saturating_add(cost);
                     return true;
                 }
             }
-            waited = true;
             let _ = tokio::time::timeout(RECHECK, drained).await;
         }
     }
