@@ -14,7 +14,8 @@
 //! What is recorded is bounded ([`Limits`]): the person's input only when a role asks for it
 //! (`record_input`: keystrokes include passwords typed where nothing echoes), and no file grows
 //! past `max_recording_size`. A recording also stops at the first error writing, flushing or
-//! syncing its file (a full disk): nothing more is written after it. Either way the recorder
+//! syncing its file (a full disk), when its writer takes nothing off its queue for [`STALL`]
+//! (a disk that hangs) and when its writer panics: nothing more is written after it. Either way the recorder
 //! says so ([`Recorder::stopped`]), and the relay then ends the session (`strict`) or goes on
 //! unrecorded, audited (`session.recording_limit`, `session.recording_fail`).
 //!
@@ -105,6 +106,11 @@ fn cost(len: usize) -> u64 {
 /// (a writer that ends says so at once; this is for one that died unannounced).
 const RECHECK: Duration = Duration::from_millis(100);
 
+/// How long the relay waits for a writer that takes nothing off its queue (a recordings disk
+/// that hangs) before the recording counts as failed: the session then ends under `strict` and
+/// goes on unrecorded otherwise, rather than hang with its watchdog (idle timeout, expiry).
+const STALL: Duration = Duration::from_secs(30);
+
 /// What a recording may hold.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -170,6 +176,19 @@ impl Shared {
     }
 }
 
+/// Ends a writer thread however it ends: a panic is the recording's failure (so nothing more is
+/// taken under `strict`, nothing shown unrecorded), and the relay's waits end either way.
+struct WriterEnd(Arc<Shared>);
+
+impl Drop for WriterEnd {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.0.failed.set(WRITER_FAILED.into());
+        }
+        self.0.writer_ended();
+    }
+}
+
 /// A recording being written: the relay's handle on its writer thread.
 pub struct Recorder {
     tx: std::sync::mpsc::Sender<Ev>,
@@ -186,6 +205,10 @@ pub struct Recorder {
     over: AtomicBool,
     /// Set by [`Recorder::complete`]: nothing more is taken.
     closed: AtomicBool,
+    /// [`STALL`] (shorter in tests). The end waits twice as long for the finished file's sync
+    /// before the recording counts as failed (the session's end is audited `incomplete` then,
+    /// rather than never).
+    stall: Duration,
     pub path: PathBuf,
 }
 
@@ -229,6 +252,7 @@ impl Recorder {
         let thread = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
+                let end = WriterEnd(queue.clone());
                 loop {
                     match rx.recv_timeout(Duration::from_millis(500)) {
                         Ok(Ev::Out(d)) => {
@@ -258,7 +282,7 @@ impl Recorder {
                 }
                 w.finish();
                 drop(rx);
-                queue.writer_ended();
+                drop(end);
                 let _ = done.send(());
             })?;
         Ok(Recorder {
@@ -271,6 +295,7 @@ impl Recorder {
             strict: limits.strict,
             over: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            stall: STALL,
             path,
         })
     }
@@ -363,11 +388,18 @@ impl Recorder {
                 break;
             }
             let n = self.reserve(all);
-            self.shared.dequeued(all - n);
             if n == 0 {
+                // Nothing goes in: what was counted for it comes off whole.
+                self.shared.dequeued(all);
                 break;
             }
-            self.send(wrap(data.slice(done..done + n)));
+            // The event queued is counted for `n` bytes (the writer takes that off).
+            self.shared.uncount((all - n) as u64);
+            if !self.send(wrap(data.slice(done..done + n))) {
+                // The writer is gone: nothing more is recorded, so nothing more is shown.
+                self.writer_failed();
+                break;
+            }
             done += n;
             if done == len {
                 return len;
@@ -378,9 +410,22 @@ impl Recorder {
     }
 
     /// Queues `ev`, counted first ([`Recorder::wait_for_room`], [`Recorder::count`]); never
-    /// waits (the count is the queue's bound). A writer that is gone drops it.
-    fn send(&self, ev: Ev) {
-        let _ = self.tx.send(ev);
+    /// waits (the count is the queue's bound). False if the writer is gone (it is dropped).
+    fn send(&self, ev: Ev) -> bool {
+        self.tx.send(ev).is_ok()
+    }
+
+    /// What the queue counts now.
+    fn queued(&self) -> u64 {
+        *self.shared.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The writer took nothing off its queue for `stall`: the recording has failed.
+    fn stalled(&self) {
+        let _ = self.shared.failed.set(format!(
+            "the recording's writer wrote nothing for {} s (is the recordings disk stalled?)",
+            self.stall.as_secs()
+        ));
     }
 
     /// Counts `n` into the queue without waiting: the few events that are not data.
@@ -390,10 +435,10 @@ impl Recorder {
     }
 
     /// Counts an event of `len` raw bytes into the queue, first waiting for the writer while
-    /// the queue holds anything and this event would take it past [`QUEUE_BYTES`]. A writer
-    /// that is gone takes nothing more off it: then nothing is waited for. False, and nothing
-    /// counted, when the recording failed or was completed meanwhile: nothing more is taken.
-    /// Dropped while it waits, it has counted nothing.
+    /// the queue holds anything and this event would take it past [`QUEUE_BYTES`]. False, and
+    /// nothing counted, when the recording failed or was completed meanwhile (nothing more is
+    /// taken), when the writer is gone, and when it took nothing off the queue for `stall`
+    /// (then the recording has failed). Dropped while it waits, it has counted nothing.
     async fn wait_for_room(&self, len: usize) -> bool {
         let cost = cost(len);
         let shared = &self.shared;
@@ -405,23 +450,39 @@ impl Recorder {
                 return true;
             }
         }
+        // Each time the writer takes something off the queue, it has another `stall`.
+        let mut last = u64::MAX;
+        let mut deadline = tokio::time::Instant::now() + self.stall;
         loop {
             // Registered before looking again, so that the writer's signal between the look
             // and the wait is not missed.
             let drained = shared.drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
+            if self.writer_gone() && !self.closed.load(Ordering::Acquire) {
+                // It ended before the recording was complete: it failed.
+                self.writer_failed();
+            }
+            if self.closed.load(Ordering::Acquire) || self.failed() {
+                return false;
+            }
             {
                 let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
-                if fits(*q) || self.writer_gone() {
-                    if self.closed.load(Ordering::Acquire) || self.failed() {
-                        return false;
-                    }
+                if fits(*q) {
                     *q = q.saturating_add(cost);
                     return true;
                 }
+                if *q < last {
+                    last = *q;
+                    deadline = tokio::time::Instant::now() + self.stall;
+                }
             }
-            let _ = tokio::time::timeout(RECHECK, drained).await;
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                self.stalled();
+                return false;
+            }
+            let _ = tokio::time::timeout(RECHECK.min(deadline - now), drained).await;
         }
     }
 
@@ -451,9 +512,14 @@ impl Recorder {
         }
     }
 
-    pub fn resize(&self, cols: u32, rows: u32) {
+    /// Records a resize; waits for room as output does, so that a flood of resizes is bounded
+    /// by the queue too.
+    pub async fn resize(&self, cols: u32, rows: u32) {
         if self.closed.load(Ordering::Acquire) || self.over.load(Ordering::Acquire) || self.failed()
         {
+            return;
+        }
+        if !self.wait_for_room(0).await {
             return;
         }
         let accounted = &self.shared.accounted;
@@ -463,14 +529,13 @@ impl Recorder {
                 (a.saturating_add(RESIZE) <= max).then(|| a + RESIZE)
             });
             if reserved.is_err() {
+                self.shared.dequeued(0);
                 self.over.store(true, Ordering::Release);
                 return;
             }
         } else {
             accounted.fetch_add(RESIZE, Ordering::AcqRel);
         }
-        // A resize is small and rare: counted, never waited for.
-        self.count(cost(0));
         self.send(Ev::Resize(cols, rows));
     }
 
@@ -479,11 +544,28 @@ impl Recorder {
     /// stopped early and why (the limit, or an error writing). Nothing is taken after it.
     pub async fn complete(&self) -> Option<Stop> {
         if !self.closed.swap(true, Ordering::AcqRel) {
-            let (done, written) = tokio::sync::oneshot::channel();
+            let (done, mut written) = tokio::sync::oneshot::channel();
             self.send(Ev::Finish(done));
-            if written.await.is_err() {
-                // The writer went without answering: it could not finish the file.
-                self.writer_failed();
+            // However long the queue takes to write, as long as the writer takes something
+            // off it every `stall`.
+            let mut last = self.queued();
+            loop {
+                match tokio::time::timeout(self.stall, &mut written).await {
+                    Ok(Ok(())) => break,
+                    // The writer went without answering: it could not finish the file.
+                    Ok(Err(_)) => {
+                        self.writer_failed();
+                        break;
+                    }
+                    Err(_) => {
+                        let now = self.queued();
+                        if now >= last {
+                            self.stalled();
+                            break;
+                        }
+                        last = now;
+                    }
+                }
             }
         }
         self.stopped()
@@ -496,11 +578,19 @@ impl Recorder {
         self.complete().await;
         let done = self.writer_done.lock().ok().and_then(|mut d| d.take());
         if let Some(done) = done {
-            // Unanswered: the writer thread panicked.
-            if done.await.is_err() {
-                self.writer_failed();
+            match tokio::time::timeout(self.stall * 2, done).await {
+                Ok(Ok(())) => {}
+                // Unanswered: the writer thread panicked.
+                Ok(Err(_)) => self.writer_failed(),
+                Err(_) => {
+                    let _ = self.shared.failed.set(format!(
+                        "the recording's file did not sync within {} s (is the recordings disk stalled?)",
+                        (self.stall * 2).as_secs()
+                    ));
+                }
             }
-            // The thread has nothing left to do: let it go rather than join it here.
+            // The thread has nothing left to do (or hangs on the disk): let it go rather than
+            // join it here.
             drop(self.thread.lock().ok().and_then(|mut t| t.take()));
         }
         self.stopped()

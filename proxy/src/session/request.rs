@@ -159,7 +159,7 @@ impl<'a, D: Door> CommandState<'a, D> {
             Command::Eof => node.eof().await.is_ok(),
             Command::Resize { cols, rows } => {
                 if let Some(rec) = live.recorder() {
-                    rec.resize(cols, rows);
+                    rec.resize(cols, rows).await;
                 }
                 let ok = node.window_change(cols, rows, 0, 0).await.is_ok();
                 self.answer(ok).await && ok
@@ -349,25 +349,38 @@ impl<'a, D: Door> CommandState<'a, D> {
             return Ok(());
         }
         let (term, cols, rows) = self.pty.clone().unwrap_or_else(|| ("dumb".into(), 80, 24));
-        let header = Header {
-            width: cols,
-            height: rows,
-            term: &term,
-            title: &live.title,
-            command,
-        };
         let strict = live.grant.record == RecordMode::Strict;
         let limits = Limits {
             input: live.grant.record_input,
             max_bytes: live.state.max_recording_size,
             strict,
         };
-        match Recorder::create(
-            &live.state.recordings,
-            &live.grant.session_id,
-            &header,
-            limits,
-        ) {
+        // The file is created and its header written on a blocking thread: a recordings disk
+        // that hangs (a stalled network mount) holds back this session, not an async worker
+        // and every session on it.
+        let (dir, id, title) = (
+            live.state.recordings.clone(),
+            live.grant.session_id.clone(),
+            live.title.clone(),
+        );
+        let command = command.map(str::to_string);
+        let created = tokio::task::spawn_blocking(move || {
+            let header = Header {
+                width: cols,
+                height: rows,
+                term: &term,
+                title: &title,
+                command: command.as_deref(),
+            };
+            Recorder::create(&dir, &id, &header, limits)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(std::io::Error::other(format!(
+                "starting the recording: {e}"
+            )))
+        });
+        match created {
             Ok(rec) => {
                 if let Ok(mut slot) = live.rec.lock() {
                     *slot = Some(Arc::new(rec));

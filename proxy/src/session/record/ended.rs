@@ -71,7 +71,9 @@ impl<D: Door> Live<D> {
             }
         }
         if let Some(uploads) = &self.state.uploads {
-            uploads.finished(&self.grant.session_id);
+            // It looks at the file first: off the async workers, as every use of the disk here.
+            let (uploads, id) = (uploads.clone(), self.grant.session_id.clone());
+            let _ = tokio::task::spawn_blocking(move || uploads.finished(&id)).await;
         }
     }
 

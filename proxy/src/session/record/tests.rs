@@ -10,6 +10,7 @@ trait Now {
     fn settle_now(&self) -> bool;
     fn complete_now(&self) -> Option<Stop>;
     fn finish_now(&self) -> Option<Stop>;
+    fn resize_now(&self, cols: u32, rows: u32);
 }
 
 thread_local! {
@@ -38,6 +39,9 @@ impl Now for Recorder {
     }
     fn finish_now(&self) -> Option<Stop> {
         now(self.finish())
+    }
+    fn resize_now(&self, cols: u32, rows: u32) {
+        now(self.resize(cols, rows))
     }
 }
 
@@ -95,7 +99,7 @@ fn utf8_split_across_chunks_and_escaped_lines() {
     r.output_now(bytes::Bytes::copy_from_slice(&snow[..1]));
     r.output_now(bytes::Bytes::copy_from_slice(&snow[1..]));
     r.output_now(bytes::Bytes::from_static(b"a\nb\x1b[0m\xff"));
-    r.resize(100, 30);
+    r.resize_now(100, 30);
     let path = r.path.clone();
     r.finish_now();
     let text = std::fs::read_to_string(&path).unwrap_or_default();
@@ -305,7 +309,7 @@ fn a_write_error_stops_the_recording_and_nothing_is_written_after_it() {
         } else {
             assert_eq!((taken, more, typed), (40_960, 4096, 3));
         }
-        r.resize(100, 40);
+        r.resize_now(100, 40);
         assert_eq!(r.finish_now(), stop);
         // The failed write's buffer was let go, not flushed when the file was dropped.
         let got = sink.got.lock().map(|g| g.len()).unwrap_or_default();
@@ -464,15 +468,60 @@ impl writer::Durable for Gated {
 
 /// A recorder writing to `sink` (its header already written), shared with a relay thread.
 fn gated(sink: &Gated, limits: Limits) -> Arc<Recorder> {
-    Arc::new(
-        Recorder::start(
-            std::io::BufWriter::new(sink.clone()),
-            PathBuf::from("mem.cast"),
-            &header(),
-            limits,
-        )
-        .unwrap_or_else(|e| panic!("{e}")),
+    gated_stalling_after(sink, limits, STALL)
+}
+
+/// As [`gated`], the recording failing once its writer took nothing for `stall`.
+fn gated_stalling_after(sink: &Gated, limits: Limits, stall: Duration) -> Arc<Recorder> {
+    let mut r = Recorder::start(
+        std::io::BufWriter::new(sink.clone()),
+        PathBuf::from("mem.cast"),
+        &header(),
+        limits,
     )
+    .unwrap_or_else(|e| panic!("{e}"));
+    r.stall = stall;
+    Arc::new(r)
+}
+
+/// Runs `event` on a relay thread until it answers false (nothing taken) or `most` times, while
+/// `sink`'s disk is stalled; answers how many were taken before the relay was held back.
+fn taken_while_stalled(
+    r: &Arc<Recorder>,
+    sink: &Gated,
+    most: u64,
+    event: fn(&Recorder) -> bool,
+) -> u64 {
+    let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
+    let sent = Arc::new(AtomicU64::new(0));
+    let relay = {
+        let (r, sent) = (r.clone(), sent.clone());
+        std::thread::spawn(move || {
+            for _ in 0..most {
+                if !event(&r) {
+                    return;
+                }
+                sent.fetch_add(1, Ordering::AcqRel);
+            }
+        })
+    };
+    // Taken until the count stands still for a while.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut last = u64::MAX;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+        let n = sent.load(Ordering::Acquire);
+        if n == last || n == most {
+            break;
+        }
+        last = n;
+    }
+    let waiting = sent.load(Ordering::Acquire);
+    drop(held);
+    relay
+        .join()
+        .unwrap_or_else(|_| panic!("the relay thread panicked"));
+    waiting
 }
 
 #[test]
@@ -619,4 +668,150 @@ fn a_relay_waiting_for_a_stalled_writer_holds_up_no_other_task_and_counts_nothin
     assert_eq!(r.finish_now(), None);
     let got = sink.got.load(Ordering::Acquire);
     assert!(got > sent.load(Ordering::Acquire) * CHUNK as u64, "{got}");
+}
+
+/// The queue's bound holds for events of any size, under `strict` too: one-byte events and
+/// resizes for a stalled writer hold the relay back at the queue's count, not millions later.
+#[test]
+fn small_events_and_resizes_for_a_stalled_writer_are_bounded_by_the_queue() {
+    const MOST: u64 = 200_000;
+    for strict in [false, true] {
+        let limits = Limits {
+            input: true,
+            max_bytes: u64::MAX,
+            strict,
+        };
+        let sink = Gated::default();
+        let r = gated(&sink, limits);
+        let bytes = taken_while_stalled(&r, &sink, MOST, |r| {
+            r.output_now(bytes::Bytes::from_static(b"x")) == 1
+        });
+        let fit = QUEUE_BYTES / cost(1);
+        // Up to `fit` wait, plus the lines the file's 8 KiB buffer took before the disk.
+        assert!(
+            bytes >= fit - 1 && bytes <= fit + 1000,
+            "strict {strict}: {bytes} one-byte events were taken with the writer stalled ({fit} fit)"
+        );
+        assert_eq!(r.finish_now(), None);
+
+        let sink = Gated::default();
+        let r = gated(&sink, limits);
+        let resizes = taken_while_stalled(&r, &sink, MOST, |r| {
+            r.resize_now(120, 40);
+            true
+        });
+        let fit = QUEUE_BYTES / cost(0);
+        assert!(
+            resizes >= fit - 1 && resizes <= fit + 1000,
+            "strict {strict}: {resizes} resizes were taken with the writer stalled ({fit} fit)"
+        );
+        assert_eq!(r.finish_now(), None);
+        let queued = *r.shared.queued.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(queued, 0, "strict {strict}: the count went back to nothing");
+    }
+}
+
+/// A recordings disk that hangs: once the writer took nothing for `stall`, the recording has
+/// failed, named so; under `strict` nothing more is taken (the session ends), otherwise the
+/// session goes on unrecorded without waiting; the end does not hang either.
+#[test]
+fn a_writer_that_takes_nothing_for_its_stall_time_fails_the_recording() {
+    const CHUNK: usize = 32 * 1024;
+    for strict in [false, true] {
+        let limits = Limits {
+            input: false,
+            max_bytes: u64::MAX,
+            strict,
+        };
+        let sink = Gated::default();
+        let r = gated_stalling_after(&sink, limits, Duration::from_secs(1));
+        let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let started = std::time::Instant::now();
+        let mut taken = 0;
+        for _ in 0..1000 {
+            let n = r.output_now(bytes::Bytes::from(vec![b'x'; CHUNK]));
+            taken += 1;
+            if n < CHUNK || r.stopped().is_some() {
+                assert_eq!(n, if strict { 0 } else { CHUNK }, "strict {strict}");
+                break;
+            }
+        }
+        let waited = started.elapsed();
+        assert!(
+            taken < 1000 && waited >= Duration::from_secs(1) && waited < Duration::from_secs(15),
+            "strict {strict}: {taken} chunks, {waited:?}"
+        );
+        let stop = r.stopped();
+        assert!(
+            matches!(&stop, Some(Stop::Failed(e)) if e.contains("wrote nothing for 1 s")),
+            "strict {strict}: {stop:?}"
+        );
+        // Past the failure: nothing more taken under strict, the rest unrecorded at once
+        // otherwise.
+        let more = r.output_now(bytes::Bytes::from(vec![b'x'; CHUNK]));
+        assert_eq!(more, if strict { 0 } else { CHUNK }, "strict {strict}");
+        // The end does not wait for the hung disk for ever either.
+        let ending = std::time::Instant::now();
+        assert_eq!(r.finish_now(), stop, "strict {strict}");
+        assert!(
+            ending.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            ending.elapsed()
+        );
+        drop(held);
+    }
+}
+
+/// A destination whose writes panic once `armed` (a bug in the writer's path).
+#[derive(Clone, Default)]
+struct Panicking {
+    armed: Arc<AtomicBool>,
+}
+
+impl std::io::Write for Panicking {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        assert!(!self.armed.load(Ordering::Acquire), "a writer's bug (test)");
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.write(&[]).map(|_| ())
+    }
+}
+
+impl writer::Durable for Panicking {
+    fn sync_all(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer thread that panics fails the recording: under `strict` nothing more is taken, so
+/// nothing more is shown that no recording holds.
+#[test]
+fn a_writer_that_panics_fails_the_recording_and_strict_takes_nothing_after() {
+    let sink = Panicking::default();
+    let strict = Limits {
+        input: false,
+        max_bytes: u64::MAX,
+        strict: true,
+    };
+    let r = Recorder::start(
+        std::io::BufWriter::new(sink.clone()),
+        PathBuf::from("mem.cast"),
+        &header(),
+        strict,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.output_now(bytes::Bytes::from_static(b"before\n")), 7);
+    assert!(r.settle_now());
+    sink.armed.store(true, Ordering::Release);
+    // The writer panics on its next write: a line's flush, at the latest within a second.
+    r.output_now(bytes::Bytes::from_static(b"boom\n"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while r.stopped().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(r.stopped(), Some(Stop::Failed(WRITER_FAILED.into())));
+    assert_eq!(r.output_now(bytes::Bytes::from_static(b"after\n")), 0);
+    assert_eq!(r.finish_now(), Some(Stop::Failed(WRITER_FAILED.into())));
 }

@@ -155,6 +155,13 @@ impl<S: Sink> Writer<S> {
         if !self.fits(len) {
             return 0;
         }
+        if self.shared.failed.get().is_some() {
+            // The relay gave up on this writer (it stalled, or did not answer): nothing more
+            // is written, as after an error of its own.
+            if let Some(s) = self.sink.take() {
+                s.abandon();
+            }
+        }
         let Some(sink) = self.sink.as_mut() else {
             return 0;
         };
