@@ -47,8 +47,10 @@ impl Opener {
     }
 }
 
-/// Room for one whole yamux frame: a header and a body of at most the split size (16 KiB).
-const FRAME_BUFFER: usize = 64 * 1024;
+/// Room for one whole yamux frame, no more (every tunnel has one, idle ones too): a 12-byte
+/// header and a body of at most yamux's split size (16 KiB; larger writes are split into
+/// frames of that size).
+const FRAME_BUFFER: usize = 12 + 16 * 1024;
 
 fn config() -> yamux::Config {
     let mut c = yamux::Config::default();
