@@ -208,7 +208,6 @@ struct Fixture {
 }
 
 fn signed(ca: &TlsCa, cn: &str, orgs: &[&str], seed: u8, expired: bool) -> CertificateDer<'static> {
-    let kp = russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&[seed; 32]);
     let now = OffsetDateTime::now_utc();
     let (not_before, not_after) = if expired {
         (
@@ -221,6 +220,18 @@ fn signed(ca: &TlsCa, cn: &str, orgs: &[&str], seed: u8, expired: bool) -> Certi
             now + time::Duration::hours(1),
         )
     };
+    signed_for(ca, cn, orgs, seed, not_before, not_after)
+}
+
+fn signed_for(
+    ca: &TlsCa,
+    cn: &str,
+    orgs: &[&str],
+    seed: u8,
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> CertificateDer<'static> {
+    let kp = russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&[seed; 32]);
     let pem = ca
         .sign(
             &ed25519_spki(&kp.public.0),
@@ -702,4 +713,22 @@ async fn only_the_exact_chain_that_verified_is_taken_without_checking_again() {
         let (got, body) = status(cert(WrongCa)).await;
         assert_eq!(got, UNAUTH, "round {round}, another CA: {body}");
     }
+    // A chain taken lately is still refused the moment its leaf expires.
+    let now = OffsetDateTime::now_utc();
+    let soon = now + time::Duration::seconds(2);
+    let user_ca = f.auth.authorities.tls_user_signer();
+    let short = vec![signed_for(
+        user_ca,
+        "eddie",
+        &["editor"],
+        3,
+        now - time::Duration::minutes(1),
+        soon,
+    )];
+    let (got, body) = status(short.clone()).await;
+    assert_eq!(got, OK, "before its expiry: {body}");
+    tokio::time::sleep(std::time::Duration::from_millis(3200)).await;
+    let (got, body) = status(short).await;
+    assert_eq!(got, UNAUTH, "after its expiry: {body}");
+    assert!(body.contains("expired at"), "{body}");
 }

@@ -636,6 +636,9 @@ fn port_forward_is_audited_and_ended_by_a_lock() {
         }),
         "{start:#?}"
     );
+    // Read again past the door's gather: a third start would be in a later write.
+    std::thread::sleep(Duration::from_millis(200));
+    start = started(&s.c, "start");
     assert_eq!(start.len(), 2, "{start:#?}");
     for e in &start {
         assert_eq!(e["pod"], "web-1");

@@ -205,7 +205,9 @@ fn no_certificate() -> AuthError {
 ///
 /// The leaf's expiry is checked on every request; the chain's signatures, which cannot change,
 /// once per [`VERIFIED_FOR`] for the exact bytes presented (a proxy asks several times per
-/// session, and a verification is most of what a request to auth costs its CPU).
+/// session, and a verification is most of what a request to auth costs its CPU). What they are
+/// checked against cannot change either: the roots are read once, when auth's router is built.
+/// A CA rotated in a running auth would have to clear this memory with the verifier.
 pub struct PeerVerifier {
     verifier: Result<Arc<dyn ClientCertVerifier>, String>,
     /// Chains verified lately, by the SHA-256 of their certificates, and when.
