@@ -109,7 +109,7 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// How long the relay waits for a writer that takes nothing off its queue (a recordings disk
 /// that hangs) before the recording counts as failed: the session then ends under `strict` and
 /// goes on unrecorded otherwise, rather than hang with its watchdog (idle timeout, expiry).
-const STALL: Duration = Duration::from_secs(30);
+pub(super) const STALL: Duration = Duration::from_secs(30);
 
 /// What a recording may hold.
 #[derive(Debug, Clone, Copy)]
@@ -151,6 +151,10 @@ struct Shared {
     queued: Mutex<u64>,
     /// Signalled as the writer takes events off the queue, and when it ends.
     drained: tokio::sync::Notify,
+    /// Events the writer has taken off the queue: its progress, which the relay's waits
+    /// watch (the queue's level alone may stay up while the writer works, refilled by the
+    /// session's other task).
+    taken: AtomicU64,
     /// The writer thread has ended: nothing more is taken off the queue.
     ended: AtomicBool,
 }
@@ -166,6 +170,7 @@ impl Shared {
         let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
         *q = q.saturating_sub(n);
         drop(q);
+        self.taken.fetch_add(1, Ordering::AcqRel);
         self.drained.notify_waiters();
     }
 
@@ -174,6 +179,15 @@ impl Shared {
         self.ended.store(true, Ordering::Release);
         self.drained.notify_waiters();
     }
+}
+
+/// How a wait for the writer's answer ended.
+enum Answer {
+    Given,
+    /// The writer is gone without answering.
+    Gone,
+    /// It took nothing off its queue for `stall`.
+    Stalled,
 }
 
 /// Ends a writer thread however it ends: a panic is the recording's failure (so nothing more is
@@ -243,6 +257,7 @@ impl Recorder {
             failed: OnceLock::new(),
             queued: Mutex::new(0),
             drained: tokio::sync::Notify::new(),
+            taken: AtomicU64::new(0),
             ended: AtomicBool::new(false),
         });
         let mut w = Writer::start(sink, h, limits.max_bytes, shared.clone())?;
@@ -321,17 +336,39 @@ impl Recorder {
         let (done, wait) = tokio::sync::oneshot::channel();
         self.count(EVENT);
         self.send(Ev::Sync(done));
-        let settled = matches!(
-            tokio::time::timeout(Duration::from_secs(30), wait).await,
-            Ok(Ok(()))
-        );
-        if !settled {
-            let _ = self
-                .shared
-                .failed
-                .set("the recording's writer did not answer".into());
+        match self.answer(wait).await {
+            Answer::Given => true,
+            Answer::Gone => {
+                let _ = self
+                    .shared
+                    .failed
+                    .set("the recording's writer did not answer".into());
+                false
+            }
+            Answer::Stalled => {
+                self.stalled();
+                false
+            }
         }
-        settled
+    }
+
+    /// Waits for the writer's answer to an event queued last, as long as it takes events off
+    /// its queue at least every `stall` (a slow disk is waited for, a stalled one is not).
+    async fn answer(&self, mut wait: tokio::sync::oneshot::Receiver<()>) -> Answer {
+        let mut last = self.shared.taken.load(Ordering::Acquire);
+        loop {
+            match tokio::time::timeout(self.stall, &mut wait).await {
+                Ok(Ok(())) => return Answer::Given,
+                Ok(Err(_)) => return Answer::Gone,
+                Err(_) => {
+                    let now = self.shared.taken.load(Ordering::Acquire);
+                    if now == last {
+                        return Answer::Stalled;
+                    }
+                    last = now;
+                }
+            }
+        }
     }
 
     /// Reserves the bound of as many of `len` bytes as surely fit under `strict`, in one step
@@ -415,11 +452,6 @@ impl Recorder {
         self.tx.send(ev).is_ok()
     }
 
-    /// What the queue counts now.
-    fn queued(&self) -> u64 {
-        *self.shared.queued.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The writer took nothing off its queue for `stall`: the recording has failed.
     fn stalled(&self) {
         let _ = self.shared.failed.set(format!(
@@ -443,6 +475,11 @@ impl Recorder {
         let cost = cost(len);
         let shared = &self.shared;
         let fits = |q: u64| q == 0 || q.saturating_add(cost) <= QUEUE_BYTES;
+        // Once the failure or the end is known, nothing more is taken, however empty the
+        // queue (a `settle` may have just emptied it past an error).
+        if self.closed.load(Ordering::Acquire) || self.failed() {
+            return false;
+        }
         {
             let mut q = shared.queued.lock().unwrap_or_else(|e| e.into_inner());
             if fits(*q) {
@@ -451,7 +488,7 @@ impl Recorder {
             }
         }
         // Each time the writer takes something off the queue, it has another `stall`.
-        let mut last = u64::MAX;
+        let mut last = shared.taken.load(Ordering::Acquire);
         let mut deadline = tokio::time::Instant::now() + self.stall;
         loop {
             // Registered before looking again, so that the writer's signal between the look
@@ -472,10 +509,11 @@ impl Recorder {
                     *q = q.saturating_add(cost);
                     return true;
                 }
-                if *q < last {
-                    last = *q;
-                    deadline = tokio::time::Instant::now() + self.stall;
-                }
+            }
+            let taken = shared.taken.load(Ordering::Acquire);
+            if taken != last {
+                last = taken;
+                deadline = tokio::time::Instant::now() + self.stall;
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -544,27 +582,16 @@ impl Recorder {
     /// stopped early and why (the limit, or an error writing). Nothing is taken after it.
     pub async fn complete(&self) -> Option<Stop> {
         if !self.closed.swap(true, Ordering::AcqRel) {
-            let (done, mut written) = tokio::sync::oneshot::channel();
+            let (done, written) = tokio::sync::oneshot::channel();
             self.send(Ev::Finish(done));
-            // However long the queue takes to write, as long as the writer takes something
-            // off it every `stall`.
-            let mut last = self.queued();
-            loop {
-                match tokio::time::timeout(self.stall, &mut written).await {
-                    Ok(Ok(())) => break,
+            // A recording already failed writes nothing more: its writer (perhaps hung on the
+            // disk) is not waited for.
+            if !self.failed() {
+                match self.answer(written).await {
+                    Answer::Given => {}
                     // The writer went without answering: it could not finish the file.
-                    Ok(Err(_)) => {
-                        self.writer_failed();
-                        break;
-                    }
-                    Err(_) => {
-                        let now = self.queued();
-                        if now >= last {
-                            self.stalled();
-                            break;
-                        }
-                        last = now;
-                    }
+                    Answer::Gone => self.writer_failed(),
+                    Answer::Stalled => self.stalled(),
                 }
             }
         }
@@ -577,7 +604,9 @@ impl Recorder {
     pub async fn finish(&self) -> Option<Stop> {
         self.complete().await;
         let done = self.writer_done.lock().ok().and_then(|mut d| d.take());
-        if let Some(done) = done {
+        if let Some(done) = done
+            && !self.failed()
+        {
             match tokio::time::timeout(self.stall * 2, done).await {
                 Ok(Ok(())) => {}
                 // Unanswered: the writer thread panicked.

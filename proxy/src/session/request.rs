@@ -373,13 +373,17 @@ impl<'a, D: Door> CommandState<'a, D> {
                 command: command.as_deref(),
             };
             Recorder::create(&dir, &id, &header, limits)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(std::io::Error::other(format!(
-                "starting the recording: {e}"
-            )))
         });
+        let created = match tokio::time::timeout(super::record::STALL, created).await {
+            Ok(Ok(created)) => created,
+            Ok(Err(e)) => Err(std::io::Error::other(format!(
+                "starting the recording: {e}"
+            ))),
+            Err(_) => Err(std::io::Error::other(format!(
+                "the recording's file was not created within {} s (is the recordings disk stalled?)",
+                super::record::STALL.as_secs()
+            ))),
+        };
         match created {
             Ok(rec) => {
                 if let Ok(mut slot) = live.rec.lock() {

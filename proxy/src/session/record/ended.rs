@@ -73,7 +73,11 @@ impl<D: Door> Live<D> {
         if let Some(uploads) = &self.state.uploads {
             // It looks at the file first: off the async workers, as every use of the disk here.
             let (uploads, id) = (uploads.clone(), self.grant.session_id.clone());
-            let _ = tokio::task::spawn_blocking(move || uploads.finished(&id)).await;
+            let handing = tokio::task::spawn_blocking(move || uploads.finished(&id));
+            if tokio::time::timeout(super::STALL, handing).await.is_err() {
+                // Left to finish when it can; the session's end is not held up for ever.
+                tracing::warn!(session = %self.grant.session_id, "the recording's file could not be looked at within {} s (is the recordings disk stalled?); its upload goes on when it can", super::STALL.as_secs());
+            }
         }
     }
 

@@ -155,13 +155,7 @@ impl<S: Sink> Writer<S> {
         if !self.fits(len) {
             return 0;
         }
-        if self.shared.failed.get().is_some() {
-            // The relay gave up on this writer (it stalled, or did not answer): nothing more
-            // is written, as after an error of its own.
-            if let Some(s) = self.sink.take() {
-                s.abandon();
-            }
-        }
+        self.give_up_if_failed();
         let Some(sink) = self.sink.as_mut() else {
             return 0;
         };
@@ -177,7 +171,18 @@ impl<S: Sink> Writer<S> {
         len as u64
     }
 
+    /// Once the recording is marked failed — by this writer's error, or by the relay that gave
+    /// up on it (it stalled, or did not answer) — nothing more is written, flushed or synced.
+    fn give_up_if_failed(&mut self) {
+        if self.shared.failed.get().is_some()
+            && let Some(s) = self.sink.take()
+        {
+            s.abandon();
+        }
+    }
+
     fn flush(&mut self) {
+        self.give_up_if_failed();
         if let Some(sink) = self.sink.as_mut() {
             let r = sink.flush();
             self.check(r);
@@ -268,9 +273,22 @@ impl<S: Sink> Writer<S> {
     /// Completes the file (if [`Writer::complete`] did not already) and makes it durable.
     pub(super) fn finish(mut self) {
         self.complete();
+        self.give_up_if_failed();
         if let Some(sink) = self.sink.as_mut() {
             let r = sink.sync();
             self.check(r);
+        }
+    }
+}
+
+impl<S: Sink> Drop for Writer<S> {
+    /// A writer that panics lets its buffer go unwritten (the recording has failed: nothing is
+    /// written after that, a line cut in two least of all).
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(s) = self.sink.take()
+        {
+            s.abandon();
         }
     }
 }
