@@ -102,10 +102,6 @@ fn cost(len: usize) -> u64 {
     EVENT.saturating_add(len as u64)
 }
 
-/// How long a wait for the writer goes before looking again whether the writer is still there
-/// (a writer that ends says so at once; this is for one that died unannounced).
-const RECHECK: Duration = Duration::from_millis(100);
-
 /// How long the relay waits for a writer that takes nothing off its queue (a recordings disk
 /// that hangs) before the recording counts as failed: the session then ends under `strict` and
 /// goes on unrecorded otherwise, rather than hang with its watchdog (idle timeout, expiry).
@@ -206,8 +202,6 @@ impl Drop for WriterEnd {
 /// A recording being written: the relay's handle on its writer thread.
 pub struct Recorder {
     tx: std::sync::mpsc::Sender<Ev>,
-    /// Taken by [`Recorder::finish`] alone.
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Answered as the writer thread's last step; dropped unanswered if it panicked. Taken by
     /// [`Recorder::finish`] alone.
     writer_done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
@@ -264,7 +258,8 @@ impl Recorder {
         let (tx, rx) = std::sync::mpsc::channel::<Ev>();
         let (done, writer_done) = tokio::sync::oneshot::channel();
         let queue = shared.clone();
-        let thread = std::thread::Builder::new()
+        // Never joined: its end, however it ends, is told by `WriterEnd` and `done`.
+        std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
                 let end = WriterEnd(queue.clone());
@@ -302,7 +297,6 @@ impl Recorder {
             })?;
         Ok(Recorder {
             tx,
-            thread: Mutex::new(Some(thread)),
             writer_done: Mutex::new(Some(writer_done)),
             input: limits.input,
             shared,
@@ -520,17 +514,15 @@ impl Recorder {
                 self.stalled();
                 return false;
             }
-            let _ = tokio::time::timeout(RECHECK.min(deadline - now), drained).await;
+            // The writer signals each event it takes off, and its end (`WriterEnd`).
+            let _ = tokio::time::timeout(deadline - now, drained).await;
         }
     }
 
-    /// Whether the writer thread has ended (or was taken by [`Recorder::finish`]).
+    /// Whether the writer thread has ended (`WriterEnd` says so on every way out, a panic's
+    /// too).
     fn writer_gone(&self) -> bool {
         self.shared.ended.load(Ordering::Acquire)
-            || self
-                .thread
-                .lock()
-                .map_or(true, |t| t.as_ref().is_none_or(|t| t.is_finished()))
     }
 
     /// `data` is shared with the relay, not copied. Answers how many leading bytes the
@@ -618,9 +610,6 @@ impl Recorder {
                     ));
                 }
             }
-            // The thread has nothing left to do (or hangs on the disk): let it go rather than
-            // join it here.
-            drop(self.thread.lock().ok().and_then(|mut t| t.take()));
         }
         self.stopped()
     }
