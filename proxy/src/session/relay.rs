@@ -313,21 +313,59 @@ async fn commands<D: Door>(
 /// is still watched. `Err` with why the session ends when it must end first (or the person
 /// left: `None`).
 async fn deliver<D: Door>(live: &Live<D>, event: Event) -> Result<bool, Option<Refusal>> {
+    watched(live.watch(true), live.door.send(event)).await
+}
+
+/// What a wait inside a running session watches ([`watched`]).
+struct Watch<'a> {
+    grant: &'a SessionGrant,
+    activity: &'a AtomicU64,
+    cert_expires: u64,
+    closed: &'a AtomicBool,
+    /// Set when the person stopped sending: the wait is for them, and it ends.
+    person_gone: Option<&'a AtomicBool>,
+}
+
+impl<D: Door> Live<D> {
+    /// What a wait of this session watches; `for_person`: a wait for the person's window,
+    /// which ends when they stopped sending.
+    fn watch(&self, for_person: bool) -> Watch<'_> {
+        Watch {
+            grant: &self.grant,
+            activity: &self.activity,
+            cert_expires: self.cert_expires,
+            closed: &self.closed,
+            person_gone: for_person.then_some(&self.input_ended),
+        }
+    }
+}
+
+/// Runs `work` (a wait for the person's window, or for the recording's room) while the session
+/// is still watched: `client_idle_timeout`, `disconnect_expired_cert` and a closed session end
+/// it even when `work` never finishes. `Err` with why the session ends (`None`: it was closed,
+/// or the person it waits for left).
+async fn watched<T>(
+    w: Watch<'_>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, Option<Refusal>> {
     let watch = async {
         let mut tick = tokio::time::interval(watchdog::TICK);
         tick.tick().await;
         loop {
             tick.tick().await;
-            if live.closed.load(Ordering::Acquire) || live.input_ended.load(Ordering::Acquire) {
+            if w.closed.load(Ordering::Acquire)
+                || w.person_gone.is_some_and(|g| g.load(Ordering::Acquire))
+            {
                 return None;
             }
-            if let Some(end) = watchdog::check(&live.grant, &live.activity, live.cert_expires) {
+            if let Some(end) = watchdog::check(w.grant, w.activity, w.cert_expires) {
+                tracing::info!(session = %w.grant.session_id, why = %end, "ending a session");
                 return Some(end);
             }
         }
     };
     tokio::select! {
-        sent = live.door.send(event) => Ok(sent),
+        done = work => Ok(done),
         end = watch => Err(end),
     }
 }
@@ -354,10 +392,12 @@ async fn output<D: Door>(
     // How many leading bytes of `data` the recording takes: under `strict` near the limit
     // (or once it failed), fewer than all, and the person is shown only those before the
     // session ends.
-    let record = async |data: &Bytes| -> usize {
+    // The wait for the recording's room (a writer behind) is watched as the wait for the
+    // person's window is: the session still ends on time.
+    let record = async |data: &Bytes| -> Result<usize, Option<Refusal>> {
         match live.recorder() {
-            Some(r) => r.output(data.clone()).await,
-            None => data.len(),
+            Some(r) => watched(live.watch(false), r.output(data.clone())).await,
+            None => Ok(data.len()),
         }
     };
     loop {
@@ -393,7 +433,13 @@ async fn output<D: Door>(
                 watchdog::touch(&live.activity);
                 // What the recording does not take is not shown; the loop's check then ends
                 // the (`strict`) session.
-                data.truncate(record(&data).await);
+                match record(&data).await {
+                    Ok(n) => data.truncate(n),
+                    Err(end) => {
+                        why = end;
+                        break;
+                    }
+                }
                 let audited = match live.copy.lock() {
                     Ok(mut c) => match c.as_mut() {
                         Some(c) => c.feed(Direction::Download, &data),
@@ -451,7 +497,13 @@ async fn output<D: Door>(
                         copy_stderr_cut = true;
                     }
                 }
-                data.truncate(record(&data).await);
+                match record(&data).await {
+                    Ok(n) => data.truncate(n),
+                    Err(end) => {
+                        why = end;
+                        break;
+                    }
+                }
                 if !data.is_empty() {
                     let event = Event::Data {
                         ext: Some(ext),
