@@ -213,6 +213,8 @@ pub struct Recorder {
     over: AtomicBool,
     /// Set by [`Recorder::complete`]: nothing more is taken.
     closed: AtomicBool,
+    /// The writer's answer to the end [`Recorder::complete`] queued, until it came.
+    completing: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     /// [`STALL`] (shorter in tests). The end waits twice as long for the finished file's sync
     /// before the recording counts as failed (the session's end is audited `incomplete` then,
     /// rather than never).
@@ -304,6 +306,7 @@ impl Recorder {
             strict: limits.strict,
             over: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            completing: tokio::sync::Mutex::new(None),
             stall: STALL,
             path,
         })
@@ -327,10 +330,10 @@ impl Recorder {
     /// file's size (plus split UTF-8 tails) rather than bounds. False if the writer is gone
     /// (then the recording has failed).
     async fn settle(&self) -> bool {
-        let (done, wait) = tokio::sync::oneshot::channel();
+        let (done, mut wait) = tokio::sync::oneshot::channel();
         self.count(EVENT);
         self.send(Ev::Sync(done));
-        match self.answer(wait).await {
+        match self.answer(&mut wait).await {
             Answer::Given => true,
             Answer::Gone => {
                 let _ = self
@@ -348,10 +351,10 @@ impl Recorder {
 
     /// Waits for the writer's answer to an event queued last, as long as it takes events off
     /// its queue at least every `stall` (a slow disk is waited for, a stalled one is not).
-    async fn answer(&self, mut wait: tokio::sync::oneshot::Receiver<()>) -> Answer {
+    async fn answer(&self, wait: &mut tokio::sync::oneshot::Receiver<()>) -> Answer {
         let mut last = self.shared.taken.load(Ordering::Acquire);
         loop {
-            match tokio::time::timeout(self.stall, &mut wait).await {
+            match tokio::time::timeout(self.stall, &mut *wait).await {
                 Ok(Ok(())) => return Answer::Given,
                 Ok(Err(_)) => return Answer::Gone,
                 Err(_) => {
@@ -573,20 +576,28 @@ impl Recorder {
     /// reader, its sync still to come ([`Recorder::finish`]). Answers whether the recording
     /// stopped early and why (the limit, or an error writing). Nothing is taken after it.
     pub async fn complete(&self) -> Option<Stop> {
+        // The end is queued once; its answer is awaited under this lock and kept until it
+        // came, so a call that was cancelled while waiting leaves the wait to the next one
+        // rather than let it report a file not yet complete.
+        let mut completing = self.completing.lock().await;
         if !self.closed.swap(true, Ordering::AcqRel) {
             let (done, written) = tokio::sync::oneshot::channel();
             self.send(Ev::Finish(done));
-            // A recording already failed writes nothing more: its writer (perhaps hung on the
-            // disk) is not waited for.
-            if !self.failed() {
-                match self.answer(written).await {
-                    Answer::Given => {}
-                    // The writer went without answering: it could not finish the file.
-                    Answer::Gone => self.writer_failed(),
-                    Answer::Stalled => self.stalled(),
-                }
+            *completing = Some(written);
+        }
+        // A recording already failed writes nothing more: its writer (perhaps hung on the
+        // disk) is not waited for.
+        if let Some(written) = completing.as_mut()
+            && !self.failed()
+        {
+            match self.answer(written).await {
+                Answer::Given => {}
+                // The writer went without answering: it could not finish the file.
+                Answer::Gone => self.writer_failed(),
+                Answer::Stalled => self.stalled(),
             }
         }
+        *completing = None;
         self.stopped()
     }
 

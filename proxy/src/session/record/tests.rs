@@ -815,3 +815,43 @@ fn a_writer_that_panics_fails_the_recording_and_strict_takes_nothing_after() {
     assert_eq!(r.output_now(bytes::Bytes::from_static(b"after\n")), 0);
     assert_eq!(r.finish_now(), Some(Stop::Failed(WRITER_FAILED.into())));
 }
+
+/// A wait for the end that was cancelled (its task dropped while the writer was behind) leaves
+/// the wait to the next call: that one answers only once the file is complete.
+#[test]
+fn a_cancelled_wait_for_the_end_leaves_the_wait_to_the_next_call() {
+    let sink = Gated::default();
+    let r = gated(&sink, UNLIMITED);
+    assert_eq!(r.output_now(bytes::Bytes::from(vec![b'x'; 4096])), 4096);
+    let held = sink.gate.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(async {
+        let first = tokio::time::timeout(Duration::from_millis(200), r.complete()).await;
+        assert!(first.is_err(), "the end was answered with the writer held");
+    });
+    // The next call waits for the writer, however long the disk takes.
+    let next = {
+        let r = r.clone();
+        std::thread::spawn(move || r.complete_now())
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !next.is_finished(),
+        "the next call answered with the writer held"
+    );
+    let before = sink.got.load(Ordering::Acquire);
+    drop(held);
+    let answer = next
+        .join()
+        .unwrap_or_else(|_| panic!("the waiting thread panicked"));
+    assert_eq!(answer, None);
+    let after = sink.got.load(Ordering::Acquire);
+    assert!(
+        after >= before + 4096,
+        "the next call answered before the output was written ({before} → {after})"
+    );
+    assert_eq!(r.finish_now(), None);
+}
