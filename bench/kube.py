@@ -7,9 +7,9 @@ with a kube agent for it (cluster `lab`) and a logged-in user whose kubeconfig `
 lab` wrote. Prints median and p90 for (a) `kubectl exec -- true` set-up and (b) 32 MiB through
 `kubectl exec -i -- cat` and back (checked with SHA-256 every run), each over WebSocket
 (kubectl's default) and SPDY (KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false), direct and through
-Sallyport, the clients taking turns run after run; with socat installed, two more over
-WebSocket: through two plain TCP relays and through two TLS relays, what any two extra processes
-on the path cost on this machine. A path the proxy refuses to serve
+Sallyport, the clients taking turns run after run; two more transfers over WebSocket, through
+two lean plain TCP relays and through two lean TLS relays (tests/src/bin/relay.rs), what two
+extra processes that only relay cost on this machine. A path the proxy refuses to serve
 (SPDY, until it is served) is printed as refused, with the proxy's words, instead of measured.
 """
 import hashlib, os, re, resource, statistics, subprocess, sys, time
@@ -17,8 +17,8 @@ import hashlib, os, re, resource, statistics, subprocess, sys, time
 POD = ["-n", "dev", "web-1", "-c", "main"]
 # The reference paths (bench/kube.sh): two relays between kubectl and the API server, plain TCP
 # or ending and starting TLS on each leg.
-TCP_RELAY = "two TCP relays (socat)"
-TLS_RELAY = "two TLS relays (socat)"
+TCP_RELAY = "two TCP relays"
+TLS_RELAY = "two TLS relays"
 TICK = os.sysconf("SC_CLK_TCK")
 # Seconds after which a run is taken for hung (a run takes well under one).
 STALL = float(os.environ.get("STALL_SECONDS", "30"))
@@ -161,8 +161,7 @@ def main():
             sys.exit(f"failed ({c.name()}): kubectl exec -- true: {err[-800:]}")
     live = [c for c in clients if not c.refused]
 
-    # The reference paths only in the transfers: socat forks a process per connection, which
-    # says nothing about a relay's set-up.
+    # The reference paths only in the transfers: the goal for the set-up is against direct.
     setup = interleaved([c for c in live if c.path not in (TCP_RELAY, TLS_RELAY)],
                         lambda c, i: c.must(["exec", *POD, "--", "true"]), runs)
 

@@ -6,8 +6,8 @@
 # as local processes; needs aiohttp==3.11.18 and openssl); kubectl is 1.32 ($KUBECTL to change).
 # Through Sallyport: an all-in-one daemon (recording on, as by default), a kube agent for cluster
 # `lab` in its own process (`sallyport start --roles=kube`, as the tests run it), a user whose
-# role allows exec in namespace dev, `sally login` and `sally kube login lab`. With socat
-# installed (`apt-get install socat`), two reference rows: two plain TCP relays, two TLS relays.
+# role allows exec in namespace dev, `sally login` and `sally kube login lab`. Two reference
+# rows: two lean plain TCP relays, two lean TLS relays (tests/src/bin/relay.rs).
 # RUNS=15 (set-up runs; the transfers run max(5, RUNS/2) times), XFER_RUNS, STALL_SECONDS=30 (a run
 # longer than that is killed, reported and run again), SALLYPORT_LOG=debug for timings (the
 # daemon's, the agent's and the fixture's stderr are copied to $KEEP_LOGS if set). Builds into
@@ -80,43 +80,41 @@ printf 'benchmark-password\n' | $B/sally signup --proxy 127.0.0.1:$web --token "
 printf 'benchmark-password\n' | $B/sally login --proxy 127.0.0.1:$web --user bench --ca-pin "$pin" > /dev/null
 KUBECONFIG=$dir/proxy-kubeconfig $B/sally kube login lab > /dev/null
 
-# Two reference paths (with socat installed), each through two relays in their own processes
-# (as the proxy and the agent are two), 256 KiB buffers: plain TCP relays, which copy bytes and
-# do nothing else (kubectl's TLS goes through to the API server), and TLS relays (OpenSSL), which
-# end TLS and start it again on each leg, as the proxy and the agent do, and nothing more (no
-# tunnel, no HTTP, no recording). What they cost is what any two extra processes on the path cost
-# on this machine.
+# Two reference paths, each through two relays in their own processes (as the proxy and the
+# agent are two) that copy both directions at once (tests/src/bin/relay.rs: tokio, 256 KiB
+# buffers): plain TCP relays, which copy bytes and do nothing else (kubectl's TLS goes through
+# to the API server), and TLS relays (rustls, aws-lc, as the proxy), which end TLS and start it
+# again on each leg, as the proxy and the agent do, and nothing more (no tunnel, no HTTP, no
+# recording). What they cost is what two lean relays cost on this machine.
 tcp_kubeconfig= tls_kubeconfig= relay_pids=
-if command -v socat > /dev/null; then
-  api_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$dir/apiserver.out")
-  a=$dir/apiserver
-  hop1=$(port); hop2=$(port); tls1=$(port); tls2=$(port)
-  socat -b 262144 TCP-LISTEN:$hop1,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:$api_port 2> "$dir/socat1.err" &
-  pids+=($!); tcp_pids=$!
-  socat -b 262144 TCP-LISTEN:$hop2,bind=127.0.0.1,reuseaddr,fork TCP:127.0.0.1:$hop1 2> "$dir/socat2.err" &
-  pids+=($!); tcp_pids+="+$!"
-  sed "s|127.0.0.1:$api_port|127.0.0.1:$hop2|" "$a/kubeconfig" > "$dir/tcp-kubeconfig"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=relay \
-    -addext subjectAltName=IP:127.0.0.1 -keyout "$dir/relay.key" -out "$dir/relay.crt" 2> /dev/null
-  cat "$dir/relay.key" "$dir/relay.crt" > "$dir/relay.pem"
-  socat -b 262144 OPENSSL-LISTEN:$tls2,bind=127.0.0.1,reuseaddr,fork,cert=$dir/relay.pem,verify=0 \
-    OPENSSL:127.0.0.1:$api_port,cert=$a/agent.crt,key=$a/agent.key,verify=0 2> "$dir/socat3.err" &
-  pids+=($!); tls_pids=$!
-  socat -b 262144 OPENSSL-LISTEN:$tls1,bind=127.0.0.1,reuseaddr,fork,cert=$dir/relay.pem,verify=0 \
-    OPENSSL:127.0.0.1:$tls2,cafile=$dir/relay.crt 2> "$dir/socat4.err" &
-  pids+=($!); tls_pids+="+$!"
-  sed -e "s|127.0.0.1:$api_port|127.0.0.1:$tls1|" -e "s|certificate-authority: .*|certificate-authority: \"$dir/relay.crt\"|" \
-    "$a/kubeconfig" > "$dir/tls-kubeconfig"
-  # Each relay listening, or its rows left out (and why said).
-  listening() { for p in "$@"; do (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null || return 1; done; }
-  for _ in $(seq 1 50); do listening $hop1 $hop2 $tls1 $tls2 && break; sleep 0.1; done
-  if listening $hop1 $hop2 $tls1 $tls2; then
-    tcp_kubeconfig=$dir/tcp-kubeconfig tls_kubeconfig=$dir/tls-kubeconfig
-    relay_pids=",two TCP relays (socat)=$tcp_pids,two TLS relays (socat)=$tls_pids"
-  else
-    echo "the socat relays did not start; their rows are left out:" >&2
-    cat "$dir"/socat*.err >&2
-  fi
+api_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$dir/apiserver.out")
+a=$dir/apiserver
+hop1=$(port); hop2=$(port); tls1=$(port); tls2=$(port)
+$B/relay tcp $hop1 $api_port 2> "$dir/relay1.err" &
+pids+=($!); tcp_pids=$!
+$B/relay tcp $hop2 $hop1 2> "$dir/relay2.err" &
+pids+=($!); tcp_pids+="+$!"
+sed "s|127.0.0.1:$api_port|127.0.0.1:$hop2|" "$a/kubeconfig" > "$dir/tcp-kubeconfig"
+# The TLS relays' certificate, from the fixture's CA (which kubectl and the relays trust).
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=relay \
+  -keyout "$dir/relay.key" -out "$dir/relay.csr" 2> /dev/null
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > "$dir/relay.ext"
+openssl x509 -req -in "$dir/relay.csr" -CA "$a/ca.crt" -CAkey "$a/ca.key" -set_serial 4242 -days 1 \
+  -extfile "$dir/relay.ext" -out "$dir/relay.crt" 2> /dev/null
+$B/relay tls $tls2 $api_port "$dir/relay.crt" "$dir/relay.key" "$a/ca.crt" "$a/agent.crt" "$a/agent.key" 2> "$dir/relay3.err" &
+pids+=($!); tls_pids=$!
+$B/relay tls $tls1 $tls2 "$dir/relay.crt" "$dir/relay.key" "$a/ca.crt" 2> "$dir/relay4.err" &
+pids+=($!); tls_pids+="+$!"
+sed "s|127.0.0.1:$api_port|127.0.0.1:$tls1|" "$a/kubeconfig" > "$dir/tls-kubeconfig"
+# Each relay listening, or its rows left out (and why said).
+listening() { for p in "$@"; do (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null || return 1; done; }
+for _ in $(seq 1 50); do listening $hop1 $hop2 $tls1 $tls2 && break; sleep 0.1; done
+if listening $hop1 $hop2 $tls1 $tls2; then
+  tcp_kubeconfig=$dir/tcp-kubeconfig tls_kubeconfig=$dir/tls-kubeconfig
+  relay_pids=",two TCP relays=$tcp_pids,two TLS relays=$tls_pids"
+else
+  echo "the reference relays did not start; their rows are left out:" >&2
+  cat "$dir"/relay*.err >&2
 fi
 
 head -c $((32 * 1024 * 1024)) /dev/urandom > "$dir/blob"
