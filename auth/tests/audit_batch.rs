@@ -104,3 +104,64 @@ async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoin
     assert!(refused.is_err(), "a report of 1025 records is refused");
     assert_eq!(auth.audit_count().await.unwrap(), base + singles + 3);
 }
+
+/// A batch whose write fails part-way (here a record the database refuses, by a trigger this
+/// test adds) leaves nothing of itself: no record before the failing one is kept, the chain's
+/// head does not move, and the same records sent again are written once, in order.
+#[tokio::test]
+async fn a_batch_that_fails_part_way_leaves_nothing_and_can_be_sent_again() {
+    use sqlx::Connection;
+    sallyport_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}?mode=rwc", dir.path().join("a.db").display());
+    let mut cfg = AuthConfig::new("batch", &url);
+    cfg.audit_checkpoint_key = Some(dir.path().join("audit-checkpoint.key"));
+    cfg.audit_checkpoint_every = 1000;
+    cfg.audit_checkpoint_interval = Duration::from_secs(3600);
+    let auth = AuthServer::open(cfg).await.unwrap();
+    let base = auth.audit_count().await.unwrap();
+    let pending = not_anchored(&auth).await;
+
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER poison BEFORE INSERT ON audit_events WHEN NEW.record LIKE '%/poison%' \
+         BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+    )
+    .execute(&mut db)
+    .await
+    .unwrap();
+    let batch = [request("/first"), request("/poison"), request("/last")];
+    let failed = auth.kube_records(&batch).await;
+    assert!(failed.is_err(), "the batch's write failed part-way");
+    assert_eq!(
+        auth.audit_count().await.unwrap(),
+        base,
+        "nothing of it kept"
+    );
+    assert_eq!(not_anchored(&auth).await, pending, "the chain is intact");
+
+    sqlx::query("DROP TRIGGER poison")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    auth.kube_records(&batch).await.unwrap();
+    assert_eq!(auth.audit_count().await.unwrap(), base + 3);
+    assert_eq!(
+        not_anchored(&auth).await,
+        pending + 3,
+        "chained after the head"
+    );
+    let found = auth
+        .audit_search(&AuditQuery {
+            event_type: Some("kube.request".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let paths: Vec<&str> = found
+        .records
+        .iter()
+        .filter_map(|r| r["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["/first", "/poison", "/last"], "once each, in order");
+}
