@@ -341,9 +341,10 @@ impl<D: Door> Live<D> {
 }
 
 /// Runs `work` (a wait for the person's window, or for the recording's room) while the session
-/// is still watched: `client_idle_timeout`, `disconnect_expired_cert` and a closed session end
-/// it even when `work` never finishes. `Err` with why the session ends (`None`: it was closed,
-/// or the person it waits for left).
+/// is still watched: `client_idle_timeout` and `disconnect_expired_cert` end it even when `work`
+/// never finishes (and the output task then ends the session at once, the recording completed
+/// after), as does the session's end already told ([`Live::close`]). `Err` with why the session
+/// ends (`None`: its end was told, or the person it waits for stopped sending).
 async fn watched<T>(
     w: Watch<'_>,
     work: impl std::future::Future<Output = T>,
@@ -365,6 +366,7 @@ async fn watched<T>(
         }
     };
     tokio::select! {
+        biased;
         done = work => Ok(done),
         end = watch => Err(end),
     }
@@ -562,8 +564,18 @@ async fn output<D: Door>(
             _ => {}
         }
     }
-    // The recording is complete (written and flushed) before the person sees the session
-    // end; it syncs while the end is told, and before the session's end is audited.
+    // A session the watchdog ends (idle, an expired certificate) ends now: the person is told
+    // (their connection, forwards and all, goes) and the node's connection is closed before the
+    // recording is completed, which a writer behind a stalled disk may hold up for its stall
+    // time; what the person was shown, the recording took before it was shown.
+    if matches!(why, Some(Refusal::Expired(_))) {
+        let _ = tokio::join!(
+            live.close(why.clone()),
+            conn.disconnect(russh::Disconnect::ByApplication, "", "")
+        );
+    }
+    // Otherwise the recording is complete (written and flushed) before the person sees the
+    // session end; it syncs while the end is told, and before the session's end is audited.
     let syncing = live.complete_recording().await;
     tokio::join!(live.close(why), live.recording_synced(syncing));
     let _ = conn

@@ -1,4 +1,5 @@
-//! The relay's queue bounds, and the agent's reports as the relay takes them.
+//! The relay's queue bounds, the agent's reports as the relay takes them, and what ends the
+//! relay's waits (the watchdog).
 
 use super::*;
 
@@ -147,7 +148,7 @@ async fn a_wait_that_never_ends_still_ends_the_session_on_time() {
     .await;
     assert!(matches!(r, Ok(8)), "{r:?}");
 
-    // The session was closed (a lock, the person hung up): every wait ends.
+    // The session's end was told (`Live::close`): every wait ends.
     closed.store(true, Ordering::Release);
     assert!(matches!(
         watched(watch(calm, far, false), forever()).await,
