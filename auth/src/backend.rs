@@ -44,6 +44,12 @@ impl Backend {
                 redact(url)
             )));
         };
+        if let Some(mode) = unverified(url) {
+            tracing::warn!(
+                storage = %redact(url),
+                "PostgreSQL's certificate is not checked (sslmode={mode}): the CA keys and the audit log travel to a server nobody verified; add sslmode=verify-full (and sslrootcert=CA.pem) to the connection string"
+            );
+        }
         let max = if kind == Kind::Sqlite { 1 } else { 10 };
         let pool = connect(url, max).await?;
         if kind == Kind::Sqlite {
@@ -104,6 +110,37 @@ impl Kind {
         } else {
             None
         }
+    }
+}
+
+/// The `sslmode` of a PostgreSQL URL (or of `PGSSLMODE`, as sqlx reads it) that does not check
+/// the server's certificate, when the server is not on this host (loopback or a Unix socket):
+/// `disable`, `allow`, `prefer` (PostgreSQL's default, which encrypts when offered and checks
+/// nothing) or `require`.
+fn unverified(url: &str) -> Option<&'static str> {
+    use sqlx::postgres::{PgConnectOptions, PgSslMode};
+    if Kind::of(url) != Some(Kind::Postgres) {
+        return None;
+    }
+    let o: PgConnectOptions = url.parse().ok()?;
+    let host = o.get_host();
+    let local = o.get_socket().is_some()
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if local {
+        return None;
+    }
+    match o.get_ssl_mode() {
+        PgSslMode::VerifyFull | PgSslMode::VerifyCa => None,
+        PgSslMode::Disable => Some("disable"),
+        PgSslMode::Allow => Some("allow"),
+        PgSslMode::Prefer => Some("prefer"),
+        PgSslMode::Require => Some("require"),
     }
 }
 
@@ -376,6 +413,35 @@ pub fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_remote_server_whose_certificate_is_not_checked_is_named() {
+        use super::unverified;
+        // The default (prefer), and modes that encrypt without checking, to another host.
+        assert_eq!(unverified("postgres://u@db.example.com/s"), Some("prefer"));
+        assert_eq!(
+            unverified("postgres://u:p@10.0.0.5:5432/s?sslmode=require"),
+            Some("require")
+        );
+        assert_eq!(
+            unverified("postgresql://u@db.example.com/s?sslmode=disable"),
+            Some("disable")
+        );
+        // Checked, or on this host: nothing to say.
+        assert_eq!(
+            unverified("postgres://u@db.example.com/s?sslmode=verify-full&sslrootcert=/ca.pem"),
+            None
+        );
+        assert_eq!(
+            unverified("postgres://u@db.example.com/s?sslmode=verify-ca"),
+            None
+        );
+        assert_eq!(unverified("postgres://u@127.0.0.1:5432/s"), None);
+        assert_eq!(unverified("postgres://u@localhost/s"), None);
+        assert_eq!(unverified("postgres://u@[::1]:5432/s"), None);
+        assert_eq!(unverified("postgres://u@%2Fvar%2Frun%2Fpostgresql/s"), None);
+        assert_eq!(unverified("sqlite:/x/y.db"), None);
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(
