@@ -97,10 +97,12 @@ pids+=($!); tcp_pids+="+$!"
 sed "s|127.0.0.1:$api_port|127.0.0.1:$hop2|" "$a/kubeconfig" > "$dir/tcp-kubeconfig"
 # The TLS relays' certificate, from the fixture's CA (which kubectl and the relays trust).
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=relay \
-  -keyout "$dir/relay.key" -out "$dir/relay.csr" 2> /dev/null
+  -keyout "$dir/relay.key" -out "$dir/relay.csr" 2> "$dir/relay-cert.err" ||
+  { echo "no certificate for the TLS relays:" >&2; cat "$dir/relay-cert.err" >&2; exit 1; }
 printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > "$dir/relay.ext"
 openssl x509 -req -in "$dir/relay.csr" -CA "$a/ca.crt" -CAkey "$a/ca.key" -set_serial 4242 -days 1 \
-  -extfile "$dir/relay.ext" -out "$dir/relay.crt" 2> /dev/null
+  -extfile "$dir/relay.ext" -out "$dir/relay.crt" 2> "$dir/relay-cert.err" ||
+  { echo "no certificate for the TLS relays:" >&2; cat "$dir/relay-cert.err" >&2; exit 1; }
 $B/relay tls $tls2 $api_port "$dir/relay.crt" "$dir/relay.key" "$a/ca.crt" "$a/agent.crt" "$a/agent.key" 2> "$dir/relay3.err" &
 pids+=($!); tls_pids=$!
 $B/relay tls $tls1 $tls2 "$dir/relay.crt" "$dir/relay.key" "$a/ca.crt" 2> "$dir/relay4.err" &

@@ -83,20 +83,37 @@ async fn serve(conn: TcpStream, upstream: u16, tls: Option<Arc<Tls>>) -> Result<
 }
 
 async fn run(a: Vec<String>) -> Result<()> {
+    const USAGE: &str = "usage: relay tcp LISTEN UPSTREAM | relay tls LISTEN UPSTREAM CERT KEY CA [CLIENT_CERT CLIENT_KEY]";
+    let port = |what: &str, p: &str| {
+        p.parse::<u16>()
+            .with_context(|| format!("{what} port {p:?} is not a port"))
+    };
     let (mode, listen, upstream) = match a.as_slice() {
-        [m, l, u, ..] => (m.as_str(), l.parse::<u16>()?, u.parse::<u16>()?),
-        _ => bail!(
-            "usage: relay tcp LISTEN UPSTREAM | relay tls LISTEN UPSTREAM CERT KEY CA [CLIENT_CERT CLIENT_KEY]"
+        [m, l, u, ..] => (
+            m.as_str(),
+            port("the listening", l)?,
+            port("the upstream", u)?,
         ),
+        _ => bail!(USAGE),
     };
-    let tls = match mode {
-        "tcp" => None,
-        "tls" if a.len() >= 6 => Some(Arc::new(tls(&a[3..])?)),
-        _ => bail!("relay: the mode is tcp or tls (with CERT KEY CA)"),
+    let tls = match (mode, a.len()) {
+        ("tcp", 3) => None,
+        ("tls", 6 | 8) => Some(Arc::new(tls(&a[3..])?)),
+        _ => bail!(USAGE),
     };
-    let listener = TcpListener::bind(("127.0.0.1", listen)).await?;
+    let listener = TcpListener::bind(("127.0.0.1", listen))
+        .await
+        .with_context(|| format!("listening on 127.0.0.1:{listen}"))?;
     loop {
-        let (conn, _) = listener.accept().await?;
+        let conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            // Out of descriptors, a connection reset before it was taken: not the relay's end.
+            Err(e) => {
+                eprintln!("relay: accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let tls = tls.clone();
         tokio::spawn(async move {
             if let Err(e) = serve(conn, upstream, tls).await {
