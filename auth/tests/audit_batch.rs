@@ -38,16 +38,35 @@ async fn not_anchored(auth: &AuthServer) -> u64 {
     before.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-#[tokio::test]
-async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoint() {
+/// An auth on SQLite in a fresh directory, a checkpoint every `every` records (and not by time).
+async fn open(every: u64) -> (tempfile::TempDir, std::sync::Arc<AuthServer>) {
     sallyport_core::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}?mode=rwc", dir.path().join("a.db").display());
-    let mut cfg = AuthConfig::new("batch", &url);
+    let mut cfg = AuthConfig::new("batch", &url(&dir));
     cfg.audit_checkpoint_key = Some(dir.path().join("audit-checkpoint.key"));
-    cfg.audit_checkpoint_every = 4;
+    cfg.audit_checkpoint_every = every;
     cfg.audit_checkpoint_interval = Duration::from_secs(3600);
     let auth = AuthServer::open(cfg).await.unwrap();
+    (dir, auth)
+}
+
+fn url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite:{}?mode=rwc", dir.path().join("a.db").display())
+}
+
+/// The chain's head as auth keeps it (`seq:hash`).
+async fn head(db: &mut sqlx::SqliteConnection) -> String {
+    use sqlx::Row;
+    sqlx::query("SELECT value FROM cluster_state WHERE key = 'audit_head'")
+        .fetch_one(db)
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoint() {
+    let (_dir, auth) = open(4).await;
     let base = auth.audit_count().await.unwrap();
     let pending_at_start = not_anchored(&auth).await;
 
@@ -111,14 +130,8 @@ async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoin
 #[tokio::test]
 async fn a_batch_that_fails_part_way_leaves_nothing_and_can_be_sent_again() {
     use sqlx::Connection;
-    sallyport_core::install_crypto_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}?mode=rwc", dir.path().join("a.db").display());
-    let mut cfg = AuthConfig::new("batch", &url);
-    cfg.audit_checkpoint_key = Some(dir.path().join("audit-checkpoint.key"));
-    cfg.audit_checkpoint_every = 1000;
-    cfg.audit_checkpoint_interval = Duration::from_secs(3600);
-    let auth = AuthServer::open(cfg).await.unwrap();
+    let (dir, auth) = open(1000).await;
+    let url = url(&dir);
     let base = auth.audit_count().await.unwrap();
     let pending = not_anchored(&auth).await;
 
@@ -130,9 +143,15 @@ async fn a_batch_that_fails_part_way_leaves_nothing_and_can_be_sent_again() {
     .execute(&mut db)
     .await
     .unwrap();
+    let head_before = head(&mut db).await;
     let batch = [request("/first"), request("/poison"), request("/last")];
     let failed = auth.kube_records(&batch).await;
     assert!(failed.is_err(), "the batch's write failed part-way");
+    assert_eq!(
+        head(&mut db).await,
+        head_before,
+        "the chain's head did not move"
+    );
     assert_eq!(
         auth.audit_count().await.unwrap(),
         base,
