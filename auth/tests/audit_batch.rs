@@ -64,6 +64,26 @@ async fn head(db: &mut sqlx::SqliteConnection) -> String {
         .get(0)
 }
 
+/// The `kube.request` records in the log.
+async fn kube_requests(auth: &AuthServer) -> sallyport_auth::audit_log::AuditSearch {
+    auth.audit_search(&AuditQuery {
+        event_type: Some("kube.request".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The paths of the `kube.request` records, in the log's order.
+async fn kube_paths(auth: &AuthServer) -> Vec<String> {
+    kube_requests(auth)
+        .await
+        .records
+        .iter()
+        .filter_map(|r| r["path"].as_str().map(String::from))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoint() {
     let (_dir, auth) = open(4).await;
@@ -92,13 +112,7 @@ async fn a_batch_is_chained_in_order_and_anchored_when_it_steps_over_a_checkpoin
     );
 
     // In the order reported, each after the one before it in the chain.
-    let found = auth
-        .audit_search(&AuditQuery {
-            event_type: Some("kube.request".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let found = kube_requests(&auth).await;
     let paths: Vec<&str> = found
         .records
         .iter()
@@ -170,17 +184,6 @@ async fn a_batch_that_fails_part_way_leaves_nothing_and_can_be_sent_again() {
         pending + 3,
         "chained after the head"
     );
-    let found = auth
-        .audit_search(&AuditQuery {
-            event_type: Some("kube.request".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let paths: Vec<&str> = found
-        .records
-        .iter()
-        .filter_map(|r| r["path"].as_str())
-        .collect();
+    let paths = kube_paths(&auth).await;
     assert_eq!(paths, ["/first", "/poison", "/last"], "once each, in order");
 }
