@@ -47,7 +47,7 @@ impl Backend {
         if let Some(mode) = unverified(url) {
             tracing::warn!(
                 storage = %redact(url),
-                "PostgreSQL's certificate is not checked (sslmode={mode}): the CA keys and the audit log travel to a server nobody verified; add sslmode=verify-full (and sslrootcert=CA.pem) to the connection string"
+                "PostgreSQL on another host is reached with sslmode={mode}: unencrypted or encrypted to a server nobody verified, the CA keys and the audit log travel over it; add sslmode=verify-full (and sslrootcert=CA.pem) to the connection string"
             );
         }
         let max = if kind == Kind::Sqlite { 1 } else { 10 };
@@ -416,8 +416,15 @@ mod tests {
     #[test]
     fn a_remote_server_whose_certificate_is_not_checked_is_named() {
         use super::unverified;
-        // The default (prefer), and modes that encrypt without checking, to another host.
-        assert_eq!(unverified("postgres://u@db.example.com/s"), Some("prefer"));
+        // The default (prefer, unless PGSSLMODE says otherwise), and modes that do not check,
+        // to another host.
+        if std::env::var_os("PGSSLMODE").is_none() {
+            assert_eq!(unverified("postgres://u@db.example.com/s"), Some("prefer"));
+        }
+        assert_eq!(
+            unverified("postgres://u@db.example.com/s?sslmode=prefer"),
+            Some("prefer")
+        );
         assert_eq!(
             unverified("postgres://u:p@10.0.0.5:5432/s?sslmode=require"),
             Some("require")

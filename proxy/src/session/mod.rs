@@ -10,7 +10,8 @@
 //!    exactly one [`Event::Reply`], in the order given, whether the node or the session answers
 //!    it (`reply`).
 //! 4. `record` — the terminal recording (asciicast v2), complete before the person sees the end
-//!    and synced before the session's end is audited.
+//!    (beside it when the watchdog ends the session: a stalled disk does not keep an idle or
+//!    expired session open) and synced before the session's end is audited.
 //! 5. `audit` — one ordered sink per session for everything it reports to auth: the kind it
 //!    turned out to be, per-operation events, and its end.
 //! 6. `watchdog` — idle time, certificate expiry; locks end live connections at every door

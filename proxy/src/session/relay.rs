@@ -340,6 +340,10 @@ impl<D: Door> Live<D> {
     }
 }
 
+/// How long the watchdog's reason waits for room in the person's window before the session
+/// ends without it in the output.
+const NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs `work` (a wait for the person's window, or for the recording's room) while the session
 /// is still watched: `client_idle_timeout` and `disconnect_expired_cert` end it even when `work`
 /// never finishes (and the output task then ends the session at once, the recording completed
@@ -374,7 +378,8 @@ async fn watched<T>(
 
 /// The output task: node → person. Output, exit status, replies; records output; audits file
 /// copies; watches the session; at the end completes the recording before the person sees the
-/// end (its sync beside that), closes the node connection and ends the session in auth.
+/// end (its sync beside that; beside the end itself when the watchdog ends the session),
+/// closes the node connection and ends the session in auth.
 async fn output<D: Door>(
     live: Arc<Live<D>>,
     mut read: ChannelReadHalf,
@@ -420,7 +425,14 @@ async fn output<D: Door>(
                 }
                 if let Some(end) = watchdog::check(grant, &live.activity, live.cert_expires) {
                     tracing::info!(session = %grant.session_id, why = %end, "ending a session");
-                    live.notice(format!("\r\nsallyport: {end}\r\n")).await;
+                    // Said in the session if the person's window has room soon; the end that
+                    // follows carries the reason anyway, and a person who stopped reading must
+                    // not hold it up.
+                    let _ = tokio::time::timeout(
+                        NOTICE_WAIT,
+                        live.notice(format!("\r\nsallyport: {end}\r\n")),
+                    )
+                    .await;
                     why = Some(end);
                     break;
                 }
@@ -564,23 +576,33 @@ async fn output<D: Door>(
             _ => {}
         }
     }
-    // A session the watchdog ends (idle, an expired certificate) ends now: the person is told
-    // (their connection, forwards and all, goes) and the node's connection is closed before the
-    // recording is completed, which a writer behind a stalled disk may hold up for its stall
-    // time; what the person was shown, the recording took before it was shown.
     if matches!(why, Some(Refusal::Expired(_))) {
-        let _ = tokio::join!(
-            live.close(why.clone()),
-            conn.disconnect(russh::Disconnect::ByApplication, "", "")
-        );
+        // A session the watchdog ends (idle, an expired certificate) ends now: the person is
+        // told (their connection, forwards and all, goes) and the node's connection closed
+        // beside the recording being completed and synced, which a writer behind a stalled
+        // disk may hold up for its stall time — and neither waits for the other (a person who
+        // stopped reading holds up neither the recording nor the audited end). What the person
+        // was shown, the recording took before it was shown.
+        let ending = async {
+            let _ = tokio::join!(
+                live.close(why.clone()),
+                conn.disconnect(russh::Disconnect::ByApplication, "", "")
+            );
+        };
+        let recording = async {
+            let syncing = live.complete_recording().await;
+            live.recording_synced(syncing).await;
+        };
+        tokio::join!(ending, recording);
+    } else {
+        // Otherwise the recording is complete (written and flushed) before the person sees
+        // the session end; it syncs while the end is told, and before the end is audited.
+        let syncing = live.complete_recording().await;
+        tokio::join!(live.close(why), live.recording_synced(syncing));
+        let _ = conn
+            .disconnect(russh::Disconnect::ByApplication, "", "")
+            .await;
     }
-    // Otherwise the recording is complete (written and flushed) before the person sees the
-    // session end; it syncs while the end is told, and before the session's end is audited.
-    let syncing = live.complete_recording().await;
-    tokio::join!(live.close(why), live.recording_synced(syncing));
-    let _ = conn
-        .disconnect(russh::Disconnect::ByApplication, "", "")
-        .await;
     let last = live
         .copy
         .lock()

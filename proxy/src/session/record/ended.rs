@@ -40,7 +40,8 @@ impl<D: Door> Live<D> {
         self.recording_ended(stop).await
     }
 
-    /// At the session's end, before the person sees it: the recording is complete (written
+    /// At the session's end, before the person sees it (beside it when the watchdog ends the
+    /// session): the recording is complete (written
     /// and flushed, so any reader — the player, the uploader — finds all of it), and a stop
     /// the writer met only now is audited. Its sync starts then, in a task of its own, for
     /// [`Live::recording_synced`].
