@@ -94,6 +94,12 @@ async fn forever() -> usize {
     std::future::pending().await
 }
 
+/// A wait that ends with `n` after a few of the watchdog's ticks.
+async fn later(n: usize) -> usize {
+    tokio::time::sleep(3 * watchdog::TICK).await;
+    n
+}
+
 #[tokio::test]
 async fn a_wait_that_never_ends_still_ends_the_session_on_time() {
     let now = sallyport_core::unix_now_ms();
@@ -128,11 +134,7 @@ async fn a_wait_that_never_ends_still_ends_the_session_on_time() {
 
     // Nothing says to end it: work that finishes gives its answer.
     let calm: &'static SessionGrant = Box::leak(Box::new(grant(Some(60), true)));
-    let r = watched(watch(calm, far, true), async {
-        tokio::time::sleep(3 * watchdog::TICK).await;
-        7
-    })
-    .await;
+    let r = watched(watch(calm, far, true), later(7)).await;
     assert!(matches!(r, Ok(7)), "{r:?}");
 
     // The person stopped sending: a wait for them ends, a wait for the recording does not.
@@ -141,11 +143,7 @@ async fn a_wait_that_never_ends_still_ends_the_session_on_time() {
         watched(watch(calm, far, true), forever()).await,
         Err(None)
     ));
-    let r = watched(watch(calm, far, false), async {
-        tokio::time::sleep(3 * watchdog::TICK).await;
-        8
-    })
-    .await;
+    let r = watched(watch(calm, far, false), later(8)).await;
     assert!(matches!(r, Ok(8)), "{r:?}");
 
     // The session's end was told (`Live::close`): every wait ends.
