@@ -313,24 +313,14 @@ async fn commands<D: Door>(
 /// is still watched. `Err` with why the session ends when it must end first (or the person
 /// left: `None`).
 async fn deliver<D: Door>(live: &Live<D>, event: Event) -> Result<bool, Option<Refusal>> {
-    watched(live.watch(true), live.door.send(event)).await
-}
-
-/// What a wait inside a running session watches ([`watched`]).
-struct Watch<'a> {
-    grant: &'a SessionGrant,
-    activity: &'a AtomicU64,
-    cert_expires: u64,
-    closed: &'a AtomicBool,
-    /// Set when the person stopped sending: the wait is for them, and it ends.
-    person_gone: Option<&'a AtomicBool>,
+    watchdog::watched(live.watch(true), live.door.send(event)).await
 }
 
 impl<D: Door> Live<D> {
     /// What a wait of this session watches; `for_person`: a wait for the person's window,
     /// which ends when they stopped sending.
-    fn watch(&self, for_person: bool) -> Watch<'_> {
-        Watch {
+    fn watch(&self, for_person: bool) -> watchdog::Watch<'_> {
+        watchdog::Watch {
             grant: &self.grant,
             activity: &self.activity,
             cert_expires: self.cert_expires,
@@ -343,38 +333,6 @@ impl<D: Door> Live<D> {
 /// How long the watchdog's reason waits for room in the person's window before the session
 /// ends without it in the output.
 const NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Runs `work` (a wait for the person's window, or for the recording's room) while the session
-/// is still watched: `client_idle_timeout` and `disconnect_expired_cert` end it even when `work`
-/// never finishes (and the output task then ends the session at once, the recording completed
-/// after), as does the session's end already told ([`Live::close`]). `Err` with why the session
-/// ends (`None`: its end was told, or the person it waits for stopped sending).
-async fn watched<T>(
-    w: Watch<'_>,
-    work: impl std::future::Future<Output = T>,
-) -> Result<T, Option<Refusal>> {
-    let watch = async {
-        let mut tick = tokio::time::interval(watchdog::TICK);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if w.closed.load(Ordering::Acquire)
-                || w.person_gone.is_some_and(|g| g.load(Ordering::Acquire))
-            {
-                return None;
-            }
-            if let Some(end) = watchdog::check(w.grant, w.activity, w.cert_expires) {
-                tracing::info!(session = %w.grant.session_id, why = %end, "ending a session");
-                return Some(end);
-            }
-        }
-    };
-    tokio::select! {
-        biased;
-        done = work => Ok(done),
-        end = watch => Err(end),
-    }
-}
 
 /// The output task: node → person. Output, exit status, replies; records output; audits file
 /// copies; watches the session; at the end completes the recording before the person sees the
@@ -398,12 +356,11 @@ async fn output<D: Door>(
     let mut tick = tokio::time::interval(watchdog::TICK);
     // How many leading bytes of `data` the recording takes: under `strict` near the limit
     // (or once it failed), fewer than all, and the person is shown only those before the
-    // session ends.
-    // The wait for the recording's room (a writer behind) is watched as the wait for the
+    // session ends. Its wait for room (a writer behind) is watched as the wait for the
     // person's window is: the session still ends on time.
     let record = async |data: &Bytes| -> Result<usize, Option<Refusal>> {
         match live.recorder() {
-            Some(r) => watched(live.watch(false), r.output(data.clone())).await,
+            Some(r) => watchdog::watched(live.watch(false), r.output(data.clone())).await,
             None => Ok(data.len()),
         }
     };
@@ -419,12 +376,10 @@ async fn output<D: Door>(
         }
         let msg = tokio::select! {
             m = read.wait() => m,
-            _ = tick.tick() => {
-                if live.closed.load(Ordering::Acquire) {
-                    break;
-                }
-                if let Some(end) = watchdog::check(grant, &live.activity, live.cert_expires) {
-                    tracing::info!(session = %grant.session_id, why = %end, "ending a session");
+            _ = tick.tick() => match live.watch(false).ended() {
+                None => continue,
+                Some(None) => break,
+                Some(Some(end)) => {
                     // Said in the session if the person's window has room soon; the end that
                     // follows carries the reason anyway, and a person who stopped reading must
                     // not hold it up.
@@ -436,7 +391,6 @@ async fn output<D: Door>(
                     why = Some(end);
                     break;
                 }
-                continue;
             }
         };
         let Some(msg) = msg else { break };
@@ -585,7 +539,7 @@ async fn output<D: Door>(
         // was shown, the recording took before it was shown.
         let ending = async {
             let _ = tokio::join!(
-                live.close(why.clone()),
+                live.close(why),
                 conn.disconnect(russh::Disconnect::ByApplication, "", "")
             );
         };

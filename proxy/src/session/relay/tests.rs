@@ -1,5 +1,4 @@
-//! The relay's queue bounds, the agent's reports as the relay takes them, and what ends the
-//! relay's waits (the watchdog).
+//! The relay's queue bounds, and the agent's reports as the relay takes them.
 
 use super::*;
 
@@ -72,84 +71,4 @@ fn commands_are_bounded_in_number_and_bytes() {
         100,
         "the refused byte is not counted"
     );
-}
-
-fn grant(idle_timeout_secs: Option<u64>, disconnect_expired_cert: bool) -> SessionGrant {
-    serde_json::from_value(serde_json::json!({
-        "session_id": "s1",
-        "node": {"id": "n1", "hostname": "web1", "labels": {}, "kind": "agent"},
-        "ssh_cert": "",
-        "record": "strict",
-        "port_forwarding": false,
-        "forward_agent": false,
-        "idle_timeout_secs": idle_timeout_secs,
-        "disconnect_expired_cert": disconnect_expired_cert,
-        "explanation": "",
-    }))
-    .unwrap_or_else(|e| panic!("a grant: {e}"))
-}
-
-/// A wait that never ends: a writer stalled behind the recording, a person who never reads.
-async fn forever() -> usize {
-    std::future::pending().await
-}
-
-/// A wait that ends with `n` after a few of the watchdog's ticks.
-async fn later(n: usize) -> usize {
-    tokio::time::sleep(3 * watchdog::TICK).await;
-    n
-}
-
-#[tokio::test]
-async fn a_wait_that_never_ends_still_ends_the_session_on_time() {
-    let now = sallyport_core::unix_now_ms();
-    let closed = AtomicBool::new(false);
-    let gone = AtomicBool::new(false);
-    let activity = AtomicU64::new(now);
-    let watch = |g: &'static SessionGrant, expires: u64, person: bool| Watch {
-        grant: g,
-        activity: &activity,
-        cert_expires: expires,
-        closed: &closed,
-        person_gone: person.then_some(&gone),
-    };
-    let far = now / 1000 + 3600;
-
-    // The certificate expired and the roles say to disconnect: the wait ends with that.
-    let expiring: &'static SessionGrant = Box::leak(Box::new(grant(None, true)));
-    let r = watched(watch(expiring, now / 1000 - 1, false), forever()).await;
-    match r {
-        Err(Some(Refusal::Expired(m))) => assert!(m.contains("disconnect_expired_cert"), "{m}"),
-        other => panic!("expected the expired certificate to end the wait: {other:?}"),
-    }
-
-    // Idle past client_idle_timeout (the clock is the wall clock: activity set in the past).
-    let idle: &'static SessionGrant = Box::leak(Box::new(grant(Some(60), false)));
-    activity.store(now - 61_000, Ordering::Relaxed);
-    match watched(watch(idle, far, false), forever()).await {
-        Err(Some(Refusal::Expired(m))) => assert!(m.contains("client_idle_timeout"), "{m}"),
-        other => panic!("expected the idle timeout to end the wait: {other:?}"),
-    }
-    activity.store(now, Ordering::Relaxed);
-
-    // Nothing says to end it: work that finishes gives its answer.
-    let calm: &'static SessionGrant = Box::leak(Box::new(grant(Some(60), true)));
-    let r = watched(watch(calm, far, true), later(7)).await;
-    assert!(matches!(r, Ok(7)), "{r:?}");
-
-    // The person stopped sending: a wait for them ends, a wait for the recording does not.
-    gone.store(true, Ordering::Release);
-    assert!(matches!(
-        watched(watch(calm, far, true), forever()).await,
-        Err(None)
-    ));
-    let r = watched(watch(calm, far, false), later(8)).await;
-    assert!(matches!(r, Ok(8)), "{r:?}");
-
-    // The session's end was told (`Live::close`): every wait ends.
-    closed.store(true, Ordering::Release);
-    assert!(matches!(
-        watched(watch(calm, far, false), forever()).await,
-        Err(None)
-    ));
 }
