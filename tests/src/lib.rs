@@ -1098,15 +1098,17 @@ impl Drop for Cluster {
 
 /// A TOTP code for `secret` at `offset_steps` from now (1 = the next 30 s step).
 pub fn totp_code(secret: &str, offset_steps: i64) -> String {
-    let totp = totp_rs::Builder::new()
+    totp_code_at(secret, sallyport_core::unix_now() + 30 * offset_steps)
+}
+
+/// The TOTP code for `secret` of the 30 s step holding `unix` seconds.
+pub fn totp_code_at(secret: &str, unix: i64) -> String {
+    totp_rs::Builder::new()
         .with_secret(totp_rs::Secret::try_from_base32(secret).unwrap())
         .build()
-        .unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
-    totp.generate((now + 30 * offset_steps) as u64).to_string()
+        .generate(unix as u64)
+        .to_string()
 }
 
 /// Waits until `f` returns true or `timeout` passes.

@@ -159,27 +159,11 @@ fn time_of(rfc3339: &str) -> i64 {
 /// The one answer to every wrong credential when a one-time code is asked for.
 const BAD_OTP: &str = "invalid user name, password or one-time code";
 
-fn unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// The TOTP code of the step holding `unix` seconds.
-fn totp_at(secret: &str, unix: u64) -> String {
-    totp_rs::Builder::new()
-        .with_secret(totp_rs::Secret::try_from_base32(secret).unwrap())
-        .build()
-        .unwrap()
-        .generate(unix)
-        .to_string()
-}
-
 #[test]
 fn wrong_password_wrong_code_and_replayed_code_are_refused() {
     let c = otp_cluster(10);
     let token = c.add_user("bob", "access", "bob");
-    let step = || unix_secs() / 30;
+    let step = || sallyport_core::unix_now() / 30;
     let before = step();
     let secret = c.signup(&token, PW).unwrap();
     // The 30 s step the sign-up's code was of, when the sign-up did not straddle two.
@@ -203,7 +187,7 @@ fn wrong_password_wrong_code_and_replayed_code_are_refused() {
     // The code of the sign-up step was spent by the sign-up itself: a replay reads the same
     // (its own step's code, even when a new step began since).
     if let Some(at) = signup_step {
-        login_otp(&c, &home, "bob", PW, &totp_at(&secret, at * 30)).fails_with(BAD_OTP);
+        login_otp(&c, &home, "bob", PW, &totp_code_at(&secret, at * 30)).fails_with(BAD_OTP);
     }
     let code = totp_code(&secret, 1);
     login_otp(&c, &home, "bob", PW, &code).ok();
