@@ -385,7 +385,10 @@ async fn insert_rows(
 
 /// Hides the password of a connection string.
 pub fn redact(url: &str) -> String {
-    let mut out = match (url.find("://"), url.rfind('@')) {
+    // The credentials end at the last `@` before the query: a password may hold a raw `@` or
+    // `/`, and the query an `@` of its own.
+    let end = url.find(['?', '#']).unwrap_or(url.len());
+    let mut out = match (url.find("://"), url[..end].rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];
             match creds.split_once(':') {
@@ -395,13 +398,21 @@ pub fn redact(url: &str) -> String {
         }
         _ => url.to_string(),
     };
-    // A password in the query (`?password=...`, as PostgreSQL's URLs allow) too.
+    // A password in the query (`?password=...`, as PostgreSQL's URLs allow) too, its key
+    // read as the URL's parser reads it (`pass%77ord`, any case).
     if let Some(q) = out.find('?') {
         let query = out[q + 1..]
             .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_string(),
+            .map(|kv| {
+                let (k, _) = kv.split_once('=').unwrap_or((kv, ""));
+                let key: String = url::form_urlencoded::parse(k.as_bytes())
+                    .map(|(k, _)| k.into_owned())
+                    .collect();
+                if key.trim().eq_ignore_ascii_case("password") {
+                    format!("{k}=***")
+                } else {
+                    kv.to_string()
+                }
             })
             .collect::<Vec<_>>()
             .join("&");
@@ -460,5 +471,21 @@ mod tests {
             super::redact("postgres://u@h/db?sslmode=verify-full&password=secret"),
             "postgres://u@h/db?sslmode=verify-full&password=***"
         );
+        // The key spelled as a URL parser still reads it.
+        for key in ["pass%77ord", "PASSWORD", "pass%77ord ", "%70assword"] {
+            let r = super::redact(&format!("postgres://u@h/db?{key}=secret&x=1"));
+            assert!(!r.contains("secret"), "{key}: {r}");
+            assert!(r.ends_with("=***&x=1"), "{key}: {r}");
+        }
+        // A raw `@` or `/` in the password, an `@` in the query.
+        for url in [
+            "postgres://u:se@cret@h/db",
+            "postgres://u:se/cret@h/db",
+            "postgres://u:secret@h/db?application_name=a@b",
+        ] {
+            let r = super::redact(url);
+            assert!(!r.contains("secret") && !r.contains("cret"), "{url}: {r}");
+            assert!(r.starts_with("postgres://u:***@h/db"), "{url}: {r}");
+        }
     }
 }
