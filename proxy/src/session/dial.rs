@@ -202,6 +202,15 @@ impl Connected {
             .authenticate_openssh_cert(login.to_string(), self.state.key.clone(), cert)
             .await
             .map_err(|e| format!("node {}: {e}", node.hostname))?;
+        if !auth.success() && self.handle.is_closed() {
+            // russh answers a connection lost mid-authentication as a failure with no methods
+            // left: not the node's refusal of the certificate.
+            return Err(Refusal::Failed(format!(
+                "node {}: the connection closed before it answered the session certificate \
+                 (its agent restarted or is overloaded?)",
+                node.hostname
+            )));
+        }
         if !auth.success() {
             let trust = if through_tunnel(node) {
                 "does its agent belong to this cluster?"
