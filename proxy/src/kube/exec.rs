@@ -41,6 +41,9 @@ const CLOSE: u8 = 255;
 pub const MAX_MESSAGE: usize = 1024 * 1024;
 /// How long a terminal session waits for kubectl's first resize to size the recording.
 const FIRST_RESIZE: Duration = Duration::from_secs(1);
+/// How long the end (the final Status, the streams' close) may wait for kubectl to read it: a
+/// kubectl that stopped reading must not hold the session's tasks and connection.
+const FINISH_WAIT: Duration = Duration::from_secs(5);
 
 /// Reads what kubectl asked for from the exec or attach query.
 pub fn read_query(query: &str, subresource: &str) -> Result<ExecQuery, String> {
@@ -152,6 +155,10 @@ pub struct ExecDoor<S> {
     refused: AtomicBool,
     refusal: std::sync::Mutex<Vec<u8>>,
     exit: std::sync::Mutex<Option<u32>>,
+    /// Told once the end was written (or given up on): the front end stops reading kubectl.
+    ended: tokio::sync::Notify,
+    /// [`FINISH_WAIT`].
+    finish_wait: Duration,
 }
 
 impl<S: Streams> ExecDoor<S> {
@@ -163,11 +170,21 @@ impl<S: Streams> ExecDoor<S> {
             refused: AtomicBool::new(false),
             refusal: std::sync::Mutex::new(Vec::new()),
             exit: std::sync::Mutex::new(None),
+            ended: tokio::sync::Notify::new(),
+            finish_wait: FINISH_WAIT,
         }
     }
 
+    /// Writes the end to kubectl, waiting at most [`FINISH_WAIT`] for it to be read; what is
+    /// left then goes when the connection is dropped.
     async fn finish(&self, status: serde_json::Value) {
-        self.streams.finish(status).await;
+        if tokio::time::timeout(self.finish_wait, self.streams.finish(status))
+            .await
+            .is_err()
+        {
+            tracing::info!("kubectl did not read the end of its exec session: dropped");
+        }
+        self.ended.notify_one();
     }
 }
 
@@ -409,12 +426,22 @@ pub async fn drive<S, I>(
     }
     commands.send(Command::Exec(exec.command_line().into_bytes()));
     let mut pending = early.into_iter();
+    // Once the session ended and kubectl was told (or would not read it): nothing kubectl
+    // sends matters any more; it is read until kubectl closes its side (a clean close), and a
+    // kubectl that does neither by then is let go.
+    let mut ending: Option<tokio::time::Instant> = None;
     loop {
         let next = match pending.next() {
             Some(i) => Some(i),
             None => tokio::select! {
                 i = input.next() => i,
-                why = lock_rx.recv() => {
+                () = door.ended.notified(), if ending.is_none() => {
+                    ending = Some(tokio::time::Instant::now() + door.finish_wait);
+                    continue;
+                }
+                () = tokio::time::sleep_until(ending.unwrap_or_else(tokio::time::Instant::now)),
+                    if ending.is_some() => break,
+                why = lock_rx.recv(), if ending.is_none() => {
                     door.finish(serde_json::json!({
                         "metadata": {}, "status": "Failure",
                         "message": why.unwrap_or_default(),
@@ -426,6 +453,12 @@ pub async fn drive<S, I>(
             },
         };
         let i = next.unwrap_or(Input::Closed);
+        if ending.is_some() {
+            match i {
+                Input::Closed | Input::Broken => break,
+                _ => continue,
+            }
+        }
         // What the person does counts; kubectl's keep-alive pings do not.
         if !matches!(i, Input::KeepAlive) {
             activity.store(sallyport_core::unix_now_ms(), Ordering::Relaxed);
@@ -467,4 +500,44 @@ pub fn resize(json: &[u8]) -> Option<(u32, u32)> {
     let s: Size = serde_json::from_slice(json).ok()?;
     (s.width > 0 && s.height > 0 && s.width <= 10_000 && s.height <= 10_000)
         .then_some((s.width, s.height))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kubectl that stopped reading: nothing written to it ever completes.
+    struct Stuck;
+
+    impl Streams for Stuck {
+        async fn output(&self, _stderr: bool, _data: Bytes) -> bool {
+            std::future::pending().await
+        }
+
+        async fn finish(&self, _status: serde_json::Value) {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kubectl_that_stopped_reading_does_not_hold_the_end() {
+        let mut door = ExecDoor::new(Stuck, false);
+        door.finish_wait = Duration::from_millis(200);
+        let door = Arc::new(door);
+        let waiting = door.clone();
+        let front_end = tokio::spawn(async move { waiting.ended.notified().await });
+        let started = std::time::Instant::now();
+        let closed = tokio::time::timeout(
+            Duration::from_secs(10),
+            door.send(Event::Closed { why: None }),
+        )
+        .await;
+        assert_eq!(closed.ok(), Some(true), "the end waited on kubectl");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // The front end is told to stop reading kubectl.
+        tokio::time::timeout(Duration::from_secs(1), front_end)
+            .await
+            .expect("the front end was not told the session ended")
+            .expect("the front end's task");
+    }
 }
