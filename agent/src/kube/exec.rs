@@ -50,8 +50,6 @@ const ERROR: u8 = 3;
 const RESIZE: u8 = 4;
 const CLOSE: u8 = 255;
 
-/// Input waiting for the API server: the channel's window bounds the bytes, this the messages.
-const INPUT_QUEUE: usize = 64;
 
 /// The SSH server for exec sessions; shared by every stream of the tunnel.
 pub struct ExecServer {
@@ -112,9 +110,26 @@ impl ExecServer {
 
 /// The SSH channel's input, for the API server.
 pub enum Input {
+    /// The stdin byte of the WebSocket protocol, then the data: framed as it is copied out of
+    /// the SSH channel, so the WebSocket relay sends it as it is ([`Input::data`]: the data).
     Data(Bytes),
     Eof,
     Resize(u32, u32),
+}
+
+impl Input {
+    /// Stdin's data framed for the WebSocket protocol, as [`Input::Data`] holds it.
+    fn stdin(data: &[u8]) -> Input {
+        let mut b = BytesMut::with_capacity(data.len() + 1);
+        b.put_u8(STDIN);
+        b.extend_from_slice(data);
+        Input::Data(b.freeze())
+    }
+}
+
+/// The data of an [`Input::Data`]: its bytes past the stream byte.
+pub fn data(framed: &Bytes) -> Bytes {
+    framed.slice(1.min(framed.len())..)
 }
 
 struct Chan {
@@ -123,7 +138,7 @@ struct Chan {
     size: Option<(u32, u32)>,
     /// Never waited on in the session loop: a stalled API server must not stop the loop from
     /// reading the proxy's window updates and closes. Bounded by the channel's window, given
-    /// back only as the input is handed on (`feed`).
+    /// back only as the relay takes the input ([`Inbox`]).
     input: Option<mpsc::UnboundedSender<Input>>,
     started: bool,
 }
@@ -501,12 +516,12 @@ pub fn exit_of(status: &[u8]) -> Result<u32, String> {
 }
 
 /// Carries the API server's WebSocket (v5) to the channel and the channel's input to it.
-async fn relay(ws: Stream, out: Arc<ChannelWriteHalf<Msg>>, mut input: mpsc::Receiver<Input>) {
+async fn relay(ws: Stream, out: Arc<ChannelWriteHalf<Msg>>, mut input: Inbox) {
     let (mut sink, mut stream) = ws.split();
     let writer = tokio::spawn(async move {
         while let Some(i) = input.recv().await {
             let m = match i {
-                Input::Data(d) => framed(STDIN, &d),
+                Input::Data(d) => Message::Binary(d),
                 Input::Eof => framed(CLOSE, &[STDIN]),
                 Input::Resize(c, r) => resize_message(c, r),
             };
@@ -664,13 +679,14 @@ impl russh::server::Handler for Conn {
         let output = c.output.clone();
         match self.open(&exec).await {
             Ok(upstream) => {
-                let (tx, rx) = mpsc::channel(INPUT_QUEUE);
                 let (utx, urx) = mpsc::unbounded_channel();
                 if let Some((cols, rows)) = size {
                     let _ = utx.send(Input::Resize(cols, rows));
                 }
-                let credit = sallyport_core::flow::server_credit(session.handle(), ch);
-                tokio::spawn(feed(urx, tx, credit));
+                let rx = Inbox {
+                    rx: urx,
+                    credit: sallyport_core::flow::server_credit(session.handle(), ch),
+                };
                 if let Some(c) = self.chan.as_mut() {
                     c.input = Some(utx);
                 }
@@ -712,9 +728,9 @@ impl russh::server::Handler for Conn {
             .filter(|c| c.id == ch)
             .and_then(|c| c.input.clone());
         match tx {
-            // Its window goes back once `feed` hands it on.
+            // Its window goes back once the relay takes it (`Inbox`).
             Some(tx) => {
-                if tx.send(Input::Data(Bytes::copy_from_slice(data))).is_err() {
+                if tx.send(Input::stdin(data)).is_err() {
                     return session.close(ch);
                 }
                 Ok(())
@@ -844,24 +860,22 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 }
 
-/// Moves the channel's input to the relay in order, giving the channel's window back for each
-/// piece of data once the relay took it: the proxy can send no more than one window ahead of
-/// the API server, and the session loop never waits.
-async fn feed(
-    mut from: mpsc::UnboundedReceiver<Input>,
-    to: mpsc::Sender<Input>,
+/// The channel's input as the relay takes it, in order: the channel's window goes back for each
+/// piece of data as the relay takes it, so the proxy can send no more than one window (and the
+/// piece being written) ahead of the API server, and the session loop never waits.
+pub struct Inbox {
+    rx: mpsc::UnboundedReceiver<Input>,
     credit: sallyport_core::flow::Credit,
-) {
-    while let Some(i) = from.recv().await {
-        let n = match &i {
-            Input::Data(d) => d.len(),
-            _ => 0,
-        };
-        if to.send(i).await.is_err() {
-            return;
+}
+
+impl Inbox {
+    pub async fn recv(&mut self) -> Option<Input> {
+        let i = self.rx.recv().await?;
+        if let Input::Data(d) = &i
+            && d.len() > 1
+        {
+            (self.credit)(d.len() - 1);
         }
-        if n > 0 {
-            credit(n);
-        }
+        Some(i)
     }
 }

@@ -14,7 +14,6 @@ use russh::server::Msg;
 use sallyport_core::kube::KubeExec;
 use sallyport_core::spdy::{Config, End, Headers, RecvStream, SendStream, Session, Side, Stream};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 
 use super::exec::{Input, exit_of};
 
@@ -98,7 +97,7 @@ impl SpdyExec {
 
     /// Carries the streams to the channel and the channel's input to them, until the API
     /// server ends the exec or the channel closes.
-    pub async fn relay(self, out: Arc<ChannelWriteHalf<Msg>>, input: mpsc::Receiver<Input>) {
+    pub async fn relay(self, out: Arc<ChannelWriteHalf<Msg>>, input: super::exec::Inbox) {
         let SpdyExec {
             session,
             error,
@@ -164,13 +163,13 @@ async fn write_input(
     session: Session,
     mut stdin: Option<SendStream>,
     mut resize: Option<SendStream>,
-    mut input: mpsc::Receiver<Input>,
+    mut input: super::exec::Inbox,
 ) {
     while let Some(i) = input.recv().await {
         match i {
             Input::Data(d) => {
                 if let Some(s) = stdin.as_mut()
-                    && s.write(d).await.is_err()
+                    && s.write(super::exec::data(&d)).await.is_err()
                 {
                     stdin = None;
                 }
