@@ -231,6 +231,9 @@ struct Shared {
     /// `drained`.
     closing: watch::Sender<bool>,
     drained: watch::Sender<bool>,
+    /// [`Session::abort`]: the writer stops at once, whatever it was writing, and the
+    /// connection ends after [`Config::drain`].
+    aborted: watch::Sender<bool>,
     /// New streams reach the wire in the order of their ids.
     open_order: tokio::sync::Mutex<()>,
 }
@@ -642,6 +645,7 @@ impl Session {
             peer_done: watch::Sender::new(false),
             closing: watch::Sender::new(false),
             drained: watch::Sender::new(false),
+            aborted: watch::Sender::new(false),
             open_order: tokio::sync::Mutex::new(()),
         });
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -713,6 +717,12 @@ impl Session {
     /// peer's last frames are still read, for [`Config::drain`] at most.
     pub async fn close(&self) {
         let _ = self.tx.send(Out::Close).await;
+    }
+
+    /// Ends this side's writing at once, even in the middle of a write a peer that stopped
+    /// reading holds up (no GOAWAY then); the connection ends after [`Config::drain`].
+    pub fn abort(&self) {
+        self.shared.aborted.send_replace(true);
     }
 
     /// Resolves once the peer's side is over (EOF, GOAWAY, a protocol error, or this side
@@ -1038,6 +1048,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let _ = enc.encode(&settings, &mut buf);
     let mut next: Option<Option<Out>> = None;
     let mut goaway_status = goaway::OK;
+    let mut aborted = shared.aborted.subscribe();
     loop {
         let mut close = false;
         if shared.take_control(&mut enc, &mut buf).is_err() {
@@ -1070,6 +1081,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         if !close && buf.is_empty() {
             tokio::select! {
                 biased;
+                _ = aborted.wait_for(|a| *a) => break,
                 _ = shared.control_ready.notified() => {}
                 out = rx.recv() => next = Some(out),
             }
@@ -1083,7 +1095,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             };
             let _ = enc.encode(&goaway, &mut buf);
         }
-        if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+        let written = tokio::select! {
+            biased;
+            _ = aborted.wait_for(|a| *a) => false,
+            w = async { wr.write_all(&buf).await.is_ok() && wr.flush().await.is_ok() } => w,
+        };
+        if !written {
             break;
         }
         buf.clear();
@@ -1100,5 +1117,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         tokio::time::sleep(drain).await;
         after.drained.send_replace(true);
     });
-    let _ = wr.shutdown().await;
+    tokio::select! {
+        biased;
+        _ = aborted.wait_for(|a| *a) => {}
+        _ = wr.shutdown() => {}
+    }
 }

@@ -797,3 +797,41 @@ async fn what_the_peer_sends_after_this_sides_goaway_still_arrives() {
     assert_eq!(s.recv.end(), Some(End::Fin));
     assert!(s.send.write(Bytes::from_static(b"x")).await.is_err());
 }
+
+#[tokio::test]
+async fn an_abort_lets_go_of_a_peer_that_stopped_reading() {
+    // A peer without flow control that stops reading: the writer is stuck mid-write.
+    let config = Config {
+        drain: Duration::from_millis(100),
+        ..Config::default()
+    };
+    let (server, mut incoming, mut raw) = pair(config).await;
+    let mut s = open_raw(&mut raw, &mut incoming, 1).await;
+    let writer = tokio::spawn(async move {
+        let _ = s.send.write(Bytes::from(vec![1u8; 4 << 20])).await;
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !writer.is_finished(),
+        "the peer took 4 MiB through a 1 MiB pipe"
+    );
+    server.abort();
+    // The connection is let go: the peer's writes then fail (its far end is gone).
+    let ping = {
+        let mut b = BytesMut::new();
+        raw.enc.encode(&Frame::Ping(2), &mut b).must();
+        b
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if raw.io.write_all(&ping).await.is_err() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the aborted session still holds its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writer.abort();
+}
