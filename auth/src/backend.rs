@@ -385,10 +385,10 @@ async fn insert_rows(
 
 /// Hides the password of a connection string.
 pub fn redact(url: &str) -> String {
-    // The credentials end at the last `@` before the query: a password may hold a raw `@` or
-    // `/`, and the query an `@` of its own.
-    let end = url.find(['?', '#']).unwrap_or(url.len());
-    let mut out = match (url.find("://"), url[..end].rfind('@')) {
+    // The credentials end at the last `@` anywhere: a password may hold a raw `@`, `/`, `?` or
+    // `#`, so nothing else can say where it ends. An `@` in the query hides the host too: more
+    // hidden than needed, never less.
+    let mut out = match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];
             match creds.split_once(':') {
@@ -477,15 +477,21 @@ mod tests {
             assert!(!r.contains("secret"), "{key}: {r}");
             assert!(r.ends_with("=***&x=1"), "{key}: {r}");
         }
-        // A raw `@` or `/` in the password, an `@` in the query.
+        // A raw `@`, `/`, `?` or `#` in the password.
         for url in [
             "postgres://u:se@cret@h/db",
             "postgres://u:se/cret@h/db",
-            "postgres://u:secret@h/db?application_name=a@b",
+            "postgres://u:se#cret@h/db",
+            "postgres://u:se?cret@h/db",
+            "postgres://u:12?cret@h/db?sslmode=require",
         ] {
             let r = super::redact(url);
-            assert!(!r.contains("secret") && !r.contains("cret"), "{url}: {r}");
+            assert!(!r.contains("cret"), "{url}: {r}");
             assert!(r.starts_with("postgres://u:***@h/db"), "{url}: {r}");
         }
+        // An `@` in the query: the host is hidden with the password.
+        let r = super::redact("postgres://u:secret@h/db?application_name=a@b");
+        assert!(!r.contains("secret"), "{r}");
+        assert!(r.starts_with("postgres://u:***@"), "{r}");
     }
 }

@@ -122,6 +122,10 @@ pub trait Streams: Send + Sync + 'static {
 
     /// As [`Door::consumed`].
     fn consumed(&self, _bytes: usize) {}
+
+    /// [`Streams::finish`] did not complete in time: whatever still holds kubectl's
+    /// connection lets it go (dropping the streams does, unless a task of their own writes).
+    fn abort(&self) {}
 }
 
 /// What a front end read from kubectl, in order.
@@ -159,6 +163,8 @@ pub struct ExecDoor<S> {
     ended: tokio::sync::Notify,
     /// [`FINISH_WAIT`].
     finish_wait: Duration,
+    /// The end was written (or is being written): kubectl reads one Status, never two.
+    finished: AtomicBool,
 }
 
 impl<S: Streams> ExecDoor<S> {
@@ -172,17 +178,22 @@ impl<S: Streams> ExecDoor<S> {
             exit: std::sync::Mutex::new(None),
             ended: tokio::sync::Notify::new(),
             finish_wait: FINISH_WAIT,
+            finished: AtomicBool::new(false),
         }
     }
 
     /// Writes the end to kubectl, waiting at most [`FINISH_WAIT`] for it to be read; what is
     /// left then goes when the connection is dropped.
     async fn finish(&self, status: serde_json::Value) {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return;
+        }
         if tokio::time::timeout(self.finish_wait, self.streams.finish(status))
             .await
             .is_err()
         {
             tracing::info!("kubectl did not read the end of its exec session: dropped");
+            self.streams.abort();
         }
         self.ended.notify_one();
     }
@@ -434,7 +445,7 @@ pub async fn drive<S, I>(
         let next = match pending.next() {
             Some(i) => Some(i),
             None => tokio::select! {
-                i = input.next() => i,
+                biased;
                 () = door.ended.notified(), if ending.is_none() => {
                     ending = Some(tokio::time::Instant::now() + door.finish_wait);
                     continue;
@@ -448,8 +459,10 @@ pub async fn drive<S, I>(
                         "reason": "Forbidden", "code": 403,
                     })).await;
                     commands.send(Command::Close);
-                    break;
+                    ending = Some(tokio::time::Instant::now() + door.finish_wait);
+                    continue;
                 }
+                i = input.next() => i,
             },
         };
         let i = next.unwrap_or(Input::Closed);
@@ -463,6 +476,7 @@ pub async fn drive<S, I>(
         if !matches!(i, Input::KeepAlive) {
             activity.store(sallyport_core::unix_now_ms(), Ordering::Relaxed);
         }
+        let broken = matches!(i, Input::Broken);
         let ok = match i {
             Input::Data(d) => commands.send(Command::Data(d)),
             Input::Eof => commands.send(Command::Eof),
@@ -482,7 +496,11 @@ pub async fn drive<S, I>(
             }))
             .await;
             commands.send(Command::Close);
-            break;
+            if broken {
+                // kubectl broke the protocol: no clean close for it.
+                break;
+            }
+            ending = Some(tokio::time::Instant::now() + door.finish_wait);
         }
     }
     state.untrack(id);

@@ -243,6 +243,11 @@ impl Streams for SpdyStreams {
         Some(INPUT_WINDOW)
     }
 
+    fn abort(&self) {
+        self.gone.store(true, Ordering::Release);
+        self.session.abort();
+    }
+
     fn consumed(&self, bytes: usize) {
         self.window.consumed(bytes);
     }
