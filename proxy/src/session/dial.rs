@@ -205,9 +205,13 @@ impl Connected {
         if !auth.success() && self.handle.is_closed() {
             // russh answers a connection lost mid-authentication as a failure with no methods
             // left: not the node's refusal of the certificate.
-            return Err(Refusal::Failed(format!(
-                "node {}: the connection closed before it answered the session certificate \
-                 (its agent restarted or is overloaded?)",
+            let who = if through_tunnel(node) {
+                "its agent restarted or is overloaded?"
+            } else {
+                "its sshd restarted, is overloaded, or closes after a refusal?"
+            };
+            return Err(Refusal::Offline(format!(
+                "node {}: the connection closed before it answered the session certificate ({who})",
                 node.hostname
             )));
         }
