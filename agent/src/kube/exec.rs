@@ -50,7 +50,6 @@ const ERROR: u8 = 3;
 const RESIZE: u8 = 4;
 const CLOSE: u8 = 255;
 
-
 /// The SSH server for exec sessions; shared by every stream of the tunnel.
 pub struct ExecServer {
     config: crate::ssh::HostConfig,
@@ -111,7 +110,7 @@ impl ExecServer {
 /// The SSH channel's input, for the API server.
 pub enum Input {
     /// The stdin byte of the WebSocket protocol, then the data: framed as it is copied out of
-    /// the SSH channel, so the WebSocket relay sends it as it is ([`Input::data`]: the data).
+    /// the SSH channel, so the WebSocket relay sends it as it is ([`data`]: the data).
     Data(Bytes),
     Eof,
     Resize(u32, u32),
