@@ -385,39 +385,46 @@ async fn insert_rows(
 
 /// Hides the password of a connection string.
 pub fn redact(url: &str) -> String {
-    // The credentials end at the last `@` anywhere: a password may hold a raw `@`, `/`, `?` or
-    // `#`, so nothing else can say where it ends. An `@` in the query hides the host too: more
-    // hidden than needed, never less.
-    let mut out = match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_string(),
-            }
+    let mut hide = vec![false; url.len()];
+    // The user-info's password: from its `:` to the last `@` anywhere — a password may hold a
+    // raw `@`, `/`, `?` or `#`, so nothing else can say where it ends (an `@` in the query hides
+    // the host and more too: more hidden than needed, never less). A URL without `//` (a
+    // typo) hides all of it past the scheme.
+    if let Some(at) = url.rfind('@') {
+        let from = match url.find("://") {
+            Some(s) if s + 3 <= at => url[s + 3..at].find(':').map_or(at, |c| s + 3 + c + 1),
+            _ => url.find(':').map_or(0, |c| c + 1).min(at),
+        };
+        hide[from..at].iter_mut().for_each(|h| *h = true);
+    }
+    // Passwords in the query (`?password=...`, as PostgreSQL's URLs allow), the key read as
+    // the URL's parser reads it (`pass%77ord`, any case): each value to its `&`, `#` or end.
+    for (sep, _) in url.match_indices(['?', '&']) {
+        let seg_end = url[sep + 1..]
+            .find(['&', '#'])
+            .map_or(url.len(), |e| sep + 1 + e);
+        let seg = &url[sep + 1..seg_end];
+        let Some(eq) = seg.find('=') else { continue };
+        let key: String = url::form_urlencoded::parse(&seg.as_bytes()[..eq])
+            .map(|(k, _)| k.into_owned())
+            .collect();
+        if key.trim().eq_ignore_ascii_case("password") {
+            hide[sep + 1 + eq + 1..seg_end]
+                .iter_mut()
+                .for_each(|h| *h = true);
         }
-        _ => url.to_string(),
-    };
-    // A password in the query (`?password=...`, as PostgreSQL's URLs allow) too, its key
-    // read as the URL's parser reads it (`pass%77ord`, any case).
-    if let Some(q) = out.find('?') {
-        let query = out[q + 1..]
-            .split('&')
-            .map(|kv| {
-                let (k, _) = kv.split_once('=').unwrap_or((kv, ""));
-                let key: String = url::form_urlencoded::parse(k.as_bytes())
-                    .map(|(k, _)| k.into_owned())
-                    .collect();
-                if key.trim().eq_ignore_ascii_case("password") {
-                    format!("{k}=***")
-                } else {
-                    kv.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("&");
-        out.truncate(q + 1);
-        out.push_str(&query);
+    }
+    // Each hidden run (its ends are ASCII delimiters, so char boundaries) becomes `***`.
+    let mut out = String::with_capacity(url.len());
+    let mut i = 0;
+    while i < url.len() {
+        let run = hide[i..].iter().take_while(|&&h| h == hide[i]).count();
+        if hide[i] {
+            out.push_str("***");
+        } else {
+            out.push_str(&url[i..i + run]);
+        }
+        i += run;
     }
     out
 }
@@ -488,6 +495,16 @@ mod tests {
             let r = super::redact(url);
             assert!(!r.contains("cret"), "{url}: {r}");
             assert!(r.starts_with("postgres://u:***@h/db"), "{url}: {r}");
+        }
+        // A raw `@` in a query password, a port before it; no `//`.
+        for url in [
+            "postgres://h:5432/db?password=se@cret",
+            "postgres://u:pw@h/db?password=se@cret",
+            "postgres:u:se@cret@h",
+            "postgres:/u:secret@h",
+        ] {
+            let r = super::redact(url);
+            assert!(!r.contains("cret"), "{url}: {r}");
         }
         // An `@` in the query: the host is hidden with the password.
         let r = super::redact("postgres://u:secret@h/db?application_name=a@b");
