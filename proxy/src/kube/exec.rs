@@ -469,8 +469,12 @@ pub async fn drive<S, I>(
         if ending.is_some() {
             match i {
                 Input::Closed | Input::Broken => break,
-                _ => continue,
+                // Dropped, and given back to a front end that holds kubectl to a window
+                // (SPDY), so that kubectl's close can still be read.
+                Input::Data(d) => door.consumed(d.len()),
+                _ => {}
             }
+            continue;
         }
         // What the person does counts; kubectl's keep-alive pings do not.
         if !matches!(i, Input::KeepAlive) {
