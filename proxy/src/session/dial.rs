@@ -202,29 +202,28 @@ impl Connected {
             .authenticate_openssh_cert(login.to_string(), self.state.key.clone(), cert)
             .await
             .map_err(|e| format!("node {}: {e}", node.hostname))?;
-        if !auth.success() && self.handle.is_closed() {
+        if !auth.success() {
+            let (tunnel, host) = (through_tunnel(node), &node.hostname);
             // russh answers a connection lost mid-authentication as a failure with no methods
             // left: not the node's refusal of the certificate.
-            let who = if through_tunnel(node) {
-                "its agent restarted or is overloaded?"
-            } else {
-                "its sshd restarted, is overloaded, or closes after a refusal?"
-            };
-            return Err(Refusal::Offline(format!(
-                "node {}: the connection closed before it answered the session certificate ({who})",
-                node.hostname
-            )));
-        }
-        if !auth.success() {
-            let trust = if through_tunnel(node) {
-                "does its agent belong to this cluster?"
-            } else {
-                "does its sshd trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
-            };
-            return Err(Refusal::Failed(format!(
-                "node {} refused the session certificate for login {login}; {trust}",
-                node.hostname
-            )));
+            return Err(match (self.handle.is_closed(), tunnel) {
+                (true, true) => Refusal::Offline(format!(
+                    "node {host}: the connection closed before it answered the session \
+                     certificate (its agent restarted or is overloaded?)"
+                )),
+                (true, false) => Refusal::Offline(format!(
+                    "node {host}: the connection closed before it answered the session \
+                     certificate (its sshd restarted, is overloaded, or closes after a refusal?)"
+                )),
+                (false, true) => Refusal::Failed(format!(
+                    "node {host} refused the session certificate for login {login}; does its \
+                     agent belong to this cluster?"
+                )),
+                (false, false) => Refusal::Failed(format!(
+                    "node {host} refused the session certificate for login {login}; does its sshd \
+                     trust `sallyctl auth export --type=openssh` (TrustedUserCAKeys)?"
+                )),
+            });
         }
         let conn = Arc::new(self.handle);
         let _ = self.this_conn.set(Arc::downgrade(&conn));
