@@ -109,26 +109,38 @@ impl ExecServer {
 
 /// The SSH channel's input, for the API server.
 pub enum Input {
-    /// The stdin byte of the WebSocket protocol, then the data: framed as it is copied out of
-    /// the SSH channel, so the WebSocket relay sends it as it is ([`data`]: the data).
-    Data(Bytes),
+    Data(Stdin),
     Eof,
     Resize(u32, u32),
 }
 
-impl Input {
-    /// Stdin's data framed for the WebSocket protocol, as [`Input::Data`] holds it.
-    fn stdin(data: &[u8]) -> Input {
+/// A piece of stdin, held framed for the WebSocket protocol (the stdin stream byte, then the
+/// data): it is framed as it is copied out of the SSH channel, so the WebSocket relay sends
+/// it as it is, and SPDY takes the data past the stream byte without a copy.
+pub struct Stdin(Bytes);
+
+impl Stdin {
+    fn copied(data: &[u8]) -> Stdin {
         let mut b = BytesMut::with_capacity(data.len() + 1);
         b.put_u8(STDIN);
         b.extend_from_slice(data);
-        Input::Data(b.freeze())
+        Stdin(b.freeze())
     }
-}
 
-/// The data of an [`Input::Data`]: its bytes past the stream byte.
-pub fn data(framed: &Bytes) -> Bytes {
-    framed.slice(1.min(framed.len())..)
+    /// The WebSocket message: the stream byte and the data.
+    fn framed(self) -> Bytes {
+        self.0
+    }
+
+    /// The data alone.
+    pub fn data(self) -> Bytes {
+        self.0.slice(1..)
+    }
+
+    /// How many bytes of data (what the channel's window counted).
+    fn len(&self) -> usize {
+        self.0.len() - 1
+    }
 }
 
 struct Chan {
@@ -520,7 +532,7 @@ async fn relay(ws: Stream, out: Arc<ChannelWriteHalf<Msg>>, mut input: Inbox) {
     let writer = tokio::spawn(async move {
         while let Some(i) = input.recv().await {
             let m = match i {
-                Input::Data(d) => Message::Binary(d),
+                Input::Data(d) => Message::Binary(d.framed()),
                 Input::Eof => framed(CLOSE, &[STDIN]),
                 Input::Resize(c, r) => resize_message(c, r),
             };
@@ -729,7 +741,7 @@ impl russh::server::Handler for Conn {
         match tx {
             // Its window goes back once the relay takes it (`Inbox`).
             Some(tx) => {
-                if tx.send(Input::stdin(data)).is_err() {
+                if tx.send(Input::Data(Stdin::copied(data))).is_err() {
                     return session.close(ch);
                 }
                 Ok(())
@@ -871,9 +883,9 @@ impl Inbox {
     pub async fn recv(&mut self) -> Option<Input> {
         let i = self.rx.recv().await?;
         if let Input::Data(d) = &i
-            && d.len() > 1
+            && d.len() > 0
         {
-            (self.credit)(d.len() - 1);
+            (self.credit)(d.len());
         }
         Some(i)
     }

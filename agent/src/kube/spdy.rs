@@ -169,7 +169,7 @@ async fn write_input(
         match i {
             Input::Data(d) => {
                 if let Some(s) = stdin.as_mut()
-                    && s.write(super::exec::data(&d)).await.is_err()
+                    && s.write(d.data()).await.is_err()
                 {
                     stdin = None;
                 }
