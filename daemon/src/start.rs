@@ -205,6 +205,8 @@ pub async fn run(
 /// The auth service running in this process.
 struct LocalAuth {
     server: Arc<AuthServer>,
+    /// Its API, as served on its port; the proxy in this process calls it directly.
+    router: axum::Router,
     addr: SocketAddr,
     /// Its TLS chain (for the certificate's expiry in the metrics).
     chain_pem: String,
@@ -350,10 +352,11 @@ async fn start_auth(
     auth_tls
         .alpn_protocols
         .push(sallyport_core::api::AUTH_ALPN.to_vec());
+    let router = sallyport_auth::api::router(auth.clone());
     tokio::spawn(sallyport_core::https::serve(
         auth_listener,
         Arc::new(auth_tls),
-        sallyport_auth::api::router(auth.clone()),
+        router.clone(),
         None,
         // Auth's clients are the proxies, which speak for everyone: a per-address cap here
         // would let one person's flood through a proxy lock out all.
@@ -366,6 +369,7 @@ async fn start_auth(
     lines.push(format!("auth     {auth_addr}"));
     Ok(LocalAuth {
         server: auth,
+        router,
         addr: auth_addr,
         chain_pem: auth_id.chain_pem,
     })
@@ -478,7 +482,15 @@ async fn start_proxy(
     let p = &cfg.proxy_service;
     let proxy_id = boot.identity.clone();
     let cluster = boot.cluster.clone();
-    let client = sallyport_proxy::AuthClient::new(&boot.auth_addr, &proxy_id)?;
+    let mut client = sallyport_proxy::AuthClient::new(&boot.auth_addr, &proxy_id)?;
+    // Auth in this process: its whole requests (every session's grant, end and audit) skip
+    // the loopback HTTPS. Streamed reads, sallyctl's passthrough and the browsers' per-user
+    // clients still reach it over TLS. `SALLYPORT_AUTH_OVER_HTTPS=1` keeps them on HTTPS: for measuring the difference, and
+    // for a suspicion that the two paths decide differently (they run the same router).
+    let over_https = std::env::var_os("SALLYPORT_AUTH_OVER_HTTPS").is_some_and(|v| v == "1");
+    if let Some(a) = auth.filter(|_| !over_https) {
+        client = client.in_process(a.router.clone(), &proxy_id)?;
+    }
     let chain = pem_to_ders(&proxy_id.chain_pem)?;
     let user_roots = pem_to_ders(&proxy_id.user_ca_pem)?;
     let host_roots = pem_to_ders(&proxy_id.host_ca_pem)?;

@@ -1,5 +1,8 @@
 //! The proxy's client for the auth API: HTTPS with mutual TLS, trusting only the cluster's host
-//! CA, redirects off. Failed authentications at the proxy's doors go to auth through a bounded
+//! CA, redirects off. In the all-in-one, where auth runs in the same process, whole requests
+//! skip the network ([`AuthClient::in_process`]): the same request goes to auth's router with the
+//! proxy's certificate chain as the TLS handshake would have presented it, so auth decides
+//! exactly as it does over HTTPS, minus the TLS, TCP and HTTP framing. Failed authentications at the proxy's doors go to auth through a bounded
 //! queue ([`AuthClient::report_failure`]), so a door never waits on the audit of a refusal.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use sallyport_core::api::{AuthFailure, ErrorBody, RefusalCode};
+use sallyport_core::https::{PeerCertificates, RemoteAddr};
 use sallyport_core::metrics::{AuditQueue, RouteLabel, StatusClass, metrics};
 use sallyport_core::routes;
 use sallyport_core::tls::{Trust, client_config, private_key_from_pem};
@@ -16,10 +20,12 @@ use serde::de::DeserializeOwned;
 
 use crate::ServiceIdentity;
 
-/// HTTPS clients over one certificate: for whole requests, and for answers read as they arrive.
+/// HTTPS clients over one certificate: for whole requests, and for answers read as they arrive;
+/// and auth in this process, if it is, called as that certificate.
 struct Clients {
     http: reqwest::Client,
     streaming: reqwest::Client,
+    local: Option<InProcess>,
 }
 
 impl Clients {
@@ -27,7 +33,75 @@ impl Clients {
         Ok(Clients {
             http: mtls_client(host_ca_pem, chain_pem, key_pem, Timeouts::Whole)?,
             streaming: mtls_client(host_ca_pem, chain_pem, key_pem, Timeouts::Stream)?,
+            local: None,
         })
+    }
+}
+
+/// Auth's API in this process: its router, and the certificate chain a request to it comes
+/// with (the proxy's own, as its TLS handshake would have presented it: auth verifies it and
+/// decides by it exactly as for a request that came over the network).
+#[derive(Clone)]
+struct InProcess {
+    router: axum::Router,
+    peer: PeerCertificates,
+}
+
+impl InProcess {
+    fn new(router: axum::Router, chain_pem: &str) -> Result<Self, ClientError> {
+        let chain = pem_to_ders(chain_pem).map_err(|e| ClientError::Setup(e.to_string()))?;
+        Ok(InProcess {
+            router,
+            peer: PeerCertificates(Arc::new(chain)),
+        })
+    }
+
+    /// One whole request, answered within the HTTPS client's bound ([`WHOLE_TIMEOUT`]). It runs
+    /// on a task of its own, as it would on auth's side of a connection: a caller that gives up
+    /// does not cut auth's handler short halfway through its writes.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), ClientError> {
+        use tower::ServiceExt;
+        let setup = |e: &dyn std::fmt::Display| ClientError::Setup(e.to_string());
+        let mut req = axum::http::Request::builder().method(method).uri(path);
+        let bytes = match body {
+            Some(b) => {
+                req = req.header(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                );
+                serde_json::to_vec(b).map_err(|e| setup(&e))?
+            }
+            None => Vec::new(),
+        };
+        let mut req = req
+            .body(axum::body::Body::from(bytes))
+            .map_err(|e| setup(&e))?;
+        req.extensions_mut().insert(self.peer.clone());
+        req.extensions_mut()
+            .insert(RemoteAddr(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+        let router = self.router.clone();
+        let answered = tokio::spawn(async move {
+            let resp = router.oneshot(req).await.map_err(|e| e.to_string())?;
+            let (parts, body) = resp.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((parts.status.as_u16(), parts.headers, body.to_vec()))
+        });
+        match tokio::time::timeout(WHOLE_TIMEOUT, answered).await {
+            Ok(Ok(Ok(answer))) => Ok(answer),
+            Ok(Ok(Err(e))) => Err(ClientError::Local(format!("auth failed to answer: {e}"))),
+            Ok(Err(e)) => Err(ClientError::Local(format!("auth failed to answer: {e}"))),
+            Err(_) => Err(ClientError::Local(format!(
+                "auth did not answer within {} s",
+                WHOLE_TIMEOUT.as_secs()
+            ))),
+        }
     }
 }
 
@@ -99,6 +173,10 @@ pub enum ClientError {
         addr: String,
         source: reqwest::Error,
     },
+    /// Auth in this process failed to answer (its handler panicked, or took longer than a
+    /// request over the network may).
+    #[error("{0}")]
+    Local(String),
     /// Auth answered with an error meant for the user; a refusal says its kind.
     #[error("{message}")]
     Refused {
@@ -161,7 +239,8 @@ impl AuthClient {
 
     /// A client of the same auth that presents another certificate: a browser's web session
     /// calls auth as its own user certificate (`chain_pem`, over `key_pem`), so auth decides
-    /// with that user's current roles and locks, from what the TLS handshake proved.
+    /// with that user's current roles and locks, from what the TLS handshake proved. Always over
+    /// HTTPS, even when auth is in this process: the user's own key proves the certificate.
     pub fn as_identity(&self, chain_pem: &str, key_pem: &str) -> Result<Self, ClientError> {
         Ok(AuthClient {
             clients: Arc::new(std::sync::RwLock::new(Clients::new(
@@ -175,16 +254,46 @@ impl AuthClient {
         })
     }
 
+    /// Whole requests go to `router`, auth's API in this process, instead of over HTTPS, as
+    /// `id`'s certificate: the one this client was made with (the all-in-one, whose proxy talks
+    /// to no other auth). Streamed answers ([`AuthClient::stream`]) still come over HTTPS.
+    pub fn in_process(
+        self,
+        router: axum::Router,
+        id: &ServiceIdentity,
+    ) -> Result<Self, ClientError> {
+        let local = InProcess::new(router, &id.chain_pem)?;
+        self.write_clients().local = Some(local);
+        Ok(self)
+    }
+
     /// The service's certificate was renewed: requests from now on present the new one, on new
     /// connections (auth checks a caller's certificate on every request, so connections made
     /// over the old one must not outlive it). Every clone of this client takes it.
     pub fn renewed(&self, id: &ServiceIdentity) -> Result<(), ClientError> {
-        let next = Clients::new(&id.host_ca_pem, &id.chain_pem, &id.key_pem)?;
-        match self.clients.write() {
-            Ok(mut c) => *c = next,
-            Err(p) => *p.into_inner() = next,
-        }
+        let mut next = Clients::new(&id.host_ca_pem, &id.chain_pem, &id.key_pem)?;
+        let mut clients = self.write_clients();
+        next.local = clients
+            .local
+            .take()
+            .map(|l| InProcess::new(l.router, &id.chain_pem))
+            .transpose()?;
+        *clients = next;
         Ok(())
+    }
+
+    fn write_clients(&self) -> std::sync::RwLockWriteGuard<'_, Clients> {
+        match self.clients.write() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn local(&self) -> Option<InProcess> {
+        match self.clients.read() {
+            Ok(c) => c.local.clone(),
+            Err(p) => p.into_inner().local.clone(),
+        }
     }
 
     fn http(&self) -> reqwest::Client {
@@ -303,6 +412,16 @@ impl AuthClient {
         body: Option<serde_json::Value>,
     ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), ClientError> {
         let route = RouteLabel::of(routes::AUTH, method.as_str(), path);
+        if let Some(local) = self.local() {
+            let started = Instant::now();
+            let answer = local.call(method, path, body.as_ref()).await;
+            let status = match &answer {
+                Ok((status, _, _)) => StatusClass::of(*status),
+                Err(_) => StatusClass::NoAnswer,
+            };
+            metrics().auth_client_request(route, status, started.elapsed());
+            return answer;
+        }
         let mut last = None;
         let mut resp = None;
         for (k, base) in self.bases.order() {
@@ -471,6 +590,8 @@ fn refusal(status: u16, body: &[u8]) -> ClientError {
     }
 }
 
+/// A whole request and its answer must come within this.
+const WHOLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A streamed answer's connection and headers must come within this.
 pub const HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
 /// A streamed answer that sends nothing for this long is given up.
@@ -508,7 +629,7 @@ fn mtls_client(
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(5));
     match timeouts {
-        Timeouts::Whole => builder.timeout(Duration::from_secs(30)),
+        Timeouts::Whole => builder.timeout(WHOLE_TIMEOUT),
         Timeouts::Stream => builder.read_timeout(STALL_TIMEOUT),
     }
     .build()
@@ -518,6 +639,87 @@ fn mtls_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An identity whose certificate says `name` (a self-signed CA serves: nothing here
+    /// verifies it, the router below only reads it).
+    fn identity(name: &str) -> ServiceIdentity {
+        let ca = match sallyport_core::x509::TlsCa::generate(name, "test") {
+            Ok(ca) => ca,
+            Err(e) => panic!("{e}"),
+        };
+        ServiceIdentity {
+            chain_pem: ca.cert_pem.clone(),
+            key_pem: ca.key_pem,
+            host_ca_pem: ca.cert_pem,
+            user_ca_pem: String::new(),
+        }
+    }
+
+    /// Answers with the common name of the certificate the request came with, and what was
+    /// posted; panics for `/panic`.
+    fn echo() -> axum::Router {
+        use axum::extract::Extension;
+        async fn who(Extension(peer): Extension<PeerCertificates>, body: String) -> String {
+            let cn = peer
+                .0
+                .first()
+                .and_then(|leaf| sallyport_core::x509::parse_subject(leaf).ok())
+                .map(|s| s.common_name)
+                .unwrap_or_default();
+            format!("{cn}|{body}")
+        }
+        async fn boom() -> String {
+            std::panic::panic_any("a handler that panics")
+        }
+        axum::Router::new()
+            .route("/who", axum::routing::post(who))
+            .route("/panic", axum::routing::get(boom))
+    }
+
+    #[tokio::test]
+    async fn in_process_requests_come_as_the_clients_certificate_as_it_is_renewed() {
+        let (a, b) = (identity("proxy a"), identity("proxy b"));
+        // Nothing listens on port 1: a request that went over the network would fail.
+        let client = AuthClient::new("127.0.0.1:1", &a).and_then(|c| c.in_process(echo(), &a));
+        assert!(client.is_ok());
+        let Ok(client) = client else { return };
+        let posted = serde_json::json!({"n": 1});
+        let answer = client
+            .call(reqwest::Method::POST, "/who", Some(posted.clone()))
+            .await;
+        assert!(
+            matches!(&answer, Ok((200, body)) if body == b"Sallyport proxy a CA|{\"n\":1}"),
+            "{answer:?}"
+        );
+        assert!(client.renewed(&b).is_ok());
+        let answer = client
+            .call(reqwest::Method::POST, "/who", Some(posted))
+            .await;
+        assert!(
+            matches!(&answer, Ok((200, body)) if body.starts_with(b"Sallyport proxy b CA|")),
+            "{answer:?}"
+        );
+        // A handler that panics is an error for the caller, not a panic in the proxy.
+        let answer = client.call(reqwest::Method::GET, "/panic", None).await;
+        assert!(matches!(&answer, Err(ClientError::Local(_))), "{answer:?}");
+    }
+
+    #[tokio::test]
+    async fn a_users_client_never_rides_the_proxys_in_process_identity() {
+        let (proxy, user) = (identity("proxy"), identity("user"));
+        let client = AuthClient::new("127.0.0.1:1", &proxy)
+            .and_then(|c| c.in_process(echo(), &proxy))
+            .and_then(|c| c.as_identity(&user.chain_pem, &user.key_pem));
+        assert!(client.is_ok());
+        let Ok(client) = client else { return };
+        // Over HTTPS as the user, to an address where nothing listens: refused by the network,
+        // never answered by the router as the proxy.
+        let answer = client.call(reqwest::Method::POST, "/who", None).await;
+        assert!(
+            matches!(&answer, Err(ClientError::Unreachable { .. })),
+            "{answer:?}"
+        );
+    }
 
     #[test]
     fn dropped_failures_are_reported_per_door_with_their_count() {

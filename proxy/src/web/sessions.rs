@@ -176,7 +176,8 @@ impl WebSession {
                     )
                     .await;
                 // A session gone from auth is found out by the next check.
-                if let Err(e @ ClientError::Unreachable { .. }) = touched {
+                if let Err(e @ (ClientError::Unreachable { .. } | ClientError::Local(_))) = touched
+                {
                     tracing::warn!(error = %e, "a web session's input not written to auth");
                 }
             });
