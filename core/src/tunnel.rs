@@ -15,8 +15,76 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
 
-/// One stream of a tunnel: a plain bidirectional byte stream.
-pub type TunnelStream = Compat<yamux::Stream>;
+/// One stream of a tunnel: a plain bidirectional byte stream. A stream the proxy opened holds
+/// one of its tunnel's [`PROXY_OPENS`] places until it is dropped.
+pub struct TunnelStream {
+    io: Compat<yamux::Stream>,
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl TunnelStream {
+    fn new(s: yamux::Stream, place: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        TunnelStream {
+            io: s.compat(),
+            _place: place,
+        }
+    }
+}
+
+impl std::fmt::Debug for TunnelStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelStream").finish_non_exhaustive()
+    }
+}
+
+impl AsyncRead for TunnelStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TunnelStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The streams a proxy keeps open through one tunnel at most (sessions, kube requests and
+/// watches, port forwards). One more is refused on its own ([`OpenError::Full`]); the tunnel
+/// and everything on it go on.
+pub const PROXY_OPENS: usize = 1024;
+/// The streams an agent accepts at most: well above [`PROXY_OPENS`], because the agent counts
+/// a stream until its own side lets go of it, after the proxy's has, and yamux ends the whole
+/// connection at one stream past its limit.
+pub const AGENT_ACCEPTS: usize = 4 * PROXY_OPENS;
 
 /// Which side of the tunnel this is.
 #[derive(Debug, Clone, Copy)]
@@ -28,20 +96,38 @@ pub enum Side {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("tunnel closed")]
-pub struct Closed;
+pub enum OpenError {
+    #[error("tunnel closed")]
+    Closed,
+    /// As many streams are open through the tunnel as it carries.
+    #[error("{0} streams are open through the tunnel, the most it carries")]
+    Full(usize),
+}
+
+type Opened = Result<TunnelStream, OpenError>;
 
 /// Opens streams on a running tunnel; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Opener {
-    tx: mpsc::Sender<oneshot::Sender<Result<TunnelStream, Closed>>>,
+    tx: mpsc::Sender<(oneshot::Sender<Opened>, tokio::sync::OwnedSemaphorePermit)>,
+    places: std::sync::Arc<tokio::sync::Semaphore>,
+    most: usize,
 }
 
 impl Opener {
-    pub async fn open(&self) -> Result<TunnelStream, Closed> {
+    /// A new stream, or at once [`OpenError::Full`] when the tunnel carries as many as it may.
+    pub async fn open(&self) -> Result<TunnelStream, OpenError> {
+        let place = self
+            .places
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| OpenError::Full(self.most))?;
         let (tx, rx) = oneshot::channel();
-        self.tx.send(tx).await.map_err(|_| Closed)?;
-        rx.await.map_err(|_| Closed)?
+        self.tx
+            .send((tx, place))
+            .await
+            .map_err(|_| OpenError::Closed)?;
+        rx.await.map_err(|_| OpenError::Closed)?
     }
 
     pub fn is_closed(&self) -> bool {
@@ -150,11 +236,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for WholeFrames<T> {
     }
 }
 
-fn config() -> yamux::Config {
+/// yamux's limit on the streams of one connection: what this side opens and what it accepts
+/// together (one past it ends the whole connection, or fails every open after it).
+fn config(streams: usize) -> yamux::Config {
     let mut c = yamux::Config::default();
-    c.set_max_num_streams(1024);
+    c.set_max_num_streams(streams);
     // Let a busy stream grow its window up to 16 MiB for bulk copies over the tunnel.
-    c.set_max_connection_receive_window(Some(1024 * 1024 * 1024));
+    c.set_max_connection_receive_window(Some((1024 * 1024 * 1024usize).max(streams * 256 * 1024)));
     c
 }
 
@@ -164,17 +252,34 @@ pub fn run<T>(io: T, side: Side) -> (Opener, mpsc::Receiver<TunnelStream>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mode = match side {
-        Side::Proxy => yamux::Mode::Client,
-        Side::Agent => yamux::Mode::Server,
+    run_limited(io, side, PROXY_OPENS, AGENT_ACCEPTS)
+}
+
+/// [`run`] with the proxy opening at most `opens` streams and the agent accepting at most
+/// `accepts`. The proxy's own limit in yamux is `opens` plus room for the streams the agent
+/// opens (its heartbeat) and for those yamux still counts after their handles were dropped:
+/// this side refuses an open by its count of live handles first.
+fn run_limited<T>(
+    io: T,
+    side: Side,
+    opens: usize,
+    accepts: usize,
+) -> (Opener, mpsc::Receiver<TunnelStream>)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mode, streams) = match side {
+        Side::Proxy => (yamux::Mode::Client, opens + 64),
+        Side::Agent => (yamux::Mode::Server, accepts),
     };
     // Each frame to TLS whole (`WholeFrames`): yamux flushes after every frame it writes.
     let io = WholeFrames::new(io);
-    let mut conn = yamux::Connection::new(io.compat(), config(), mode);
-    let (open_tx, mut open_rx) = mpsc::channel::<oneshot::Sender<Result<TunnelStream, Closed>>>(64);
+    let mut conn = yamux::Connection::new(io.compat(), config(streams), mode);
+    let (open_tx, mut open_rx) = mpsc::channel(64);
     let (in_tx, in_rx) = mpsc::channel::<TunnelStream>(64);
     tokio::spawn(async move {
-        let mut waiting: VecDeque<oneshot::Sender<Result<TunnelStream, Closed>>> = VecDeque::new();
+        let mut waiting: VecDeque<(oneshot::Sender<Opened>, tokio::sync::OwnedSemaphorePermit)> =
+            VecDeque::new();
         let mut requests_open = true;
         let result = std::future::poll_fn(|cx| {
             while requests_open {
@@ -187,8 +292,15 @@ where
             while !waiting.is_empty() {
                 match conn.poll_new_outbound(cx) {
                     Poll::Ready(Ok(s)) => {
-                        if let Some(w) = waiting.pop_front() {
-                            let _ = w.send(Ok(s.compat()));
+                        if let Some((w, place)) = waiting.pop_front() {
+                            let _ = w.send(Ok(TunnelStream::new(s, Some(place))));
+                        }
+                    }
+                    // yamux still counts streams whose handles are gone: this open is refused,
+                    // not the tunnel ended.
+                    Poll::Ready(Err(yamux::ConnectionError::TooManyStreams)) => {
+                        if let Some((w, _)) = waiting.pop_front() {
+                            let _ = w.send(Err(OpenError::Full(opens)));
                         }
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -199,7 +311,7 @@ where
                 match conn.poll_next_inbound(cx) {
                     Poll::Ready(Some(Ok(s))) => {
                         // A peer that opens more streams than we consume loses the extras.
-                        let _ = in_tx.try_send(s.compat());
+                        let _ = in_tx.try_send(TunnelStream::new(s, None));
                     }
                     Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
                     Poll::Ready(None) => return Poll::Ready(Ok(())),
@@ -211,11 +323,16 @@ where
         if let Err(e) = result {
             tracing::debug!(error = %e, "tunnel ended");
         }
-        for w in waiting {
-            let _ = w.send(Err(Closed));
+        for (w, _) in waiting {
+            let _ = w.send(Err(OpenError::Closed));
         }
     });
-    (Opener { tx: open_tx }, in_rx)
+    let opener = Opener {
+        tx: open_tx,
+        places: std::sync::Arc::new(tokio::sync::Semaphore::new(opens)),
+        most: opens,
+    };
+    (opener, in_rx)
 }
 
 #[cfg(test)]
@@ -302,6 +419,52 @@ mod tests {
         w.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
         let sent: Vec<u8> = w.io.got.concat();
         assert_eq!(sent, [&header[..], &body[..40], &header[..]].concat());
+    }
+
+    #[tokio::test]
+    async fn an_open_past_the_limit_is_refused_alone_and_the_tunnel_goes_on() {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (proxy, _proxy_in) = run_limited(a, Side::Proxy, 4, 8);
+        let (_agent, mut agent_in) = run_limited(b, Side::Agent, 4, 8);
+        let echo = tokio::spawn(async move {
+            while let Some(mut s) = agent_in.recv().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let mut open = Vec::new();
+        for _ in 0..4 {
+            match proxy.open().await {
+                Ok(s) => open.push(s),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let past = proxy.open().await;
+        assert!(matches!(past, Err(OpenError::Full(4))), "{past:?}");
+        assert_eq!(
+            past.map(|_| ()).map_err(|e| e.to_string()),
+            Err("4 streams are open through the tunnel, the most it carries".to_string())
+        );
+        // Every stream opened before still carries, both ways.
+        for (i, s) in open.iter_mut().enumerate() {
+            let sent = [u8::try_from(i).unwrap_or(0); 3];
+            assert!(s.write_all(&sent).await.is_ok());
+            let mut got = [0u8; 3];
+            assert!(s.read_exact(&mut got).await.is_ok());
+            assert_eq!(got, sent);
+        }
+        // A stream let go of makes room for the next.
+        drop(open.pop());
+        let next = proxy.open().await;
+        assert!(next.is_ok(), "{next:?}");
+        assert!(!proxy.is_closed());
+        drop(echo);
     }
 
     #[tokio::test]

@@ -56,6 +56,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub enum ForwardError {
     #[error("the cluster's agent is not connected")]
     Offline,
+    /// Its tunnel carries as many streams as it may (each request, watch, exec and port-forward
+    /// is one): the most.
+    #[error(
+        "{0} requests and streams are open through the cluster's agent tunnel, the most it carries"
+    )]
+    Busy(usize),
     #[error("the cluster's agent did not answer: {0}")]
     Agent(String),
 }
@@ -78,7 +84,10 @@ pub async fn forward(
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     control: Option<PipeControl>,
 ) -> Result<Response<Body>, ForwardError> {
-    let stream = opener.open().await.map_err(|_| ForwardError::Offline)?;
+    let stream = opener.open().await.map_err(|e| match e {
+        sallyport_core::tunnel::OpenError::Full(n) => ForwardError::Busy(n),
+        sallyport_core::tunnel::OpenError::Closed => ForwardError::Offline,
+    })?;
     // One task owns the yamux stream: two tasks on one stream lose wake-ups.
     let io = TokioIo::new(sallyport_core::flow::Decoupled::new(stream));
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()

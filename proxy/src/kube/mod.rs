@@ -398,7 +398,14 @@ async fn handle(
                 if let Some(pf) = pf {
                     pf.started(&door, false).await;
                 }
-                let why = format!("Kubernetes cluster {cluster} did not answer; try again");
+                let why = match e {
+                    forward::ForwardError::Busy(n) => format!(
+                        "Kubernetes cluster {cluster} is busy: {n} requests and streams are open \
+                         through its agent's tunnel, the most one tunnel carries; try again when \
+                         some end"
+                    ),
+                    _ => format!("Kubernetes cluster {cluster} did not answer; try again"),
+                };
                 door.audit
                     .record(audit.finish(StatusCode::SERVICE_UNAVAILABLE, true, &why))
                     .await;

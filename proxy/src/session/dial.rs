@@ -17,6 +17,7 @@ use russh::keys::ssh_key::Certificate;
 use russh::{Channel, ChannelId, ChannelOpenFailure};
 use sallyport_core::api::{NodeInfo, NodeKind, SessionGrant};
 use sallyport_core::audit::EventType;
+use sallyport_core::tunnel::OpenError;
 use serde_json::json;
 
 use super::Refusal;
@@ -142,16 +143,23 @@ pub async fn connect(
             NodeKind::Kube => state.tunnels.get_kube(&node.id),
             _ => state.tunnels.get(&node.id),
         };
-        let stream = match opener {
-            Some(o) => o.open().await.ok(),
-            None => None,
-        };
-        let stream = stream.ok_or_else(|| {
+        let offline = || {
             Refusal::Offline(format!(
                 "node {} is offline: its agent is not connected to this proxy",
                 node.hostname
             ))
-        })?;
+        };
+        let stream = match opener {
+            Some(o) => o.open().await.map_err(|e| match e {
+                OpenError::Full(n) => Refusal::Limit(format!(
+                    "node {} is busy: {n} sessions and requests are open through its agent's \
+                     tunnel, the most one tunnel carries; try again when some end",
+                    node.hostname
+                )),
+                OpenError::Closed => offline(),
+            })?,
+            None => return Err(offline()),
+        };
         russh::client::connect_stream(config, sallyport_core::flow::Decoupled::new(stream), client)
             .await
             .map_err(explain)?
