@@ -78,13 +78,16 @@ impl AsyncWrite for TunnelStream {
 }
 
 /// The streams a proxy keeps open through one tunnel at most (sessions, kube requests and
-/// watches, port forwards). One more is refused on its own ([`OpenError::Full`]); the tunnel
-/// and everything on it go on.
+/// watches, port forwards), counted by their handles: a stream holds its place until the
+/// proxy's side of it is dropped, which for a session is when both sides have closed it. One
+/// more is refused on its own ([`OpenError::Full`]); the tunnel and everything on it go on.
 pub const PROXY_OPENS: usize = 1024;
-/// The streams an agent accepts at most: well above [`PROXY_OPENS`], because the agent counts
-/// a stream until its own side lets go of it, after the proxy's has, and yamux ends the whole
-/// connection at one stream past its limit.
-pub const AGENT_ACCEPTS: usize = 4 * PROXY_OPENS;
+/// yamux's own limit on a tunnel's streams, on both sides: far above [`PROXY_OPENS`], because
+/// one stream past it ends the whole connection (an open past it on the proxy's side as much
+/// as an inbound one on the agent's), and yamux counts a stream for a while after its handle
+/// is gone (the agent until its own side lets go; the proxy until its connection task has
+/// sent the close).
+pub const YAMUX_STREAMS: usize = 4 * PROXY_OPENS;
 
 /// Which side of the tunnel this is.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +120,9 @@ pub struct Opener {
 impl Opener {
     /// A new stream, or at once [`OpenError::Full`] when the tunnel carries as many as it may.
     pub async fn open(&self) -> Result<TunnelStream, OpenError> {
+        if self.tx.is_closed() {
+            return Err(OpenError::Closed);
+        }
         let place = self
             .places
             .clone()
@@ -237,12 +243,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for WholeFrames<T> {
 }
 
 /// yamux's limit on the streams of one connection: what this side opens and what it accepts
-/// together (one past it ends the whole connection, or fails every open after it).
+/// together (one past it ends the whole connection).
 fn config(streams: usize) -> yamux::Config {
     let mut c = yamux::Config::default();
-    c.set_max_num_streams(streams);
-    // Let a busy stream grow its window up to 16 MiB for bulk copies over the tunnel.
+    // Let a busy stream grow its window up to 16 MiB for bulk copies over the tunnel. Set first:
+    // yamux asserts room for every stream's first 256 KiB when the stream limit is set.
     c.set_max_connection_receive_window(Some((1024 * 1024 * 1024usize).max(streams * 256 * 1024)));
+    c.set_max_num_streams(streams);
     c
 }
 
@@ -252,25 +259,23 @@ pub fn run<T>(io: T, side: Side) -> (Opener, mpsc::Receiver<TunnelStream>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    run_limited(io, side, PROXY_OPENS, AGENT_ACCEPTS)
+    run_limited(io, side, PROXY_OPENS, YAMUX_STREAMS)
 }
 
-/// [`run`] with the proxy opening at most `opens` streams and the agent accepting at most
-/// `accepts`. The proxy's own limit in yamux is `opens` plus room for the streams the agent
-/// opens (its heartbeat) and for those yamux still counts after their handles were dropped:
-/// this side refuses an open by its count of live handles first.
+/// [`run`] with this side opening at most `opens` streams (counted by live handles) and yamux
+/// counting at most `streams` on each side.
 fn run_limited<T>(
     io: T,
     side: Side,
     opens: usize,
-    accepts: usize,
+    streams: usize,
 ) -> (Opener, mpsc::Receiver<TunnelStream>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mode, streams) = match side {
-        Side::Proxy => (yamux::Mode::Client, opens + 64),
-        Side::Agent => (yamux::Mode::Server, accepts),
+    let mode = match side {
+        Side::Proxy => yamux::Mode::Client,
+        Side::Agent => yamux::Mode::Server,
     };
     // Each frame to TLS whole (`WholeFrames`): yamux flushes after every frame it writes.
     let io = WholeFrames::new(io);
@@ -289,39 +294,49 @@ where
                     Poll::Pending => break,
                 }
             }
-            while !waiting.is_empty() {
-                match conn.poll_new_outbound(cx) {
-                    Poll::Ready(Ok(s)) => {
-                        if let Some((w, place)) = waiting.pop_front() {
-                            let _ = w.send(Ok(TunnelStream::new(s, Some(place))));
-                        }
-                    }
-                    // yamux still counts streams whose handles are gone: this open is refused,
-                    // not the tunnel ended.
-                    Poll::Ready(Err(yamux::ConnectionError::TooManyStreams)) => {
-                        if let Some((w, _)) = waiting.pop_front() {
-                            let _ = w.send(Err(OpenError::Full(opens)));
-                        }
-                    }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => break,
-                }
-            }
             loop {
-                match conn.poll_next_inbound(cx) {
-                    Poll::Ready(Some(Ok(s))) => {
-                        // A peer that opens more streams than we consume loses the extras.
-                        let _ = in_tx.try_send(TunnelStream::new(s, None));
+                // Inbound first: polling the connection is also where yamux forgets the
+                // streams whose handles are gone, before an open is counted against them.
+                loop {
+                    match conn.poll_next_inbound(cx) {
+                        Poll::Ready(Some(Ok(s))) => {
+                            // A peer that opens more streams than we consume loses the extras.
+                            let _ = in_tx.try_send(TunnelStream::new(s, None));
+                        }
+                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                        Poll::Ready(None) => return Poll::Ready(Ok(())),
+                        Poll::Pending => break,
                     }
-                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
-                    Poll::Ready(None) => return Poll::Ready(Ok(())),
-                    Poll::Pending => return Poll::Pending,
+                }
+                let mut opened = false;
+                while !waiting.is_empty() {
+                    match conn.poll_new_outbound(cx) {
+                        Poll::Ready(Ok(s)) => {
+                            opened = true;
+                            if let Some((w, place)) = waiting.pop_front() {
+                                let _ = w.send(Ok(TunnelStream::new(s, Some(place))));
+                            }
+                        }
+                        // Past yamux's own count (which the places keep far from): yamux has
+                        // already ended the connection.
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => break,
+                    }
+                }
+                // A stream opened since the connection was last polled is polled with it, so
+                // that its first write wakes the connection.
+                if !opened {
+                    return Poll::Pending;
                 }
             }
         })
         .await;
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "tunnel ended");
+        match result {
+            Err(e @ yamux::ConnectionError::TooManyStreams) => {
+                tracing::warn!(error = %e, "tunnel ended: past yamux's stream limit")
+            }
+            Err(e) => tracing::debug!(error = %e, "tunnel ended"),
+            Ok(()) => {}
         }
         for (w, _) in waiting {
             let _ = w.send(Err(OpenError::Closed));
@@ -424,8 +439,8 @@ mod tests {
     #[tokio::test]
     async fn an_open_past_the_limit_is_refused_alone_and_the_tunnel_goes_on() {
         let (a, b) = tokio::io::duplex(64 * 1024);
-        let (proxy, _proxy_in) = run_limited(a, Side::Proxy, 4, 8);
-        let (_agent, mut agent_in) = run_limited(b, Side::Agent, 4, 8);
+        let (proxy, _proxy_in) = run_limited(a, Side::Proxy, 4, 16);
+        let (_agent, mut agent_in) = run_limited(b, Side::Agent, 4, 16);
         let echo = tokio::spawn(async move {
             while let Some(mut s) = agent_in.recv().await {
                 tokio::spawn(async move {
@@ -465,6 +480,25 @@ mod tests {
         assert!(next.is_ok(), "{next:?}");
         assert!(!proxy.is_closed());
         drop(echo);
+    }
+
+    #[tokio::test]
+    async fn a_full_tunnel_that_ends_says_closed_not_busy() {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (proxy, _proxy_in) = run_limited(a, Side::Proxy, 1, 16);
+        let held = proxy.open().await;
+        assert!(held.is_ok(), "{held:?}");
+        assert!(matches!(proxy.open().await, Err(OpenError::Full(1))));
+        // The agent's connection goes away while the one place is held.
+        drop(b);
+        for _ in 0..200 {
+            if proxy.is_closed() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let after = proxy.open().await;
+        assert!(matches!(after, Err(OpenError::Closed)), "{after:?}");
     }
 
     #[tokio::test]

@@ -45,14 +45,26 @@ impl Clients {
 struct InProcess {
     router: axum::Router,
     peer: PeerCertificates,
+    /// Requests in flight at most ([`IN_FLIGHT`]), as one HTTP/2 connection to auth would
+    /// carry: a stalled database holds callers back here rather than piling up handlers.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
+/// Whole requests to auth in this process in flight at once (hyper's default for the streams
+/// of one HTTP/2 connection).
+const IN_FLIGHT: usize = 200;
+
 impl InProcess {
-    fn new(router: axum::Router, chain_pem: &str) -> Result<Self, ClientError> {
+    fn new(
+        router: axum::Router,
+        chain_pem: &str,
+        in_flight: Arc<tokio::sync::Semaphore>,
+    ) -> Result<Self, ClientError> {
         let chain = pem_to_ders(chain_pem).map_err(|e| ClientError::Setup(e.to_string()))?;
         Ok(InProcess {
             router,
             peer: PeerCertificates(Arc::new(chain)),
+            in_flight,
         })
     }
 
@@ -84,15 +96,20 @@ impl InProcess {
         req.extensions_mut().insert(self.peer.clone());
         req.extensions_mut()
             .insert(RemoteAddr(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
-        let router = self.router.clone();
-        let answered = tokio::spawn(async move {
-            let resp = router.oneshot(req).await.map_err(|e| e.to_string())?;
-            let (parts, body) = resp.into_parts();
-            let body = axum::body::to_bytes(body, usize::MAX)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((parts.status.as_u16(), parts.headers, body.to_vec()))
-        });
+        let (router, in_flight) = (self.router.clone(), self.in_flight.clone());
+        let answered = async move {
+            let place = in_flight.acquire_owned().await.map_err(|e| e.to_string());
+            tokio::spawn(async move {
+                let _place = place?;
+                let resp = router.oneshot(req).await.map_err(|e| e.to_string())?;
+                let (parts, body) = resp.into_parts();
+                let body = axum::body::to_bytes(body, usize::MAX)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((parts.status.as_u16(), parts.headers, body.to_vec()))
+            })
+            .await
+        };
         match tokio::time::timeout(WHOLE_TIMEOUT, answered).await {
             Ok(Ok(Ok(answer))) => Ok(answer),
             Ok(Ok(Err(e))) => Err(ClientError::Local(format!("auth failed to answer: {e}"))),
@@ -262,7 +279,8 @@ impl AuthClient {
         router: axum::Router,
         id: &ServiceIdentity,
     ) -> Result<Self, ClientError> {
-        let local = InProcess::new(router, &id.chain_pem)?;
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+        let local = InProcess::new(router, &id.chain_pem, in_flight)?;
         self.write_clients().local = Some(local);
         Ok(self)
     }
@@ -272,13 +290,11 @@ impl AuthClient {
     /// over the old one must not outlive it). Every clone of this client takes it.
     pub fn renewed(&self, id: &ServiceIdentity) -> Result<(), ClientError> {
         let mut next = Clients::new(&id.host_ca_pem, &id.chain_pem, &id.key_pem)?;
-        let mut clients = self.write_clients();
-        next.local = clients
-            .local
-            .take()
-            .map(|l| InProcess::new(l.router, &id.chain_pem))
+        next.local = self
+            .local()
+            .map(|l| InProcess::new(l.router, &id.chain_pem, l.in_flight))
             .transpose()?;
-        *clients = next;
+        *self.write_clients() = next;
         Ok(())
     }
 

@@ -355,6 +355,9 @@ pub async fn serve(
             tracing::info!(node = %node_id, peer = %addr, "agent tunnel up");
             // The agent's first stream is its heartbeat: labels in, "ok" out.
             if let Some(hb) = inbound.recv().await {
+                // No other stream from an agent is taken: one it opens is let go of at once
+                // rather than parked, counted by yamux against the tunnel's streams.
+                drop(inbound);
                 heartbeats(hb, &node_id, &auth, &tunnels.set, batch.as_ref()).await;
             }
             if tunnels.remove(&node_id, generation) {

@@ -394,7 +394,12 @@ async fn handle(
                 }
             }
             Err(e) => {
-                tracing::warn!(cluster, verb, error = %e, "kube request not forwarded");
+                // A full tunnel is the person's answer (and audited), not the operator's news.
+                if matches!(e, forward::ForwardError::Busy(_)) {
+                    tracing::debug!(cluster, verb, error = %e, "kube request not forwarded");
+                } else {
+                    tracing::warn!(cluster, verb, error = %e, "kube request not forwarded");
+                }
                 if let Some(pf) = pf {
                     pf.started(&door, false).await;
                 }
