@@ -246,12 +246,23 @@ impl<T: AsyncRead + Unpin> AsyncRead for WholeFrames<T> {
 /// together (one past it ends the whole connection).
 fn config(streams: usize) -> yamux::Config {
     let mut c = yamux::Config::default();
-    // Let a busy stream grow its window up to 16 MiB for bulk copies over the tunnel. Set first:
-    // yamux asserts room for every stream's first 256 KiB when the stream limit is set.
-    c.set_max_connection_receive_window(Some((1024 * 1024 * 1024usize).max(streams * 256 * 1024)));
+    // Set first: yamux asserts room for every stream's first 256 KiB when the stream limit is set.
+    c.set_max_connection_receive_window(Some(receive_window(streams)));
     c.set_max_num_streams(streams);
     c
 }
+
+/// Every stream's first window (yamux's 256 KiB) and [`WINDOW_GROWTH`] above them.
+fn receive_window(streams: usize) -> usize {
+    streams * 256 * 1024 + WINDOW_GROWTH
+}
+
+/// What yamux lets the streams of one connection grow their windows by, together, beyond their
+/// first 256 KiB each (a stream up to 16 MiB): a bulk copy over a long round trip needs more
+/// than 256 KiB in flight. yamux gives only what the connection's window has above every
+/// stream's first: a stream limit raised without it would hold each stream at 256 KiB a round
+/// trip.
+const WINDOW_GROWTH: usize = 768 * 1024 * 1024;
 
 /// Runs the multiplexer over `io` until the connection ends. Returns the opener and the streams
 /// the other side opens; the tunnel is gone when the receiver yields `None`.
@@ -480,6 +491,15 @@ mod tests {
         assert!(next.is_ok(), "{next:?}");
         assert!(!proxy.is_closed());
         drop(echo);
+    }
+
+    #[test]
+    fn streams_can_grow_their_windows_at_every_stream_limit() {
+        for streams in [PROXY_OPENS, YAMUX_STREAMS] {
+            // yamux's own invariant (it asserts it), and room above it for growth.
+            assert!(receive_window(streams) >= streams * 256 * 1024 + 512 * 1024 * 1024);
+            let _ = config(streams);
+        }
     }
 
     #[tokio::test]
