@@ -297,15 +297,21 @@ impl Decoupled {
                 // little of it is left. It is zeroed once when made rather than left
                 // uninitialized: a futures-io stream (yamux behind `Compat`) would otherwise
                 // zero all the spare room again on every read.
+                // The first buffer is small (most streams carry a session's few KiB); one read
+                // that fills what it was given moves the stream to 64 KiB buffers.
                 let mut buf = bytes::BytesMut::new();
+                let mut size = 16 * 1024;
                 loop {
-                    if buf.len() < 16 * 1024 {
-                        buf = bytes::BytesMut::zeroed(64 * 1024);
+                    if buf.len() < size / 4 {
+                        buf = bytes::BytesMut::zeroed(size);
                     }
                     let n = match r.read(&mut buf[..]).await {
                         Ok(0) | Err(_) => break,
                         Ok(n) => n,
                     };
+                    if n == buf.len() {
+                        size = 64 * 1024;
+                    }
                     if in_tx.send(buf.split_to(n).freeze()).await.is_err() {
                         break;
                     }
