@@ -294,11 +294,11 @@ impl Decoupled {
             let (mut r, mut w) = tokio::io::split(stream);
             let reading = async move {
                 // Read straight into the buffer that is handed on (no copy), a fresh one once
-                // little of it is left. It is zeroed once when made rather than left
+                // a quarter of it is left. It is zeroed once when made rather than left
                 // uninitialized: a futures-io stream (yamux behind `Compat`) would otherwise
-                // zero all the spare room again on every read.
-                // The first buffer is small (most streams carry a session's few KiB); one read
-                // that fills what it was given moves the stream to 64 KiB buffers.
+                // zero all the spare room again on every read. The first is 16 KiB (most streams
+                // carry a session's few KiB); a read that fills what it was given moves the
+                // stream to 64 KiB buffers.
                 let mut buf = bytes::BytesMut::new();
                 let mut size = 16 * 1024;
                 loop {

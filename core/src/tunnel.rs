@@ -102,7 +102,8 @@ pub enum Side {
 pub enum OpenError {
     #[error("tunnel closed")]
     Closed,
-    /// As many streams are open through the tunnel as it carries.
+    /// As many streams are open through the tunnel as it carries. The one wording the SSH and
+    /// kube doors both show, after the node's or cluster's name.
     #[error("{0} streams are open through the tunnel, the most it carries")]
     Full(usize),
 }

@@ -485,8 +485,9 @@ async fn start_proxy(
     let mut client = sallyport_proxy::AuthClient::new(&boot.auth_addr, &proxy_id)?;
     // Auth in this process: its whole requests (every session's grant, end and audit) skip
     // the loopback HTTPS. Streamed reads, sallyctl's passthrough and the browsers' per-user
-    // clients still reach it over TLS. `SALLYPORT_AUTH_OVER_HTTPS=1` keeps them on HTTPS: for measuring the difference, and
-    // for a suspicion that the two paths decide differently (they run the same router).
+    // clients still reach it over TLS. `SALLYPORT_AUTH_OVER_HTTPS=1` keeps them on HTTPS: for
+    // measuring the difference, and for a suspicion that the two paths decide differently
+    // (they run the same router).
     let over_https = std::env::var_os("SALLYPORT_AUTH_OVER_HTTPS").is_some_and(|v| v == "1");
     if let Some(a) = auth.filter(|_| !over_https) {
         client = client.in_process(a.router.clone(), &proxy_id)?;

@@ -1,9 +1,10 @@
 //! The proxy's client for the auth API: HTTPS with mutual TLS, trusting only the cluster's host
 //! CA, redirects off. In the all-in-one, where auth runs in the same process, whole requests
-//! skip the network ([`AuthClient::in_process`]): the same request goes to auth's router with the
-//! proxy's certificate chain as the TLS handshake would have presented it, so auth decides
-//! exactly as it does over HTTPS, minus the TLS, TCP and HTTP framing. Failed authentications at the proxy's doors go to auth through a bounded
-//! queue ([`AuthClient::report_failure`]), so a door never waits on the audit of a refusal.
+//! skip the network ([`AuthClient::in_process`]): the same request goes to auth's router with
+//! the proxy's certificate chain as the TLS handshake would have presented it, so auth decides
+//! exactly as it does over HTTPS, minus the TLS, TCP and HTTP framing. Failed authentications
+//! at the proxy's doors go to auth through a bounded queue ([`AuthClient::report_failure`]), so
+//! a door never waits on the audit of a refusal.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -121,11 +121,6 @@ impl Tunnels {
             false
         }
     }
-
-    /// Opens a session stream to `node_id`'s agent.
-    pub async fn open(&self, node_id: &str) -> Option<TunnelStream> {
-        self.get(node_id)?.open().await.ok()
-    }
 }
 
 /// The heartbeat an agent sends on its own stream.

@@ -57,11 +57,9 @@ pub enum ForwardError {
     #[error("the cluster's agent is not connected")]
     Offline,
     /// Its tunnel carries as many streams as it may (each request, watch, exec and port-forward
-    /// is one): the most.
-    #[error(
-        "{0} requests and streams are open through the cluster's agent tunnel, the most it carries"
-    )]
-    Busy(usize),
+    /// is one).
+    #[error("{0}")]
+    Busy(sallyport_core::tunnel::OpenError),
     #[error("the cluster's agent did not answer: {0}")]
     Agent(String),
 }
@@ -85,7 +83,7 @@ pub async fn forward(
     control: Option<PipeControl>,
 ) -> Result<Response<Body>, ForwardError> {
     let stream = opener.open().await.map_err(|e| match e {
-        sallyport_core::tunnel::OpenError::Full(n) => ForwardError::Busy(n),
+        full @ sallyport_core::tunnel::OpenError::Full(_) => ForwardError::Busy(full),
         sallyport_core::tunnel::OpenError::Closed => ForwardError::Offline,
     })?;
     // One task owns the yamux stream: two tasks on one stream lose wake-ups.

@@ -404,11 +404,11 @@ async fn handle(
                     pf.started(&door, false).await;
                 }
                 let why = match e {
-                    forward::ForwardError::Busy(n) => format!(
-                        "Kubernetes cluster {cluster} is busy: {n} requests and streams are open \
-                         through its agent's tunnel, the most one tunnel carries; try again when \
-                         some end"
-                    ),
+                    forward::ForwardError::Busy(_) => {
+                        format!(
+                            "Kubernetes cluster {cluster} is busy: {e}; try again when some end"
+                        )
+                    }
                     _ => format!("Kubernetes cluster {cluster} did not answer; try again"),
                 };
                 door.audit

@@ -151,9 +151,8 @@ pub async fn connect(
         };
         let stream = match opener {
             Some(o) => o.open().await.map_err(|e| match e {
-                OpenError::Full(n) => Refusal::Limit(format!(
-                    "node {} is busy: {n} sessions and requests are open through its agent's \
-                     tunnel, the most one tunnel carries; try again when some end",
+                OpenError::Full(_) => Refusal::Limit(format!(
+                    "node {} is busy: {e}; try again when some end",
                     node.hostname
                 )),
                 OpenError::Closed => offline(),
