@@ -429,6 +429,43 @@ fn queue_remote_op(
     true
 }
 
+/// Resolves once every `-R` bind and cancel asked before this call has been answered (its
+/// reply on the person's priority queue): a session channel's confirmation waits for it, so a
+/// refused `-R` is heard before the session's output and exit status, as from sshd, which
+/// answers requests in the order they came (`ExitOnForwardFailure` counts on it). The channel
+/// is still authorized and dialed meanwhile; a connection that never forwarded waits for nothing.
+pub(super) fn answered_so_far(
+    inner: &Inner,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut waiting = None;
+    if let Some(ops) = inner.forwarding.remote_ops.get() {
+        let (done, answered) = tokio::sync::oneshot::channel::<()>();
+        let marker: RemoteOp = Box::pin(async move {
+            let _ = done.send(());
+        });
+        match ops.try_send(marker) {
+            Ok(()) => waiting = Some((None, answered)),
+            // A full queue (64 pending): the marker waits for room, so it may also wait for
+            // ops asked a little after this channel: never for fewer than those before it.
+            Err(tokio::sync::mpsc::error::TrySendError::Full(marker)) => {
+                waiting = Some((Some((ops.clone(), marker)), answered))
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+    async move {
+        let Some((late, answered)) = waiting else {
+            return;
+        };
+        if let Some((ops, marker)) = late
+            && ops.send(marker).await.is_err()
+        {
+            return;
+        }
+        let _ = answered.await;
+    }
+}
+
 /// Cancels a remote forward the person asked for earlier: queued after the forwards asked
 /// before it (see [`Forwarding::remote_ops`]); one the proxy does not know is refused at once.
 pub(super) fn cancel_tcpip_forward(
