@@ -1409,6 +1409,15 @@ impl Encrypted {
         user: &str,
         auth_method: &auth::Method,
     ) -> Result<bool, crate::Error> {
+        // A certificate whose private key is in hand is offered signed at once (RFC 4252 §7
+        // allows it; sshd takes both): the probe would cost a round trip and the server a
+        // second check of the certificate. (sallyport patch, see PATCHES.md)
+        if let auth::Method::OpenSshCertificate { ref cert, .. } = *auth_method {
+            debug!("write_auth_request: cert - {:?}, signed", cert.algorithm());
+            let mut buffer = Vec::new();
+            self.client_send_signature(user, auth_method, &mut buffer)?;
+            return Ok(true);
+        }
         // The server is waiting for our USERAUTH_REQUEST.
         Ok(push_packet!(self.write, {
             self.write.push(msg::USERAUTH_REQUEST);
@@ -1443,6 +1452,7 @@ impl Encrypted {
                     user.as_bytes().encode(&mut self.write)?;
                     "ssh-connection".encode(&mut self.write)?;
                     "publickey".encode(&mut self.write)?;
+                    // Not reached: offered signed above.
                     self.write.push(0); // This is a probe
 
                     debug!("write_auth_request: cert - {:?}", cert.algorithm());
