@@ -126,6 +126,10 @@ impl Session {
                     buf,
                     &mut r,
                     &mut self.common.auth_user,
+                    !self
+                        .common
+                        .config
+                        .certificate_signature_checked_by_handler,
                 )
                 .await?;
                 self.common.auth_attempts += 1;
@@ -935,6 +939,7 @@ impl Encrypted {
         original_packet: &[u8],
         r: &mut &[u8],
         auth_user: &mut String,
+        check_cert_signature: bool,
     ) -> Result<(), H::Error> {
         // https://tools.ietf.org/html/rfc4252#section-5
         let user = map_err!(String::decode(r))?;
@@ -1010,6 +1015,7 @@ impl Encrypted {
                     auth_user,
                     &user,
                     r,
+                    check_cert_signature,
                 )
                 .await
             } else if method == "none" {
@@ -1101,6 +1107,7 @@ impl Encrypted {
         auth_user: &mut String,
         user: &str,
         r: &mut &[u8],
+        check_cert_signature: bool,
     ) -> Result<(), H::Error> {
         let auth_request = if let EncryptedState::WaitingAuthRequest(ref mut a) = self.state {
             a
@@ -1138,8 +1145,9 @@ impl Encrypted {
                             return Ok(());
                         }
 
-                        // Verify the certificate’s signature
-                        if cert.verify_signature().is_err() {
+                        // Verify the certificate’s signature, unless the handler does
+                        // (`Config::certificate_signature_checked_by_handler`).
+                        if check_cert_signature && cert.verify_signature().is_err() {
                             warn!("Certificate signature is invalid");
                             reject_auth_request(until, &mut self.write, auth_request).await?;
                             return Ok(());

@@ -104,6 +104,13 @@ pub struct Config {
     pub keepalive_max: usize,
     /// If active, invoke `set_nodelay(true)` on client sockets; disabled by default (i.e. Nagle's algorithm is active).
     pub nodelay: bool,
+    /// Leaves the check of a user certificate's signature to the handler's
+    /// `auth_openssh_certificate`, which must then make it (against the CAs it trusts, which
+    /// it must check anyway) before it accepts: russh's own check, of the signature against
+    /// the key the certificate names, is the same Ed25519 or RSA verification made twice.
+    /// The validity window is still checked here. Off by default.
+    /// (sallyport patch, see PATCHES.md)
+    pub certificate_signature_checked_by_handler: bool,
 }
 
 impl Default for Config {
@@ -132,6 +139,7 @@ impl Default for Config {
             keepalive_interval: None,
             keepalive_max: 3,
             nodelay: false,
+            certificate_signature_checked_by_handler: false,
         }
     }
 }
