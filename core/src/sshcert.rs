@@ -295,11 +295,13 @@ static SIGNATURES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSe
     std::sync::LazyLock::new(Default::default);
 
 /// Whether the certificate's signature is good (made by the key it names as its signer: the
-/// caller checks that key is a trusted CA). A session's certificate is checked at the proxy's
-/// door, at its inner connection and by every client that reuses it — an Ed25519 verification
-/// each time (~50 µs, a tenth of the proxy's CPU per session) — so a certificate that verified
-/// is remembered by its bytes' digest, which nothing but the same bytes matches. The digest
-/// costs a few microseconds; a failed check is never remembered.
+/// caller checks that key is a trusted CA). One login's certificate is checked at the proxy's
+/// door and again at the inner connection of every session it opens, a node's host certificate
+/// at every dial to it — an Ed25519 verification each time (~50 µs; with russh's own checks,
+/// now left to us, a tenth of the all-in-one's CPU per session) — so a certificate that verified
+/// is remembered by its bytes' digest, which nothing but the same bytes matches (user and host
+/// certificates alike). The digest costs a few microseconds; a failed check is never
+/// remembered.
 fn signature_checked(cert: &Certificate) -> Result<(), CertRefusal> {
     let bytes = cert.to_bytes().map_err(|_| CertRefusal::BadSignature)?;
     let digest: [u8; 32] = match aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes)
@@ -463,6 +465,11 @@ pub fn server_preferred(transport: Transport) -> russh::Preferred {
 /// first `none` probe answered at once (refusals after it take the caller's
 /// `auth_rejection_time`), no Nagle, room between nested session loops (`crate::flow`), and
 /// [`server_preferred`]'s algorithms. Each server sets its own timeouts and windows over this.
+///
+/// Under it russh does not check a user certificate's signature
+/// (`certificate_signature_checked_by_handler`): a server built on it must accept a
+/// certificate in `auth_openssh_certificate` only when [`verify_user`] or
+/// [`verify_user_any_login`] accepted it, or a certificate edited after signing gets in.
 pub fn server_config(
     key: PrivateKey,
     certificate: Certificate,
@@ -476,7 +483,7 @@ pub fn server_config(
         nodelay: true,
         channel_buffer_size: crate::flow::CHANNEL_BUFFER,
         preferred: server_preferred(transport),
-        // Every handler here checks a certificate with [`verify_user`] (signature included)
+        // Every handler here checks a certificate with `verify_user*` (signature included)
         // before it accepts; russh's own check would be the same verification again.
         certificate_signature_checked_by_handler: true,
         ..Default::default()

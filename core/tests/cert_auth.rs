@@ -169,3 +169,55 @@ async fn only_certificates_the_handler_verifies_get_in_whatever_came_before() {
         Err(sshcert::CertRefusal::Expired { .. })
     ));
 }
+
+/// Accepts every certificate russh passes on: what a handler under `server_config` must not be.
+struct Trusting;
+
+impl russh::server::Handler for Trusting {
+    type Error = russh::Error;
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        _: &str,
+        _: &Certificate,
+    ) -> Result<russh::server::Auth, Self::Error> {
+        Ok(russh::server::Auth::Accept)
+    }
+}
+
+/// The contract's other side: under `server_config` russh itself lets a certificate edited
+/// after signing through to the handler, so the handler's check is the only one (if this
+/// fails, russh checks again and the setting's documentation is out of date).
+#[tokio::test]
+async fn under_sallyports_settings_only_the_handler_checks_the_signature() {
+    let ca = sshcert::generate_ed25519().unwrap();
+    let key = sshcert::generate_ed25519().unwrap();
+    let genuine = issue(&ca, &key, &["deploy".to_string()], sshcert::now() + 3600);
+    let forged = tampered(&genuine, "deploy", "rooted");
+    let host_ca = sshcert::generate_ed25519().unwrap();
+    let host_key = sshcert::generate_ed25519().unwrap();
+    let host_cert = sshcert::issue_host(
+        &host_ca,
+        host_key.public_key(),
+        "host",
+        &["host".to_string()],
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let config = sshcert::server_config(host_key, host_cert, Transport::Open);
+    let (a, b) = tokio::io::duplex(256 * 1024);
+    tokio::spawn(async move {
+        if let Ok(running) = russh::server::run_stream(Arc::new(config), a, Trusting).await {
+            let _ = running.await;
+        }
+    });
+    let client_config = sshcert::client_config(sshcert::preferred());
+    let mut handle = russh::client::connect_stream(Arc::new(client_config), b, AnyHost)
+        .await
+        .unwrap();
+    let auth = handle
+        .authenticate_openssh_cert("rooted", Arc::new(key), forged)
+        .await
+        .unwrap();
+    assert!(auth.success());
+}

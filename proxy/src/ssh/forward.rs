@@ -434,6 +434,10 @@ fn queue_remote_op(
 /// refused `-R` is heard before the session's output and exit status, as from sshd, which
 /// answers requests in the order they came (`ExitOnForwardFailure` counts on it). The channel
 /// is still authorized and dialed meanwhile; a connection that never forwarded waits for nothing.
+/// The order holds because a deferred global reply and a channel's open confirmation both go
+/// through russh's priority queue, in the order given. Each op is bounded by
+/// [`GLOBAL_REQUEST_LIMIT`], so the wait is too (at most the queue's [`REMOTE_OPS_QUEUED`] of
+/// them); a refusal made before the wait (the session cap, an unknown target) goes at once.
 pub(super) fn answered_so_far(
     inner: &Inner,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {

@@ -126,6 +126,7 @@ impl Session {
                     buf,
                     &mut r,
                     &mut self.common.auth_user,
+                    // (sallyport patch, see PATCHES.md)
                     !self
                         .common
                         .config
@@ -939,6 +940,7 @@ impl Encrypted {
         original_packet: &[u8],
         r: &mut &[u8],
         auth_user: &mut String,
+        // (sallyport patch, see PATCHES.md)
         check_cert_signature: bool,
     ) -> Result<(), H::Error> {
         // https://tools.ietf.org/html/rfc4252#section-5
@@ -1015,7 +1017,7 @@ impl Encrypted {
                     auth_user,
                     &user,
                     r,
-                    check_cert_signature,
+                    check_cert_signature, // (sallyport patch, see PATCHES.md)
                 )
                 .await
             } else if method == "none" {
@@ -1107,6 +1109,7 @@ impl Encrypted {
         auth_user: &mut String,
         user: &str,
         r: &mut &[u8],
+        // (sallyport patch, see PATCHES.md)
         check_cert_signature: bool,
     ) -> Result<(), H::Error> {
         let auth_request = if let EncryptedState::WaitingAuthRequest(ref mut a) = self.state {
@@ -1146,7 +1149,8 @@ impl Encrypted {
                         }
 
                         // Verify the certificate’s signature, unless the handler does
-                        // (`Config::certificate_signature_checked_by_handler`).
+                        // (`Config::certificate_signature_checked_by_handler`; sallyport
+                        // patch, see PATCHES.md).
                         if check_cert_signature && cert.verify_signature().is_err() {
                             warn!("Certificate signature is invalid");
                             reject_auth_request(until, &mut self.write, auth_request).await?;
