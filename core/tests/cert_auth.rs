@@ -7,10 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::AnyHostKey;
 use russh::keys::ssh_key::{Certificate, PrivateKey, PublicKey};
 use sallyport_core::sshcert::{self, Permits, Transport, UserCertRequest};
 
@@ -43,22 +46,11 @@ impl russh::server::Handler for Verifying {
     }
 }
 
-struct AnyHost;
-
-impl russh::client::Handler for AnyHost {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        _: &russh::keys::PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        Ok(true)
-    }
-}
-
-/// Logs in as `login` with `cert` (for `key`) to a server of Sallyport's settings; true when
-/// accepted.
-async fn login(server: Verifying, key: &PrivateKey, cert: Certificate, login: &str) -> bool {
+/// A client connected to a russh server under Sallyport's settings running `handler`.
+async fn connect<H>(handler: H) -> russh::client::Handle<AnyHostKey>
+where
+    H: russh::server::Handler<Error = russh::Error> + Send + 'static,
+{
     let host_ca = sshcert::generate_ed25519().unwrap();
     let host_key = sshcert::generate_ed25519().unwrap();
     let host_cert = sshcert::issue_host(
@@ -77,15 +69,23 @@ async fn login(server: Verifying, key: &PrivateKey, cert: Certificate, login: &s
     };
     let (a, b) = tokio::io::duplex(256 * 1024);
     tokio::spawn(async move {
-        if let Ok(running) = russh::server::run_stream(Arc::new(config), a, server).await {
+        if let Ok(running) = russh::server::run_stream(Arc::new(config), a, handler).await {
             let _ = running.await;
         }
     });
     let client_config = sshcert::client_config(sshcert::preferred());
-    let mut handle = russh::client::connect_stream(Arc::new(client_config), b, AnyHost)
+    russh::client::connect_stream(Arc::new(client_config), b, AnyHostKey)
         .await
-        .unwrap();
-    handle
+        .unwrap()
+}
+
+/// Logs in as `login` with `cert` (for `key`); true when accepted.
+async fn login<H>(handler: H, key: &PrivateKey, cert: Certificate, login: &str) -> bool
+where
+    H: russh::server::Handler<Error = russh::Error> + Send + 'static,
+{
+    connect(handler)
+        .await
         .authenticate_openssh_cert(login, Arc::new(key.clone()), cert)
         .await
         .unwrap()
@@ -194,30 +194,5 @@ async fn under_sallyports_settings_only_the_handler_checks_the_signature() {
     let key = sshcert::generate_ed25519().unwrap();
     let genuine = issue(&ca, &key, &["deploy".to_string()], sshcert::now() + 3600);
     let forged = tampered(&genuine, "deploy", "rooted");
-    let host_ca = sshcert::generate_ed25519().unwrap();
-    let host_key = sshcert::generate_ed25519().unwrap();
-    let host_cert = sshcert::issue_host(
-        &host_ca,
-        host_key.public_key(),
-        "host",
-        &["host".to_string()],
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    let config = sshcert::server_config(host_key, host_cert, Transport::Open);
-    let (a, b) = tokio::io::duplex(256 * 1024);
-    tokio::spawn(async move {
-        if let Ok(running) = russh::server::run_stream(Arc::new(config), a, Trusting).await {
-            let _ = running.await;
-        }
-    });
-    let client_config = sshcert::client_config(sshcert::preferred());
-    let mut handle = russh::client::connect_stream(Arc::new(client_config), b, AnyHost)
-        .await
-        .unwrap();
-    let auth = handle
-        .authenticate_openssh_cert("rooted", Arc::new(key), forged)
-        .await
-        .unwrap();
-    assert!(auth.success());
+    assert!(login(Trusting, &key, forged, "rooted").await);
 }
