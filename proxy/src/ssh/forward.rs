@@ -439,10 +439,10 @@ fn queue_remote_op(
 /// [`GLOBAL_REQUEST_LIMIT`], so the wait is too (at most the queue's [`REMOTE_OPS_QUEUED`] of
 /// them); a refusal made before the wait (the session cap, an unknown target) goes at once.
 pub(super) fn answered_so_far(
-    inner: &Inner,
+    forwarding: &Forwarding,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut waiting = None;
-    if let Some(ops) = inner.forwarding.remote_ops.get() {
+    if let Some(ops) = forwarding.remote_ops.get() {
         let (done, answered) = tokio::sync::oneshot::channel::<()>();
         let marker: RemoteOp = Box::pin(async move {
             let _ = done.send(());
@@ -500,4 +500,99 @@ pub(super) fn cancel_tcpip_forward(
     };
     queue_remote_op(inner, session, op);
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::sync::oneshot;
+
+    /// An op that waits for its gate to open and then counts itself answered.
+    fn op(answered: &Arc<AtomicUsize>) -> (oneshot::Sender<()>, RemoteOp) {
+        let (open, gate) = oneshot::channel::<()>();
+        let answered = answered.clone();
+        let op: RemoteOp = Box::pin(async move {
+            let _ = gate.await;
+            answered.fetch_add(1, Ordering::SeqCst);
+        });
+        (open, op)
+    }
+
+    /// Whether `wait` is still waiting a moment from now (it cannot end on its own: only an
+    /// opened gate ends it).
+    async fn still_waiting(wait: &mut (impl std::future::Future<Output = ()> + Unpin)) -> bool {
+        tokio::time::timeout(Duration::from_millis(100), wait)
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn a_session_channel_waits_for_the_forwards_asked_before_it_and_no_others() {
+        let f = Forwarding::new(Default::default(), Default::default());
+        // A connection that never forwarded: nothing to wait for.
+        let mut none = Box::pin(answered_so_far(&f));
+        assert!(!still_waiting(&mut none).await);
+
+        // Two binds asked, then the channel opened, then another bind asked.
+        let answered = Arc::new(AtomicUsize::new(0));
+        let ops = f.remote_ops();
+        let (first, a) = op(&answered);
+        let (second, b) = op(&answered);
+        let (_later, c) = op(&answered);
+        assert!(ops.try_send(a).is_ok());
+        assert!(ops.try_send(b).is_ok());
+        let mut channel = Box::pin(answered_so_far(&f));
+        assert!(ops.try_send(c).is_ok());
+        assert!(still_waiting(&mut channel).await);
+        let _ = first.send(());
+        assert!(
+            still_waiting(&mut channel).await,
+            "one earlier bind still unanswered"
+        );
+        let _ = second.send(());
+        assert!(
+            !still_waiting(&mut channel).await,
+            "the later bind is not waited for"
+        );
+        assert_eq!(answered.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn with_the_queue_full_the_channel_still_waits_for_the_earlier_forwards() {
+        let f = Forwarding::new(Default::default(), Default::default());
+        let answered = Arc::new(AtomicUsize::new(0));
+        let ops = f.remote_ops();
+        let mut gates = Vec::new();
+        // The worker holds the first op; the queue then takes REMOTE_OPS_QUEUED more.
+        let (g, first) = op(&answered);
+        gates.push(g);
+        assert!(ops.try_send(first).is_ok());
+        tokio::task::yield_now().await;
+        let mut queued = 0;
+        loop {
+            let (g, o) = op(&answered);
+            if ops.try_send(o).is_err() {
+                break;
+            }
+            gates.push(g);
+            queued += 1;
+        }
+        assert!(queued >= REMOTE_OPS_QUEUED - 1, "{queued}");
+        let mut channel = Box::pin(answered_so_far(&f));
+        assert!(still_waiting(&mut channel).await);
+        let last = gates.pop();
+        for g in gates {
+            let _ = g.send(());
+        }
+        assert!(
+            still_waiting(&mut channel).await,
+            "the last earlier bind is unanswered"
+        );
+        if let Some(g) = last {
+            let _ = g.send(());
+        }
+        assert!(!still_waiting(&mut channel).await);
+        assert_eq!(answered.load(Ordering::SeqCst), queued + 1);
+    }
 }

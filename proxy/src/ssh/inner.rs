@@ -314,7 +314,7 @@ impl russh::server::Handler for Inner {
             self.session_cap.clone(),
         );
         let (user, activity) = (session.handle(), self.activity.clone());
-        let forwards_answered = super::forward::answered_so_far(self);
+        let forwards_answered = super::forward::answered_so_far(&self.forwarding);
         opening.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
             let opened = session::relay::open(proxy.clone(), &target, Some(toward)).await;
