@@ -33,7 +33,7 @@ pub use backend::Backend;
 
 /// What callers of the auth service match on. Each message is written for the person who will
 /// read it: what failed and what to do.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum AuthError {
     #[error("{0}")]
     BadRequest(String),
@@ -135,6 +135,10 @@ pub struct AuthServer {
     pub backend: Backend,
     pub authorities: Authorities,
     pub(crate) audit_lock: tokio::sync::Mutex<()>,
+    /// Appends waiting for the chain's writer, written together (`audit_log`, group commit).
+    pub(crate) audit_pending: audit_log::Pending,
+    /// This server, for the audit writer's task.
+    pub(crate) me: std::sync::Weak<AuthServer>,
     /// The audit checkpoint key, when the chain is anchored.
     pub(crate) audit_anchor: Option<audit_log::Anchor>,
     /// A precomputed argon2 hash so that logins for unknown users cost the same.
@@ -163,11 +167,13 @@ impl AuthServer {
         let audit_anchor = audit_log::Anchor::load(&config)?;
         let dummy_hash =
             login::hash_password("not a real password; timing equaliser".into()).await?;
-        let auth = Arc::new(AuthServer {
+        let auth = Arc::new_cyclic(|me| AuthServer {
             config,
             backend,
             authorities,
             audit_lock: tokio::sync::Mutex::new(()),
+            audit_pending: Default::default(),
+            me: me.clone(),
             audit_anchor,
             dummy_hash,
             failures: failures::Failures::default(),
