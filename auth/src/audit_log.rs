@@ -296,7 +296,9 @@ pub(crate) fn spawn_anchorer(auth: Weak<AuthServer>) {
     });
 }
 
-/// One record in `sallyport_audit_queue_depth{queue="auth_audit_writer"}` while it lives.
+/// Numbers callers' appends (see [`Pending::withdraw`]).
+static NEXT_APPEND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The most events one group commit writes (a caller's own are never split).
 const BATCH_EVENTS: usize = 512;
 
@@ -304,8 +306,10 @@ const BATCH_EVENTS: usize = 512;
 #[derive(Default)]
 pub(crate) struct Pending(Mutex<Vec<PendingAppend>>);
 
+/// A caller's events, the caller's number (to withdraw them), and where its answer goes.
 type PendingAppend = (
     Vec<Event>,
+    u64,
     tokio::sync::oneshot::Sender<Result<(), AuthError>>,
 );
 
@@ -318,11 +322,27 @@ impl Pending {
     }
 
     /// The oldest callers' appends, whole, up to `max` events (at least one caller's).
+    /// Takes back caller `id`'s events if no writer has taken them yet.
+    fn withdraw(&self, id: u64) {
+        self.lock().retain(|(_, n, _)| *n != id);
+    }
+
+    /// The writer stopped without emptying the queue (it panicked, or its task was
+    /// cancelled): every caller still queued is told nothing of theirs was written, and the
+    /// next append starts a writer again (it finds the queue empty).
+    fn fail_all(&self) {
+        for (_, _, done) in self.lock().drain(..) {
+            let _ = done.send(Err(AuthError::Internal(
+                "the audit writer stopped; these records were not written".into(),
+            )));
+        }
+    }
+
     fn take(&self, max: usize) -> Vec<PendingAppend> {
         let mut p = self.lock();
         let mut n = 0;
         let mut count = 0;
-        for (events, _) in p.iter() {
+        for (events, _, _) in p.iter() {
             if count > 0 && n + events.len() > max {
                 break;
             }
@@ -333,6 +353,7 @@ impl Pending {
     }
 }
 
+/// One record in `sallyport_audit_queue_depth{queue="auth_audit_writer"}` while it lives.
 struct WriterQueue;
 
 impl WriterQueue {
@@ -366,7 +387,9 @@ impl AuthServer {
     /// them in one transaction, each caller's events together and in order. A batch's failure
     /// is every caller's, and none of them was written, as before. The writer is a task of its
     /// own so that a caller that goes away (its request dropped) cannot leave the others
-    /// without an answer.
+    /// without an answer; such a caller takes its events back if no writer took them yet
+    /// (then nothing of it is written, and it may send them again), and a writer that dies
+    /// tells every caller still queued (`Pending::fail_all`).
     pub async fn emit_all(&self, events: Vec<Event>) -> Result<(), AuthError> {
         if events.is_empty() {
             return Ok(());
@@ -374,11 +397,22 @@ impl AuthServer {
         // Waiting for the chain's writer, or being written: auth's audit queue.
         let _queued = WriterQueue::enter();
         let (done, answer) = tokio::sync::oneshot::channel();
+        let id = NEXT_APPEND.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let first = {
             let mut p = self.audit_pending.lock();
-            p.push((events, done));
+            p.push((events, id, done));
             p.len() == 1
         };
+        // A caller that goes away before a writer took its events takes them back, so that
+        // nothing is written for it (as when it waited for the lock itself): a caller that
+        // gave up may send them again without doubling any. Once taken, they are written.
+        struct Withdraw<'a>(&'a Pending, u64);
+        impl Drop for Withdraw<'_> {
+            fn drop(&mut self) {
+                self.0.withdraw(self.1);
+            }
+        }
+        let _withdraw = Withdraw(&self.audit_pending, id);
         if first {
             match self.me.upgrade() {
                 Some(me) => {
@@ -399,15 +433,29 @@ impl AuthServer {
     /// Writes what callers queued, batch after batch (at most [`BATCH_EVENTS`] events each,
     /// every caller's whole), until the queue is empty.
     async fn write_pending(&self) {
+        // If this writer dies (a panic, its task cancelled at shutdown) the callers still
+        // queued must hear so, and the queue must be left empty so that the next append
+        // starts a writer: a writer that vanished with callers queued would hang every
+        // append after it.
+        struct Stopped<'a>(&'a Pending, bool);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.fail_all();
+                }
+            }
+        }
+        let mut stopped = Stopped(&self.audit_pending, false);
         loop {
             let _guard = self.audit_lock.lock().await;
             let batch = self.audit_pending.take(BATCH_EVENTS);
             if batch.is_empty() {
+                stopped.1 = true;
                 return;
             }
             let mut events = Vec::new();
             let mut callers = Vec::with_capacity(batch.len());
-            for (e, done) in batch {
+            for (e, _, done) in batch {
                 events.extend(e);
                 callers.push(done);
             }
@@ -1218,6 +1266,79 @@ fn since_text(since: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::AuthConfig;
+    use std::time::Duration;
+
+    async fn auth() -> (tempfile::TempDir, Arc<AuthServer>) {
+        sallyport_core::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite:{}?mode=rwc", dir.path().join("a.db").display());
+        let auth = AuthServer::open(AuthConfig::new("pending", &url))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        (dir, auth)
+    }
+
+    fn event(n: u32) -> Event {
+        Event::new(EventType::UserDelete, Some("admin")).with("name", format!("u{n}"))
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_goes_away_before_its_records_are_taken_writes_nothing() {
+        let (_dir, auth) = auth().await;
+        let base = auth.audit_count().await.unwrap_or_else(|e| panic!("{e}"));
+        // The chain busy (the lock held, as by a writer or the anchorer): the caller queues.
+        let busy = auth.audit_lock.lock().await;
+        let mut gone = Box::pin(auth.emit(event(1)));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut gone)
+                .await
+                .is_err()
+        );
+        drop(gone);
+        let stays = tokio::spawn({
+            let auth = auth.clone();
+            async move { auth.emit(event(2)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(busy);
+        assert!(matches!(stays.await, Ok(Ok(()))));
+        assert_eq!(
+            auth.audit_count().await.unwrap_or_else(|e| panic!("{e}")),
+            base + 1,
+            "only the caller that stayed is written"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_dies_leaves_no_caller_waiting_and_the_next_append_goes_through() {
+        let (_dir, auth) = auth().await;
+        let base = auth.audit_count().await.unwrap_or_else(|e| panic!("{e}"));
+        let busy = auth.audit_lock.lock().await;
+        let waiting = tokio::spawn({
+            let auth = auth.clone();
+            async move { auth.emit(event(1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // What the writer's guard does when its task dies with callers queued.
+        auth.audit_pending.fail_all();
+        match waiting.await {
+            Ok(Err(e)) => assert!(e.to_string().contains("not written"), "{e}"),
+            other => panic!("the queued caller must hear of it: {other:?}"),
+        }
+        drop(busy);
+        // The queue is empty again, so the next append starts a writer of its own.
+        tokio::time::timeout(Duration::from_secs(10), auth.emit(event(2)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            auth.audit_count().await.unwrap_or_else(|e| panic!("{e}")),
+            base + 1
+        );
+    }
+
     #[test]
     fn since_is_the_prefix_of_record_times() {
         let t = time::OffsetDateTime::from_unix_timestamp(1_700_000_000)
