@@ -1297,11 +1297,14 @@ mod tests {
                 .is_err()
         );
         drop(gone);
+        assert!(
+            auth.audit_pending.lock().is_empty(),
+            "the caller took its records back"
+        );
         let stays = tokio::spawn({
             let auth = auth.clone();
             async move { auth.emit(event(2)).await }
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
         drop(busy);
         assert!(matches!(stays.await, Ok(Ok(()))));
         assert_eq!(
@@ -1320,7 +1323,10 @@ mod tests {
             let auth = auth.clone();
             async move { auth.emit(event(1)).await }
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Queued (however slow the machine) before the writer "dies".
+        while auth.audit_pending.lock().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // What the writer's guard does when its task dies with callers queued.
         auth.audit_pending.fail_all();
         match waiting.await {
